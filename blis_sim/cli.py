@@ -1,0 +1,63 @@
+"""`blis observe | replay | calibrate | run | fit | emulate`: argument parsing and exit codes only.
+
+Each subcommand lives with the code it drives, in a module that exposes
+``register(subparsers) -> None``; the parser it adds sets ``func=`` to a callable taking the parsed
+namespace and returning an exit code. Modules are imported lazily so that `blis calibrate` does not
+pay for aiohttp or the engine.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from blis_sim import __version__
+from blis_sim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, BlisError
+
+# (subcommand module) in the order they appear in `blis --help`.
+SUBCOMMAND_MODULES = (
+    "blis_sim.observe.cli",
+    "blis_sim.engine.cli",
+    "blis_sim.calibrate.cli",
+    "blis_sim.emulator.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blis",
+        description="Observe a vLLM server, replay its trace through the tiered-KV simulator, calibrate.",
+    )
+    parser.add_argument("--version", action="version", version=f"blis {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # that part of the package is not there (yet)
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BlisError as exc:
+        print(f"blis {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"blis {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"blis {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

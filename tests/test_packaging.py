@@ -1,0 +1,55 @@
+"""The installed package: console script, plugin entry point, backend switches."""
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import blis_sim
+from blis_sim import _backend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_console_script_reports_version() -> None:
+    out = subprocess.run([sys.executable, "-m", "blis_sim", "--version"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == f"blis {blis_sim.__version__}"
+
+
+def test_pytest11_entry_point_registered() -> None:
+    eps = importlib.metadata.entry_points(group="pytest11")
+    assert any(ep.name == "blis" and ep.value == "pytest_blis.plugin" for ep in eps)
+
+
+def test_unknown_subcommand_is_a_usage_error() -> None:
+    out = subprocess.run([sys.executable, "-m", "blis_sim", "frobnicate"], capture_output=True,
+                         text=True)
+    assert out.returncode == 2
+    assert "invalid choice" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_pure_python_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLIS_PURE_PYTHON", "1")
+    module, compiled = _backend.load("blis_sim._no_such_ext", "blis_sim.errors")
+    assert module.__name__ == "blis_sim.errors" and compiled is False
+
+
+def test_require_ext_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BLIS_PURE_PYTHON", raising=False)
+    monkeypatch.setenv("BLIS_REQUIRE_EXT", "1")
+    with pytest.raises(ImportError, match="BLIS_REQUIRE_EXT"):
+        _backend.load("blis_sim._no_such_ext", "blis_sim.errors")
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    ci_cmd = [ln for ln in ci.splitlines() if ln.startswith("pip install -e")][0].strip()
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, re.S)
+    assert any(ci_cmd in b for b in blocks), f"README does not show CI's test command: {ci_cmd}"
