@@ -14,6 +14,13 @@ from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
 REQUIRE = bool(os.environ.get("BLIS_REQUIRE_EXT"))
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": False,
+    "wraparound": False,
+    "cdivision": True,
+    "initializedcheck": False,
+}
 SKIP = bool(os.environ.get("BLIS_SKIP_EXT")) and not REQUIRE
 
 
@@ -30,31 +37,21 @@ def _extensions() -> list[Extension]:
         if REQUIRE:
             raise
         return []
-    exts = [
-        Extension(
+    built: list[Extension] = []
+    # One cythonize() call per source: a translation error in one module must not take the others down.
+    for src in sources:
+        ext = Extension(
             ".".join(src.relative_to(HERE).with_suffix("").parts),
             [str(src.relative_to(HERE))],
             language="c++",
             include_dirs=[numpy.get_include()],
             extra_compile_args=["-O3", "-std=c++17"],
         )
-        for src in sources
-    ]
-    try:
-        built = cythonize(
-            exts,
-            compiler_directives={
-                "language_level": 3,
-                "boundscheck": False,
-                "wraparound": False,
-                "cdivision": True,
-                "initializedcheck": False,
-            },
-        )
-    except Exception:  # a Cython translation error: fall back unless required
-        if REQUIRE:
-            raise
-        return []
+        try:
+            built.extend(cythonize([ext], compiler_directives=DIRECTIVES, quiet=True))
+        except Exception:
+            if REQUIRE:
+                raise
     # cythonize() returns new Extension objects with optional=None: set it again, or a missing
     # compiler fails the whole install instead of falling back to pure Python.
     for ext in built:

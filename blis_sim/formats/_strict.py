@@ -1,0 +1,131 @@
+"""Strict loading shared by every format: YAML with line numbers, duplicate keys rejected, and
+pydantic validation errors turned into one-line :class:`FormatError`s naming file, line and field.
+
+Usage::
+
+    doc = load_yaml(path)                      # -> YamlDoc(data, lines, file)
+    spec = validate(WorkloadSpec, doc)         # FormatError("spec.yaml:12: field 'clients.0.rate_fraction': ...")
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from blis_sim.errors import FormatError
+
+Path_ = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class YamlDoc:
+    """Parsed YAML plus the 1-based line of every mapping key / sequence item, by path."""
+
+    data: Any
+    file: str
+    lines: Mapping[Path_, int] = field(default_factory=dict)
+
+    def line_of(self, path: Path_) -> int | None:
+        """Line of ``path`` or of its nearest ancestor that has one."""
+        for n in range(len(path), -1, -1):
+            line = self.lines.get(tuple(path[:n]))
+            if line is not None:
+                return line
+        return None
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> Any:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = _Loader.construct_object(_LOADER_SINGLETON, key_node, deep=True)  # type: ignore[arg-type]
+            if key in out:
+                raise FormatError(f"duplicate key '{key}'", file=file, line=key_node.start_mark.line + 1,
+                                  field=_dotted(path + (key,)))
+            child = path + (key,)
+            lines[child] = key_node.start_mark.line + 1
+            out[key] = _construct(value_node, child, lines, file)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(item, path + (i,), lines, file) for i, item in enumerate(node.value)]
+    return _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
+
+
+_LOADER_SINGLETON = _Loader("")
+
+
+def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
+    """Parse one YAML document strictly. Empty input gives ``data=None``."""
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        raise FormatError(f"invalid YAML: {exc.problem or exc}", file=file, line=line) from None
+    except yaml.YAMLError as exc:
+        raise FormatError(f"invalid YAML: {exc}", file=file) from None
+    lines: dict[Path_, int] = {}
+    data = None if node is None else _construct(node, (), lines, file)
+    return YamlDoc(data=data, file=file, lines=lines)
+
+
+def load_yaml(path: str | Path) -> YamlDoc:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("file not found", file=str(p)) from None
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
+    return parse_yaml(text, str(p))
+
+
+def _dotted(path: Path_) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def describe(exc: ValidationError, doc: YamlDoc | None = None, file: str | None = None,
+             line_of: Any = None) -> FormatError:
+    """First error of a pydantic ``ValidationError`` as a FormatError (file, line, field, reason).
+
+    ``line_of`` may map a location tuple to a line for non-YAML inputs (e.g. a CSV row number).
+    """
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    reason = err["msg"]
+    if err["type"] == "extra_forbidden":
+        reason = f"unknown key '{loc[-1]}'" if loc else "unknown key"
+    elif err["type"] == "missing":
+        reason = "required field is missing"
+    elif "input" in err and err["type"] not in ("model_type", "dict_type"):
+        reason = f"{reason} (got {err['input']!r})"
+    more = len(exc.errors()) - 1
+    if more:
+        reason += f" (and {more} more error{'s' if more > 1 else ''})"
+    line = None
+    if doc is not None:
+        line = doc.line_of(loc)
+        file = doc.file
+    elif line_of is not None:
+        line = line_of(loc)
+    return FormatError(reason, file=file, line=line, field=_dotted(loc) or None)
+
+
+def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = None) -> M:
+    """Validate a parsed YAML document against a strict pydantic model."""
+    if doc.data is None:
+        raise FormatError("file is empty", file=doc.file)
+    try:
+        return model.model_validate(doc.data, context=context)
+    except ValidationError as exc:
+        raise describe(exc, doc) from None
