@@ -107,7 +107,7 @@ def describe(exc: ValidationError, doc: YamlDoc | None = None, file: str | None 
         reason = f"unknown key '{loc[-1]}'" if loc else "unknown key"
     elif err["type"] == "missing":
         reason = "required field is missing"
-    elif "input" in err and err["type"] not in ("model_type", "dict_type"):
+    elif "input" in err and not isinstance(err["input"], (dict, list)):
         reason = f"{reason} (got {err['input']!r})"
     more = len(exc.errors()) - 1
     if more:
