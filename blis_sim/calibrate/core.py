@@ -1,0 +1,202 @@
+"""`calibrate()`: a trace, simulated results and (optionally) simulated metrics → a CalibrationReport.
+
+API::
+
+    options = CalibrateOptions(warmup_requests=None, network_rtt_us=None, network_bandwidth_mbps=0.0,
+                               hit_rate_tolerance_pp=5.0, ttft_mape_threshold=0.15)
+    report = calibrate(trace, sim_results, sim_metrics, options=options, itl_records=None, inputs=None)
+    outcome = calibrate_detailed(...)  # CalibrationOutcome(report, pairs, warnings): what the CLI logs
+
+``trace`` is anything with ``.header`` and ``.records`` (``blis_sim.formats.trace.Trace``); ``sim_results`` a
+sequence of SimResult-like objects; ``sim_metrics`` a MetricsOutput-like object or None. Options left None
+default to the trace header, as the reference's ``-1`` flag values do. Raises :class:`InputError` (exit 2)
+for unusable inputs or options; never raises for a failed verdict: read ``report.passed`` /
+``report.verdicts()`` (or use ``blis_sim.calibrate.verdict.raise_if_failed``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from blis_sim import __version__
+from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry, compare_definitions,
+                                        compare_hit_rate, request_hit_agreement, simulated_primary)
+from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pairs
+from blis_sim.calibrate.stats import compute_calibration
+from blis_sim.calibrate.verdict import summarize_verdict
+from blis_sim.errors import InputError, UsageError
+from blis_sim.formats.report import (CalibrationReport, ConfigMatch, MetricComparison, Provenance,
+                                     ToleranceVerdict, TraceInfo)
+
+DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
+DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """What `blis calibrate` takes besides its files. None = use the trace header (the reference's -1)."""
+
+    warmup_requests: int | None = None  # 0 = include everything, also rows our `warmup` column marks
+    network_rtt_us: int | None = None
+    network_bandwidth_mbps: float = 0.0
+    hit_rate_tolerance_pp: float = DEFAULT_HIT_RATE_TOLERANCE_PP
+    ttft_mape_threshold: float = DEFAULT_TTFT_MAPE_THRESHOLD
+
+    def validate(self) -> None:
+        """The reference's checks, as UsageErrors naming the flag."""
+        if self.network_rtt_us is not None and self.network_rtt_us < 0:
+            raise UsageError(f"--network-rtt-us must be >= 0 (or omit to use trace header), got {self.network_rtt_us}")
+        if not math.isfinite(self.network_bandwidth_mbps) or self.network_bandwidth_mbps < 0:
+            raise UsageError(f"--network-bandwidth-mbps must be a finite number >= 0, got {self.network_bandwidth_mbps}")
+        if not math.isfinite(self.hit_rate_tolerance_pp) or self.hit_rate_tolerance_pp < 0:
+            raise UsageError(f"--hit-rate-tolerance-pp must be a finite number >= 0, got {self.hit_rate_tolerance_pp}")
+        if not math.isfinite(self.ttft_mape_threshold) or self.ttft_mape_threshold < 0:
+            raise UsageError(f"--ttft-mape-threshold must be a finite number >= 0, got {self.ttft_mape_threshold}")
+
+
+@dataclass(frozen=True)
+class InputPaths:
+    """Where the inputs came from, recorded in the report's provenance (all optional)."""
+
+    trace_header: str | None = None
+    trace_data: str | None = None
+    sim_results: str | None = None
+    sim_metrics: str | None = None
+    itl_data: str | None = None
+
+
+@dataclass
+class CalibrationOutcome:
+    report: CalibrationReport
+    pairs: CalibrationPairs
+    warnings: list[str] = field(default_factory=list)  # the reference's warning log lines
+
+
+def calibrate(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = None, *,
+              options: CalibrateOptions = CalibrateOptions(), itl_records: Iterable[ItlRecord] | None = None,
+              inputs: InputPaths | None = None) -> CalibrationReport:
+    """The calibration report; see the module docstring."""
+    return calibrate_detailed(trace, sim_results, sim_metrics, options=options, itl_records=itl_records,
+                              inputs=inputs).report
+
+
+def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = None, *,
+                       options: CalibrateOptions = CalibrateOptions(),
+                       itl_records: Iterable[ItlRecord] | None = None,
+                       inputs: InputPaths | None = None) -> CalibrationOutcome:
+    """:func:`calibrate` plus the pairs and warnings the CLI logs."""
+    options.validate()
+    inputs = inputs or InputPaths()
+    header = trace.header
+    if not sim_results:
+        raise InputError("No sim results found — cannot calibrate with empty data", file=inputs.sim_results)
+    warmup = options.warmup_requests
+    if warmup is None or warmup == -1:
+        warmup = int(getattr(header, "warm_up_requests", 0) or 0)
+    rtt_us = options.network_rtt_us
+    if rtt_us is None:
+        rtt_ms = getattr(getattr(header, "network", None), "measured_rtt_ms", None) or 0.0
+        rtt_us = int(rtt_ms * 1000) if rtt_ms > 0 else 0  # int() truncates, like Go's int64()
+    itl = list(itl_records) if itl_records is not None else None
+    pairs = prepare_pairs(trace.records, sim_results, warmup_requests=warmup,
+                          honour_warmup_column=options.warmup_requests != 0, network_rtt_us=rtt_us,
+                          bandwidth_mbps=options.network_bandwidth_mbps, itl_records=itl or None)
+    where = " and ".join(p for p in (inputs.trace_data, inputs.sim_results) if p)
+    if pairs.matched == 0:
+        raise InputError("No matching request IDs found between trace and sim results — check that both files "
+                         "use the same request ID numbering" + (f" ({where})" if where else ""))
+    if not pairs.ttft.real:
+        raise InputError("No valid latency pairs after filtering — all matched requests may have corrupt timing "
+                         "data (negative latencies)" + (f" ({inputs.trace_data})" if inputs.trace_data else ""))
+    warnings = list(pairs.warnings)
+    notes: list[str] = []
+    if pairs.duplicate_sim_ids:
+        notes.append(f"sim results repeat {len(pairs.duplicate_sim_ids)} request_id(s) (first: "
+                     f"{pairs.duplicate_sim_ids[0]}); the last result of each id was used")
+
+    metrics: dict[str, MetricComparison] = {
+        "ttft": compute_calibration(pairs.ttft.real, pairs.ttft.sim, "ttft"),
+        "e2e": compute_calibration(pairs.e2e.real, pairs.e2e.sim, "e2e"),
+    }
+    if pairs.itl.real:
+        metrics["itl"] = compute_calibration(pairs.itl.real, pairs.itl.sim, "itl")
+
+    hit_rate, hr_warnings, hr_notes = _primary_hit_rate(header, sim_metrics, options, inputs)
+    warnings += hr_warnings
+    notes += hr_notes
+    observed = [HitRateEntry.of(e) for e in _observed_entries(header)]
+    simulated = [HitRateEntry.of(e) for e in (getattr(sim_metrics, "kv_hit_rates", None) or ())]
+    kv_rates, unpaired = (compare_definitions(observed, simulated, options.hit_rate_tolerance_pp)
+                          if observed and simulated else ([], []))
+    if observed and sim_metrics is not None and not simulated:
+        notes.append("the trace header carries per-definition observed hit-rates but the simulated metrics "
+                     "carry no kv_hit_rates; only the primary hit_rate block was compared")
+    if hit_rate is not None or kv_rates:
+        notes += _window_notes(header, trace.records)
+
+    ttft = metrics["ttft"]
+    ttft_tolerance = ToleranceVerdict(mape=ttft.request_level.mape, threshold=options.ttft_mape_threshold,
+                                      within=ttft.request_level.mape <= options.ttft_mape_threshold)
+    report = CalibrationReport(
+        trace_info=TraceInfo(num_requests=pairs.num_requests, warm_up_excluded=pairs.excluded_warmup,
+                             matched_pairs=pairs.matched, token_mismatches=pairs.token_mismatches,
+                             itl_dropped=pairs.itl_dropped, unmatched_real=pairs.unmatched_real,
+                             unmatched_sim=pairs.unmatched_sim),
+        metrics=metrics, config_match=ConfigMatch(), hit_rate=hit_rate, ttft_tolerance=ttft_tolerance,
+        kv_hit_rates=kv_rates or None, kv_hit_rates_unpaired=unpaired or None,
+        request_hit_agreement=request_hit_agreement(pairs.matched_records), notes=notes or None,
+        provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
+                              trace_data=inputs.trace_data, sim_results=inputs.sim_results,
+                              sim_metrics=inputs.sim_metrics, itl_data=inputs.itl_data, warmup_requests=warmup,
+                              network_rtt_us=rtt_us, network_bandwidth_mbps=options.network_bandwidth_mbps,
+                              hit_rate_tolerance_pp=options.hit_rate_tolerance_pp,
+                              ttft_mape_threshold=options.ttft_mape_threshold))
+    report = report.model_copy(update={"verdict": summarize_verdict(report.verdicts())})
+    return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
+
+
+def _observed_entries(header: Any) -> list[Any]:
+    ours = getattr(header, "pytest_blis", None)
+    return list(getattr(ours, "kv_hit_rates", None) or ())
+
+
+def _window_notes(header: Any, records: Sequence[Any]) -> list[str]:
+    """The guide's caveat: the counter window includes warm-up requests."""
+    header_warmup = int(getattr(header, "warm_up_requests", 0) or 0)
+    marked = sum(1 for r in records if getattr(r, "warmup", False))
+    if marked:
+        return [f"the observed counter window includes {marked} warm-up request(s); they are kept in the trace "
+                "(marked), so a replay of the whole trace sees them too"]
+    if header_warmup > 0:
+        return [f"the observed counter window includes {header_warmup} warm-up request(s) that are not in the "
+                "trace (a reference observe drops them): the simulated hit-rate does not see their traffic"]
+    return []
+
+
+def _primary_hit_rate(header: Any, sim_metrics: Any | None, options: CalibrateOptions,
+                      inputs: InputPaths) -> tuple[Any, list[str], list[str]]:
+    """The guide's hit_rate block (or None), with the reference's warnings and our notes."""
+    obs = getattr(header, "observed_kv_metrics", None)
+    if obs is None:
+        return None, [], []
+    if sim_metrics is None:
+        return None, [
+            f"calibrate: trace header carries an observed KV hit-rate (source={obs.source}, {obs.hit_rate:.4f}) "
+            "but --sim-metrics was not provided; skipping the hit-rate comparison. Produce it with `blis replay "
+            "--metrics-path <file>` and pass --sim-metrics <file>."], []
+    entries = [HitRateEntry.of(e) for e in (getattr(sim_metrics, "kv_hit_rates", None) or ())]
+    chosen = simulated_primary(obs.source, entries, getattr(sim_metrics, "cache_hit_rate", None))
+    if chosen is None:
+        return None, [
+            f"calibrate: --sim-metrics {inputs.sim_metrics or ''} has no cache_hit_rate; skipping the hit-rate "
+            "comparison. Regenerate it with `blis replay --metrics-path` (a bare stdout run does not carry "
+            "cache_hit_rate)."], []
+    sim_rate, sim_source = chosen
+    notes = []
+    if sim_source == SIM_SOURCE_CACHE_HIT_RATE:
+        notes.append(f"hit_rate compares the observed '{obs.source}' rate with the simulator's cache_hit_rate, a "
+                     "block-based figure that counts decode blocks as misses: not the quantity the server "
+                     "counts (design D2); the simulated metrics carried no like-for-like kv_hit_rates entry")
+    return compare_hit_rate(obs.hit_rate, sim_rate, options.hit_rate_tolerance_pp, obs.source, sim_source), [], notes
