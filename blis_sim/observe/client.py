@@ -1,0 +1,193 @@
+"""One OpenAI-compatible request over aiohttp, timed without distorting it (design D6).
+
+API::
+
+    target = Target(base_url="http://127.0.0.1:8000", model="m", api_format="completions",
+                    api_key="", timeout_s=300.0, record_itl=False)
+    await send(session, target, record, clock)    # fills ``record`` in place; never raises for the
+                                                  # server's faults (status/error_message instead)
+
+Timestamps (monotonic ns): ``send`` just before the POST, ``first_byte`` when the response head
+arrives, ``first_chunk`` at the first SSE ``data:`` event, ``first_content`` at the first event that
+carries generated text, ``last_chunk`` at the last event before ``[DONE]``. Non-streaming: the first
+and last body bytes. The record is filled as the response arrives, so a cancelled request keeps the
+timings it had.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from blis_sim.observe.records import (STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord,
+                                      RunClock, WireRequest)
+from blis_sim.observe.sse import LineSplitter, classify, interpret, usage_numbers
+
+API_FORMATS = ("completions", "chat")
+_ERROR_BODY_LIMIT = 2048
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to send: the server, the model name sent, the API flavour and limits."""
+
+    base_url: str
+    model: str
+    api_format: str = "completions"
+    api_key: str = ""
+    timeout_s: float = 300.0
+    record_itl: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        path = "/v1/chat/completions" if self.api_format == "chat" else "/v1/completions"
+        return self.base_url.rstrip("/") + path
+
+
+def build_body(target: Target, wire: WireRequest) -> dict[str, Any]:
+    """The JSON body, as the reference builds it (blis-pipeline.md §3.2)."""
+    body: dict[str, Any] = {"model": target.model, "stream": wire.streaming}
+    if target.api_format == "chat":
+        body["messages"] = [{"role": "user", "content": wire.prompt}]
+    else:
+        body["prompt"] = wire.prompt
+    if wire.max_tokens > 0:
+        body["max_tokens"] = wire.max_tokens
+    if wire.min_tokens > 0:
+        body["min_tokens"] = wire.min_tokens
+    if wire.streaming:
+        body["stream_options"] = {"include_usage": True}
+    if wire.priority is not None:
+        body["priority"] = wire.priority
+    body.update(dict(wire.extra_body))
+    return body
+
+
+def build_headers(target: Target, wire: WireRequest, x_request_id: str) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "x-request-id": x_request_id}
+    if target.api_key:
+        headers["Authorization"] = f"Bearer {target.api_key}"
+    if wire.tenant_id:
+        headers["x-gateway-inference-fairness-id"] = wire.tenant_id
+    if wire.slo_class:
+        headers["x-gateway-inference-objective"] = wire.slo_class
+    if wire.slo_target_us > 0:
+        headers["x-slo-ttft-ms"] = str(-(-wire.slo_target_us // 1000))
+    return headers
+
+
+async def send(session: aiohttp.ClientSession, target: Target, record: RequestRecord,
+               clock: RunClock) -> None:
+    """Send ``record.wire`` and fill ``record``. Server faults end up in status/error_message."""
+    wire = record.wire
+    record.x_request_id = record.x_request_id or str(uuid.uuid4())
+    body = json.dumps(build_body(target, wire)).encode()
+    headers = build_headers(target, wire, record.x_request_id)
+    timeout = aiohttp.ClientTimeout(total=target.timeout_s)
+    record.send_ns = clock.now_ns()
+    try:
+        async with session.post(target.endpoint, data=body, headers=headers, timeout=timeout) as resp:
+            record.first_byte_ns = clock.now_ns()
+            if resp.status != 200:
+                text = (await resp.content.read(_ERROR_BODY_LIMIT)).decode("utf-8", errors="replace")
+                record.fail(STATUS_ERROR, f"HTTP {resp.status}: {text.strip()}")
+                return
+            if wire.streaming:
+                await _read_stream(resp, record, clock, target.record_itl)
+            else:
+                await _read_body(resp, record, clock)
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        where = "streaming timeout" if record.first_byte_ns else "HTTP timeout"
+        record.fail(STATUS_TIMEOUT, f"{where}: no complete answer within {target.timeout_s:g} s {exc}".strip())
+    except aiohttp.ClientError as exc:
+        where = "streaming error" if record.first_byte_ns else "HTTP error"
+        record.fail(STATUS_ERROR, f"{where}: {type(exc).__name__}: {exc}")
+    except (OSError, UnicodeError, ValueError) as exc:  # e.g. a reset below aiohttp, a broken encoding
+        record.fail(STATUS_ERROR, f"HTTP error: {type(exc).__name__}: {exc}")
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, clock: RunClock,
+                       record_itl: bool) -> None:
+    splitter = LineSplitter()
+    malformed = 0
+    first_problem = ""
+    saw_done = False
+    async for raw in resp.content.iter_any():
+        now = clock.now_ns()
+        for line in splitter.feed(raw):
+            kind, payload = classify(line)
+            if kind == "done":
+                saw_done = True
+                break
+            if kind != "data":
+                continue
+            record.num_chunks += 1
+            record.last_chunk_ns = now
+            if not record.first_chunk_ns:
+                record.first_chunk_ns = now
+            if record_itl:
+                record.chunk_times_ns.append(now)
+            try:
+                info = interpret(json.loads(payload))
+            except ValueError as exc:
+                malformed += 1
+                first_problem = first_problem or f"malformed JSON in SSE event {record.num_chunks}: {exc}"
+                continue
+            if info.error:
+                first_problem = first_problem or info.error
+                continue
+            if info.has_content and not record.first_content_ns:
+                record.first_content_ns = now
+            if info.finish_reason:
+                record.finish_reason = info.finish_reason
+            if info.usage is not None:
+                _take_usage(record, info.usage)
+        if saw_done:
+            break
+    if first_problem:
+        extra = f" ({malformed} malformed events)" if malformed > 1 else ""
+        record.fail(STATUS_ERROR, f"streaming error: {first_problem}{extra}")
+    elif not saw_done and not record.finish_reason:
+        # A clean close without [DONE] is fine once a finish_reason came (some servers omit it);
+        # before that, the answer was cut short.
+        record.fail(STATUS_ERROR, f"streaming error: stream ended before any finish_reason and without "
+                                  f"[DONE] after {record.num_chunks} events")
+    else:
+        record.status = STATUS_OK
+
+
+async def _read_body(resp: aiohttp.ClientResponse, record: RequestRecord, clock: RunClock) -> None:
+    parts: list[bytes] = []
+    async for raw in resp.content.iter_any():
+        if not parts:
+            record.first_chunk_ns = clock.now_ns()
+        parts.append(raw)
+    record.last_chunk_ns = clock.now_ns()
+    record.first_chunk_ns = record.first_chunk_ns or record.last_chunk_ns
+    record.num_chunks = 1
+    try:
+        info = interpret(json.loads(b"".join(parts)))
+    except ValueError as exc:
+        record.fail(STATUS_ERROR, f"JSON parse error: {exc}")
+        return
+    if info.error:
+        record.fail(STATUS_ERROR, info.error)
+        return
+    if info.has_content:
+        record.first_content_ns = record.first_chunk_ns
+    record.finish_reason = info.finish_reason
+    if info.usage is not None:
+        _take_usage(record, info.usage)
+    record.status = STATUS_OK
+
+
+def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
+    prompt, completion, cached = usage_numbers(usage)
+    record.server_input_tokens = prompt or record.server_input_tokens
+    record.output_tokens = completion
+    if cached >= 0:
+        record.cached_tokens = cached

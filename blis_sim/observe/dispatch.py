@@ -1,0 +1,178 @@
+"""Open-loop schedule + closed-loop follow-ups → concurrent requests, drained, stoppable.
+
+API::
+
+    dispatcher = Dispatcher(session, target, clock, max_concurrency=256, warmup_requests=0,
+                            stop=asyncio.Event(), grace_s=5.0, on_record=None)
+    records = await dispatcher.run_phase(source, phase="", build=to_wire)
+    dispatcher.next_id, dispatcher.interrupted
+
+``source`` is a :class:`RequestSource`: ``initial()`` gives the open-loop requests (any objects with an
+``arrival_us`` attribute, relative to the phase start), ``on_complete(planned, record, now_us)`` the
+follow-ups a completion releases (session rounds, closed-loop users; their ``arrival_us`` already
+includes the think time), ``build(planned) -> WireRequest`` turns one into a wire request.
+
+Per request: wait for the scheduled time, then for a concurrency slot (``--max-concurrency``), then
+take the next dispatch index and send. The record keeps the scheduled time (``arrival_us`` + phase
+offset) and the actual send time, so lateness and slot waits are visible. When ``stop`` is set
+(Ctrl-C, SIGTERM) nothing new is sent; in-flight requests get ``grace_s`` to finish, then are
+cancelled and recorded as ``error`` ("cancelled: observe interrupted") with the timings they had.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import aiohttp
+
+from blis_sim.observe.client import Target, send
+from blis_sim.observe.records import STATUS_ERROR, RequestRecord, RunClock, WireRequest
+
+
+class RequestSource(Protocol):
+    def initial(self) -> list[Any]: ...
+
+    def on_complete(self, planned: Any, record: RequestRecord, now_us: int) -> list[Any]: ...
+
+
+class ListSource:
+    """A fixed open-loop list (no follow-ups)."""
+
+    def __init__(self, planned: list[Any]) -> None:
+        self._planned = planned
+
+    def initial(self) -> list[Any]:
+        return list(self._planned)
+
+    def on_complete(self, planned: Any, record: RequestRecord, now_us: int) -> list[Any]:
+        return []
+
+
+class Dispatcher:
+    """Sends the requests of one phase at a time; request ids continue across phases."""
+
+    def __init__(self, session: aiohttp.ClientSession, target: Target, clock: RunClock, *,
+                 max_concurrency: int = 256, warmup_requests: int = 0,
+                 stop: asyncio.Event | None = None, grace_s: float = 5.0,
+                 on_record: Callable[[RequestRecord], None] | None = None) -> None:
+        self.session, self.target, self.clock = session, target, clock
+        self.slots = asyncio.Semaphore(max_concurrency)
+        self.warmup_requests = warmup_requests
+        self.stop = stop or asyncio.Event()
+        self.grace_s = grace_s
+        self.on_record = on_record
+        self.next_id = 0
+        self.interrupted = False
+
+    async def run_phase(self, source: RequestSource, build: Callable[[Any, int], WireRequest],
+                        phase_start_ns: int | None = None) -> list[RequestRecord]:
+        """Dispatch ``source`` until drained (or stopped). Returns its records in dispatch order.
+
+        ``build(planned, phase_offset_us)`` makes the wire request; the offset is the phase's start
+        relative to the run, so ``arrival_us`` in the trace is relative to the run start.
+        """
+        start_ns = phase_start_ns if phase_start_ns is not None else self.clock.now_ns()
+        offset_us = self.clock.since_start_us(start_ns)
+        tie = itertools.count()
+        heap: list[tuple[int, int, Any]] = [(p.arrival_us, next(tie), p) for p in source.initial()]
+        heapq.heapify(heap)
+        records: list[RequestRecord] = []
+        inflight: dict[asyncio.Task[None], tuple[Any, RequestRecord]] = {}
+        wake = asyncio.Event()
+        stop_wait = asyncio.ensure_future(self.stop.wait())
+
+        def finished(task: asyncio.Task[None]) -> None:
+            planned, record = inflight.pop(task)
+            self.slots.release()
+            if not record.done:
+                record.fail(STATUS_ERROR, "cancelled: observe interrupted")
+            if self.on_record is not None:
+                self.on_record(record)
+            if not self.stop.is_set():
+                now_us = (self.clock.now_ns() - start_ns) // 1000
+                for follow in source.on_complete(planned, record, now_us):
+                    heapq.heappush(heap, (follow.arrival_us, next(tie), follow))
+            wake.set()
+
+        try:
+            while not self.stop.is_set():
+                if not heap:
+                    if not inflight:
+                        break
+                    await self._wait_for(wake, stop_wait, None)
+                    continue
+                due_us, _, planned = heap[0]
+                delay_s = (start_ns + due_us * 1000 - self.clock.now_ns()) / 1e9
+                if delay_s > 0:
+                    # Sleep until due, but wake early for a follow-up that is due sooner, or a stop.
+                    await self._wait_for(wake, stop_wait, delay_s)
+                    continue
+                heapq.heappop(heap)
+                if self.slots.locked():
+                    acquire = asyncio.ensure_future(self.slots.acquire())
+                    await asyncio.wait([acquire, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+                    if not acquire.done():
+                        acquire.cancel()
+                        break
+                else:
+                    await self.slots.acquire()
+                record = self._launch(planned, build, offset_us, start_ns + due_us * 1000, inflight,
+                                      finished)
+                records.append(record)
+        finally:
+            await self._drain(inflight)
+            stop_wait.cancel()
+            self.interrupted = self.interrupted or self.stop.is_set()
+        return records
+
+    @staticmethod
+    async def _wait_for(wake: asyncio.Event, stop_wait: asyncio.Future[Any], timeout: float | None) -> None:
+        """Sleep until ``wake`` is set (a completion), the stop, or ``timeout`` seconds."""
+        wake.clear()
+        waiter = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait([waiter, stop_wait], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+
+    def _launch(self, planned: Any, build: Callable[[Any, int], WireRequest], offset_us: int,
+                scheduled_ns: int, inflight: dict[asyncio.Task[None], tuple[Any, RequestRecord]],
+                finished: Callable[[asyncio.Task[None]], None]) -> RequestRecord:
+        rid = self.next_id
+        self.next_id += 1
+        wire = build(planned, offset_us)
+        record = RequestRecord(request_id=rid, wire=wire, warmup=rid < self.warmup_requests,
+                               scheduled_ns=scheduled_ns)
+        task = asyncio.ensure_future(send(self.session, self.target, record, self.clock))
+        inflight[task] = (planned, record)
+        task.add_done_callback(finished)
+        return record
+
+    async def _drain(self, inflight: dict[asyncio.Task[None], Any]) -> None:
+        """Wait for in-flight requests; after a stop, only ``grace_s`` before cancelling them."""
+        if not inflight:
+            return
+        tasks = list(inflight)
+        if self.stop.is_set():
+            self.interrupted = True
+            _done, pending = await asyncio.wait(tasks, timeout=self.grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+            return
+        stop_wait = asyncio.ensure_future(self.stop.wait())
+        try:
+            while inflight:
+                done, _ = await asyncio.wait(list(inflight) + [stop_wait],
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if stop_wait in done:
+                    await self._drain(inflight)
+                    return
+        finally:
+            stop_wait.cancel()
+        # Let the done-callbacks (which may push follow-ups) run before returning.
+        await asyncio.sleep(0)

@@ -1,0 +1,171 @@
+"""Prompt text whose length *on the server* is what the workload asks for.
+
+API::
+
+    builder = await calibrate_prompts(session, target)   # probes /tokenize, else the reference's
+                                                          # tokens-per-word calibration (§3.3)
+    text = builder.text(token_ids, prefix_length)         # deterministic text for a request
+    builder.mode, builder.describe()                      # "exact" | "ratio" | "fallback", for the log/header
+
+Each workload token id becomes one vocabulary word, written with a leading space (``" oak"``), so
+that prefix-sharing requests share a text prefix exactly when their token ids share a prefix (groups,
+accumulated multi-turn context). In **exact** mode (the server answers ``/tokenize``) the words are the
+vocabulary words that cost exactly one server token after a space, and the ``base`` tokens the server
+adds on its own (BOS, chat template) are taken off the front, so ``usage.prompt_tokens`` equals the
+spec's input length and the shared prefix is exactly ``prefix_length`` tokens. Otherwise (**ratio**
+mode) the reference's calibration gives tokens per word and ``round(n / tpw)`` words stand for ``n``
+tokens; lengths then drift and are recorded (``server_input_tokens``) and warned about.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from blis_sim.observe.client import Target
+
+log = logging.getLogger("blis_sim.observe")
+
+# The reference's 100-word vocabulary (blis-pipeline.md §3.3), so ratio mode matches its prompts.
+VOCABULARY: tuple[str, ...] = tuple("""
+alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec
+romeo sierra tango uniform victor whiskey xray yankee zulu apple banana cherry date elder fig grape hazel
+iris jasmine kiwi lemon mango nutmeg olive peach quince rose sage thyme umber violet willow yarrow acorn
+birch cedar daisy elm fern ginger holly ivy juniper kelp laurel maple nettle oak pine quinoa reed spruce
+tulip umbra vine walnut xylem yew zinnia alder basil clover dill fennel garlic hemp indigo jade kumquat
+lily moss neem orchid poppy rye saffron tea urchin verbena wheat xeris yucca zest""".split())
+assert len(VOCABULARY) == 100
+
+MIN_EXACT_ALPHABET = 2  # fewer one-token words than this: fall back to ratio mode
+_PROBE_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class PromptBuilder:
+    """Token ids → text. ``words_per_token`` < 1 in ratio mode (each word stands for several tokens)."""
+
+    alphabet: tuple[str, ...]
+    mode: str  # "exact" (tokenize-fitted), "ratio" (calibrated tokens/word), "fallback" (1.0 assumed)
+    tokens_per_word: float = 1.0
+    base_tokens: int = 0  # tokens the server adds to any prompt (BOS, template); exact mode only
+
+    def text(self, token_ids: list[int], prefix_length: int = 0) -> str:
+        """The prompt for a request whose full input is ``token_ids`` (prefix first)."""
+        if self.mode == "exact":
+            ids = token_ids[self.base_tokens:] or token_ids[-1:]  # at least one word
+            return self._words(ids)
+        prefix_length = min(max(prefix_length, 0), len(token_ids))
+        parts = []
+        if prefix_length:
+            parts.append(self._words(token_ids[:self._count(prefix_length)]))
+        suffix = token_ids[prefix_length:]
+        if suffix or not parts:
+            parts.append(self._words(suffix[:self._count(len(suffix))] or token_ids[-1:]))
+        return "".join(parts)
+
+    def _count(self, tokens: int) -> int:
+        return max(1, int(tokens / self.tokens_per_word + 0.5))
+
+    def _words(self, ids: list[int]) -> str:
+        a = self.alphabet
+        n = len(a)
+        return "".join([" " + a[i % n] for i in ids])
+
+    def describe(self) -> str:
+        if self.mode == "exact":
+            return (f"exact (server /tokenize: {len(self.alphabet)} one-token words, "
+                    f"{self.base_tokens} base tokens)")
+        return f"{self.mode} ({self.tokens_per_word:.3f} tokens/word)"
+
+
+async def tokenize_count(session: aiohttp.ClientSession, target: Target, text: str) -> int | None:
+    """Server token count of ``text`` as a prompt in ``target``'s API format, or None if unavailable."""
+    body: dict[str, Any] = {"model": target.model}
+    if target.api_format == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    try:
+        async with session.post(target.base_url.rstrip("/") + "/tokenize", json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=min(target.timeout_s, 30.0))) as resp:
+            if resp.status != 200:
+                return None
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+        return None
+    if isinstance(data, dict):
+        if isinstance(data.get("count"), int):
+            return int(data["count"])
+        if isinstance(data.get("tokens"), list):
+            return len(data["tokens"])
+    return None
+
+
+async def _exact_builder(session: aiohttp.ClientSession, target: Target) -> PromptBuilder | None:
+    """Probe each vocabulary word's cost after a space; None if /tokenize does not answer."""
+    anchor = " " + VOCABULARY[0]
+    one = await tokenize_count(session, target, anchor)
+    two = await tokenize_count(session, target, anchor * 2)
+    if one is None or two is None or two <= one:
+        return None
+    anchor_cost = two - one
+    base = one - anchor_cost
+    sem = asyncio.Semaphore(_PROBE_CONCURRENCY)
+
+    async def cost(word: str) -> int | None:
+        async with sem:
+            n = await tokenize_count(session, target, anchor + " " + word)
+        return None if n is None else n - one
+
+    costs = await asyncio.gather(*(cost(w) for w in VOCABULARY))
+    alphabet = tuple(w for w, c in zip(VOCABULARY, costs) if c == 1)
+    if len(alphabet) < MIN_EXACT_ALPHABET:
+        known = [c for c in costs if c]
+        tpw = sum(known) / len(known) if known else 1.0
+        log.warning("observe: only %d vocabulary words are one server token; prompt lengths use "
+                    "%.3f tokens/word and will drift", len(alphabet), tpw)
+        return PromptBuilder(VOCABULARY, "ratio", tokens_per_word=tpw)
+    # Check additivity once on a longer text (BPE merges across words would break the fit).
+    probe = "".join(" " + alphabet[i % len(alphabet)] for i in range(64))
+    measured = await tokenize_count(session, target, probe)
+    if measured != base + 64:
+        log.warning("observe: /tokenize is not additive over words (64 words gave %s tokens, expected %d); "
+                    "falling back to tokens-per-word", measured, base + 64)
+        return None
+    return PromptBuilder(alphabet, "exact", base_tokens=max(base, 0))
+
+
+async def _ratio_builder(session: aiohttp.ClientSession, target: Target) -> PromptBuilder:
+    """The reference's calibration: one 100-word request, ratio = prompt_tokens / 100 in [1, 3]."""
+    from blis_sim.observe.client import send  # local: avoid a cycle at import time
+    from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
+
+    wire = WireRequest(prompt=" ".join(VOCABULARY), max_tokens=1, streaming=False, arrival_us=0,
+                       input_tokens=0)
+    record = RequestRecord(request_id=-1, wire=wire)
+    await send(session, Target(target.base_url, target.model, target.api_format, target.api_key,
+                               min(target.timeout_s, 30.0)), record, RunClock())
+    ratio = record.server_input_tokens / 100.0
+    if record.status != "ok" or record.server_input_tokens <= 0 or not 1.0 <= ratio <= 3.0:
+        why = record.error_message or (f"ratio {ratio:.3f} outside [1, 3]" if record.server_input_tokens
+                                       else "no usage.prompt_tokens (check that usage reporting is enabled)")
+        log.warning("observe: prefix token calibration failed (%s); assuming 1.0 tokens/word", why)
+        return PromptBuilder(VOCABULARY, "fallback", tokens_per_word=1.0)
+    log.info("observe: prefix token calibration: 100 words -> %d server tokens (%.3f tokens/word)",
+             record.server_input_tokens, ratio)
+    return PromptBuilder(VOCABULARY, "ratio", tokens_per_word=ratio)
+
+
+async def calibrate_prompts(session: aiohttp.ClientSession, target: Target, *,
+                            use_tokenize: bool = True) -> PromptBuilder:
+    """The best builder the server allows: exact via /tokenize, else the reference's ratio."""
+    if use_tokenize:
+        builder = await _exact_builder(session, target)
+        if builder is not None:
+            log.info("observe: prompt lengths %s", builder.describe())
+            return builder
+    return await _ratio_builder(session, target)

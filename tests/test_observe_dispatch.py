@@ -1,0 +1,291 @@
+"""The SSE client and the dispatcher against a real aiohttp server on 127.0.0.1 that misbehaves on cue.
+
+The server picks its behaviour from the prompt's first word, so one server covers every fault.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from blis_sim.observe.client import Target, send
+from blis_sim.observe.dispatch import Dispatcher, ListSource
+from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
+from blis_sim.observe.sse import LineSplitter, classify, interpret, usage_numbers
+
+
+SEEN = web.AppKey("seen", list)
+
+
+def _chunk(text: str, finish: str | None = None) -> bytes:
+    obj = {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _usage(prompt: int, completion: int, cached: int | None) -> bytes:
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+
+
+async def _handler(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    prompt = body.get("prompt") or body["messages"][0]["content"]
+    mode = prompt.split()[0]
+    request.app[SEEN].append((body, request.headers.copy()))
+    if mode == "http500":
+        return web.Response(status=500, text="engine dead")
+    if mode == "slowhead":
+        await asyncio.sleep(5)
+    if not body.get("stream"):
+        if mode == "garbage":
+            return web.Response(text="<html>not json</html>")
+        return web.json_response({"choices": [{"text": "hi", "finish_reason": "length"}],
+                                  "usage": {"prompt_tokens": 7, "completion_tokens": 2}})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    if "messages" in body:  # chat: the role-only chunk first, like vLLM
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n')
+        await asyncio.sleep(0.02)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}\n\n')
+    elif mode == "garbage":
+        await resp.write(b"data: {not json\n\n")
+    elif mode == "errorevent":
+        await resp.write(b'data: {"error": {"message": "boom", "code": 500}}\n\n')
+    elif mode == "truncated":
+        await resp.write(_chunk("a"))
+        return resp
+    elif mode == "stall":
+        await resp.write(_chunk("a"))
+        await asyncio.sleep(5)
+    elif mode == "drop":
+        await resp.write(_chunk("a"))
+        request.transport.close()  # reset mid-stream
+        return resp
+    elif mode == "splitcrlf":  # events split at awkward places, CRLF framing, comments
+        raw = b": keep-alive\r\n\r\n" + _chunk("a").replace(b"\n", b"\r\n") + _chunk("b", "length")
+        for i in range(0, len(raw), 7):
+            await resp.write(raw[i:i + 7])
+            await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(0.01)
+        await resp.write(_chunk("a"))
+        await asyncio.sleep(0.005)
+        await resp.write(_chunk("b", "length"))
+    if mode != "nodone":
+        await resp.write(_usage(11, 2, 4 if mode == "cached" else None))
+        await resp.write(b"data: [DONE]\n\n")
+    else:
+        await resp.write(_usage(11, 2, None))
+    return resp
+
+
+@contextlib.asynccontextmanager
+async def fake_server() -> AsyncIterator[tuple[str, web.Application]]:
+    app = web.Application()
+    app[SEEN] = []
+    app.router.add_post("/v1/completions", _handler)
+    app.router.add_post("/v1/chat/completions", _handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
+
+
+def in_loop(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """Run an async test body (taking ``server``) inside a fresh event loop with the fake server up."""
+    @functools.wraps(test)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        async def body() -> None:
+            async with fake_server() as server:
+                await test(server, *args, **kwargs)
+        asyncio.run(body())
+    wrapper.__signature__ = inspect.signature(test).replace(  # type: ignore[attr-defined]
+        parameters=list(inspect.signature(test).parameters.values())[1:])
+    return wrapper
+
+
+def _wire(mode: str, streaming: bool = True, arrival_us: int = 0) -> WireRequest:
+    return WireRequest(prompt=f"{mode} words here", max_tokens=2, streaming=streaming, arrival_us=arrival_us,
+                       input_tokens=3, min_tokens=2, tenant_id="t1", slo_class="standard", priority=1)
+
+
+async def _one(url: str, mode: str, *, streaming: bool = True, api_format: str = "completions",
+               timeout_s: float = 2.0) -> RequestRecord:
+    target = Target(url, "m", api_format=api_format, api_key="sekret", timeout_s=timeout_s)
+    record = RequestRecord(request_id=0, wire=_wire(mode, streaming))
+    async with aiohttp.ClientSession() as session:
+        await send(session, target, record, RunClock())
+    return record
+
+
+def test_line_splitter_handles_split_crlf_and_cr() -> None:
+    s = LineSplitter()
+    out = s.feed(b"data: a\r") + s.feed(b"\ndata: b\n") + s.feed(b"\rdata: c") + s.flush()
+    assert out == [b"data: a", b"data: b", b"", b"data: c"]
+    assert classify(b"data:[DONE]") == ("done", "")
+    assert classify(b": comment") == ("skip", "")
+    assert classify(b"data:{}") == ("data", "{}")
+
+
+def test_interpret_and_usage() -> None:
+    info = interpret({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+    assert not info.has_content
+    assert interpret({"choices": [{"delta": {"reasoning_content": "hm"}}]}).has_content
+    assert interpret({"error": {"message": "x"}}).error == "server error event: x"
+    assert usage_numbers({"prompt_tokens": 5, "completion_tokens": 3,
+                          "prompt_tokens_details": {"cached_tokens": 2}}) == (5, 3, 2)
+    assert usage_numbers({"prompt_tokens": 5, "prompt_tokens_details": None}) == (5, 0, -1)
+
+
+@in_loop
+async def test_streaming_ok_records_every_timestamp_and_wire_details(server: Any) -> None:
+    url, app = server
+    r = await _one(url, "cached")
+    assert r.status == "ok", r.error_message
+    assert (r.num_chunks, r.output_tokens, r.server_input_tokens, r.cached_tokens) == (3, 2, 11, 4)
+    assert r.finish_reason == "length"
+    assert r.send_ns < r.first_byte_ns <= r.first_chunk_ns == r.first_content_ns < r.last_chunk_ns
+    body, headers = app[SEEN][0]
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["max_tokens"], body["min_tokens"], body["priority"], body["model"]) == (2, 2, 1, "m")
+    assert headers["Authorization"] == "Bearer sekret"
+    assert headers["x-request-id"] == r.x_request_id
+    assert headers["x-gateway-inference-fairness-id"] == "t1"
+
+
+@in_loop
+async def test_chat_role_chunk_is_first_chunk_but_not_first_content(server: Any) -> None:
+    url, app = server
+    r = await _one(url, "hello", api_format="chat")
+    assert r.status == "ok"
+    assert r.first_content_ns - r.first_chunk_ns >= 15_000_000  # the 20 ms gap the server left
+    assert "messages" in app[SEEN][0][0]
+
+
+@in_loop
+async def test_non_streaming(server: Any) -> None:
+    url, app = server
+    r = await _one(url, "plain", streaming=False)
+    assert (r.status, r.num_chunks, r.output_tokens, r.server_input_tokens) == ("ok", 1, 2, 7)
+    assert "stream_options" not in app[SEEN][0][0]
+    assert r.first_chunk_ns and r.last_chunk_ns >= r.first_chunk_ns
+
+
+@in_loop
+async def test_missing_done_after_finish_reason_is_ok(server: Any) -> None:
+    url, _ = server
+    r = await _one(url, "nodone")
+    assert (r.status, r.output_tokens, r.finish_reason) == ("ok", 2, "length")
+
+
+@in_loop
+async def test_split_events_crlf_and_comments(server: Any) -> None:
+    url, _ = server
+    r = await _one(url, "splitcrlf")
+    assert (r.status, r.num_chunks, r.finish_reason) == ("ok", 3, "length"), r.error_message
+
+
+@pytest.mark.parametrize("mode,streaming,status,message", [
+    ("http500", True, "error", "HTTP 500: engine dead"),
+    ("garbage", True, "error", "streaming error: malformed JSON"),
+    ("garbage", False, "error", "JSON parse error"),
+    ("errorevent", True, "error", "streaming error: server error event: boom"),
+    ("truncated", True, "error", "streaming error: stream ended before any finish_reason"),
+    ("drop", True, "error", "streaming error"),
+    ("stall", True, "timeout", "streaming timeout"),
+    ("slowhead", True, "timeout", "HTTP timeout"),
+])
+@in_loop
+async def test_server_faults_are_recorded_not_raised(server: Any, mode: str, streaming: bool, status: str,
+                                                    message: str) -> None:
+    url, _ = server
+    r = await _one(url, mode, streaming=streaming, timeout_s=0.5)
+    assert r.status == status
+    assert r.error_message.startswith(message), r.error_message
+    if mode == "stall":
+        assert r.first_chunk_ns and r.num_chunks == 1  # the partial timings are kept
+
+
+def test_unreachable_server_is_an_error_record() -> None:
+    r = asyncio.run(_one("http://127.0.0.1:9", "x", timeout_s=1.0))
+    assert r.status == "error" and r.error_message.startswith("HTTP error")
+
+
+@in_loop
+async def test_dispatcher_schedule_concurrency_warmup_and_ids(server: Any) -> None:
+    url, app = server
+    planned = [_wire("ok", arrival_us=i * 2000) for i in range(20)]
+    clock = RunClock()
+    async with aiohttp.ClientSession() as session:
+        d = Dispatcher(session, Target(url, "m"), clock, max_concurrency=4, warmup_requests=3)
+        records = await d.run_phase(ListSource(planned), build=lambda p, off: p)
+    assert [r.request_id for r in records] == list(range(20))
+    assert [r.warmup for r in records] == [True] * 3 + [False] * 17
+    assert all(r.status == "ok" for r in records)
+    assert all(r.send_ns >= r.scheduled_ns for r in records)
+    # Never more than 4 in flight: sort sends and ends, sweep.
+    events = sorted([(r.send_ns, 1) for r in records] + [(r.last_chunk_ns, -1) for r in records])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak <= 4
+    assert not d.interrupted
+
+
+@in_loop
+async def test_stop_cancels_in_flight_after_grace_and_keeps_records(server: Any) -> None:
+    url, _ = server
+    planned = [_wire("stall", arrival_us=0), _wire("ok", arrival_us=0), _wire("ok", arrival_us=10_000_000)]
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        d = Dispatcher(session, Target(url, "m", timeout_s=30), RunClock(), stop=stop, grace_s=0.2)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, stop.set)
+        records = await d.run_phase(ListSource(planned), build=lambda p, off: p)
+    assert d.interrupted
+    assert len(records) == 2  # the third was never sent
+    by_mode = {r.wire.prompt.split()[0]: r for r in records}
+    assert by_mode["ok"].status == "ok"
+    assert by_mode["stall"].status == "error"
+    assert by_mode["stall"].error_message == "cancelled: observe interrupted"
+    assert by_mode["stall"].first_chunk_ns  # partial timings kept
+
+
+@in_loop
+async def test_follow_ups_released_on_completion(server: Any) -> None:
+    """A closed-loop source: each completion releases the next request after a think time."""
+    url, _ = server
+
+    class Loop:
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def initial(self) -> list[WireRequest]:
+            return [_wire("ok", arrival_us=0)]
+
+        def on_complete(self, planned: WireRequest, record: RequestRecord, now_us: int) -> list[WireRequest]:
+            self.sent += 1
+            return [_wire("ok", arrival_us=now_us + 5000)] if self.sent < 5 else []
+
+    async with aiohttp.ClientSession() as session:
+        d = Dispatcher(session, Target(url, "m"), RunClock())
+        records = await d.run_phase(Loop(), build=lambda p, off: p)
+    assert len(records) == 5
+    for prev, nxt in zip(records, records[1:]):
+        assert nxt.send_ns - prev.last_chunk_ns >= 5_000_000  # think time respected
