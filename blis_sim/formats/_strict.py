@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+import types
+import typing
 from typing import Any, TypeVar
 
 import yaml
@@ -29,6 +31,9 @@ class YamlDoc:
     data: Any
     file: str
     lines: Mapping[Path_, int] = field(default_factory=dict)
+    # Source text of plain scalars that resolved to a non-string (``0042`` -> 42, ``yes`` -> True), by path:
+    # what Go's yaml.v3 puts into a string field (see ``validate(..., plain_strings=True)``).
+    raw: Mapping[Path_, str] = field(default_factory=dict)
 
     def line_of(self, path: Path_) -> int | None:
         """Line of ``path`` or of its nearest ancestor that has one."""
@@ -43,7 +48,8 @@ class _Loader(yaml.SafeLoader):
     pass
 
 
-def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> Any:
+def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
+               raw: dict[Path_, str] | None = None) -> Any:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
@@ -54,11 +60,14 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str)
                                   field=_dotted(path + (key,)))
             child = path + (key,)
             lines[child] = key_node.start_mark.line + 1
-            out[key] = _construct(value_node, child, lines, file)
+            out[key] = _construct(value_node, child, lines, file, raw)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(item, path + (i,), lines, file) for i, item in enumerate(node.value)]
-    return _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
+        return [_construct(item, path + (i,), lines, file, raw) for i, item in enumerate(node.value)]
+    value = _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
+    if raw is not None and node.style is None and not isinstance(value, str):
+        raw[path] = node.value
+    return value
 
 
 _LOADER_SINGLETON = _Loader("")
@@ -75,8 +84,9 @@ def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
     except yaml.YAMLError as exc:
         raise FormatError(f"invalid YAML: {exc}", file=file) from None
     lines: dict[Path_, int] = {}
-    data = None if node is None else _construct(node, (), lines, file)
-    return YamlDoc(data=data, file=file, lines=lines)
+    raw: dict[Path_, str] = {}
+    data = None if node is None else _construct(node, (), lines, file, raw)
+    return YamlDoc(data=data, file=file, lines=lines, raw=raw)
 
 
 def load_yaml(path: str | Path) -> YamlDoc:
@@ -121,11 +131,73 @@ def describe(exc: ValidationError, doc: YamlDoc | None = None, file: str | None 
     return FormatError(reason, file=file, line=line, field=_dotted(loc) or None)
 
 
-def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = None) -> M:
-    """Validate a parsed YAML document against a strict pydantic model."""
+def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = None,
+             plain_strings: bool = False) -> M:
+    """Validate a parsed YAML document against a strict pydantic model.
+
+    ``plain_strings=True`` gives string fields the source text of plain scalars that YAML resolved to
+    something else (``vllm_commit: 0000...`` stays the string, not the int 0), as yaml.v3 does.
+    """
     if doc.data is None:
         raise FormatError("file is empty", file=doc.file)
+    data = _restore_strings(model, doc.data, (), doc.raw) if plain_strings and doc.raw else doc.data
     try:
-        return model.model_validate(doc.data, context=context)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise describe(exc, doc) from None
+
+
+def _accepts_str(annotation: Any) -> bool:
+    if annotation is str:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return any(_accepts_str(a) for a in typing.get_args(annotation))
+    return False
+
+
+def _submodel(annotation: Any) -> Any:
+    """The model / list / dict shape inside Optional[...] or Annotated[...]."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        for a in typing.get_args(annotation):
+            inner = _submodel(a)
+            if inner is not None:
+                return inner
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if origin in (list, dict):
+        return annotation
+    return None
+
+
+def _restore_strings(annotation: Any, data: Any, path: Path_, raw: Mapping[Path_, str]) -> Any:
+    """Walk ``data`` along the model's annotations; put raw text back where a string is expected."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) and isinstance(data, dict):
+        by_key = {(f.alias or name): f.annotation for name, f in annotation.model_fields.items()}
+        out = {}
+        for key, value in data.items():
+            ann = by_key.get(key)
+            if ann is None:
+                out[key] = value
+            elif not isinstance(value, str) and _accepts_str(ann) and (path + (key,)) in raw:
+                out[key] = raw[path + (key,)]
+            else:
+                inner = _submodel(ann)
+                out[key] = value if inner is None else _restore_strings(inner, value, path + (key,), raw)
+        return out
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is list and isinstance(data, list) and args:
+        return [_restore_one(args[0], v, path + (i,), raw) for i, v in enumerate(data)]
+    if origin is dict and isinstance(data, dict) and len(args) == 2:
+        return {k: _restore_one(args[1], v, path + (k,), raw) for k, v in data.items()}
+    return data
+
+
+def _restore_one(annotation: Any, value: Any, path: Path_, raw: Mapping[Path_, str]) -> Any:
+    if not isinstance(value, str) and _accepts_str(annotation) and path in raw:
+        return raw[path]
+    inner = _submodel(annotation)
+    return value if inner is None else _restore_strings(inner, value, path, raw)

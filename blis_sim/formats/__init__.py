@@ -1,0 +1,67 @@
+"""BLIS-compatible file formats (design D1): strict pydantic models with readers and writers.
+
+- :mod:`blis_sim.formats.trace` — TraceV2 header YAML + data CSV + ITL CSV.
+- :mod:`blis_sim.formats.offload` — the offload config YAML → resolved :class:`OffloadConfig`.
+- :mod:`blis_sim.formats.results` — SimResult JSON and MetricsOutput JSON.
+- :mod:`blis_sim.formats.hitrate` — the per-definition hit-rate entry shared by trace header and MetricsOutput.
+
+Every reader raises :class:`blis_sim.errors.FormatError` (file, line, field) on bad input; every writer lays
+the file out as the reference's Go code does. See docs/formats.md.
+"""
+from __future__ import annotations
+
+from blis_sim.formats.hitrate import DEFINITIONS, KVHitRate
+from blis_sim.formats.results import (
+    AdapterMetrics,
+    MetricsOutput,
+    RequestMetrics,
+    SimResult,
+    load_metrics_output,
+    load_sim_results,
+    metrics_output_text,
+    sim_results_text,
+    write_metrics_output,
+    write_sim_results,
+)
+from blis_sim.formats.trace import (
+    SOURCE_GPU_FALLBACK,
+    SOURCE_TIERED,
+    ITLRecord,
+    KVGeometry,
+    LatencyModelInfo,
+    ObservedKVMetrics,
+    OffloadExtensions,
+    PhaseInfo,
+    PytestBlisHeader,
+    ScrapeInfo,
+    SLOTargets,
+    TierIO,
+    Trace,
+    TraceHeader,
+    TraceKVOffloadConfig,
+    TraceNetworkConfig,
+    TraceRecord,
+    TraceServerConfig,
+    TraceTierConfig,
+    default_itl_path,
+    itl_by_request,
+    load_trace,
+    read_itl,
+    read_trace_data,
+    read_trace_header,
+    write_itl,
+    write_trace,
+    write_trace_data,
+    write_trace_header,
+)
+
+__all__ = [
+    "DEFINITIONS", "KVHitRate",
+    "AdapterMetrics", "MetricsOutput", "RequestMetrics", "SimResult", "load_metrics_output", "load_sim_results",
+    "metrics_output_text", "sim_results_text", "write_metrics_output", "write_sim_results",
+    "SOURCE_GPU_FALLBACK", "SOURCE_TIERED", "ITLRecord", "KVGeometry", "LatencyModelInfo", "ObservedKVMetrics",
+    "OffloadExtensions", "PhaseInfo", "PytestBlisHeader", "ScrapeInfo", "SLOTargets", "TierIO", "Trace",
+    "TraceHeader", "TraceKVOffloadConfig", "TraceNetworkConfig", "TraceRecord", "TraceServerConfig",
+    "TraceTierConfig", "default_itl_path", "itl_by_request", "load_trace", "read_itl", "read_trace_data",
+    "read_trace_header", "write_itl", "write_trace", "write_trace_data", "write_trace_header",
+]

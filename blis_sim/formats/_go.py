@@ -1,0 +1,155 @@
+"""Go-compatible scalar formatting and parsing, so our files are byte-compatible with the reference's.
+
+The reference (Go) writes YAML with yaml.v3, JSON with ``encoding/json`` and CSV with ``encoding/csv``; each
+formats numbers and quotes strings its own way, and Python's defaults differ from all three:
+
+- :func:`yaml_float` — ``strconv.FormatFloat(f, 'g', -1, 64)`` as yaml.v3 emits it (``7000``, ``0.68``,
+  ``1e+21``, ``.inf``).
+- :func:`json_float` — ``encoding/json``'s float64 format (``32984``, ``28.346298``, ``1e-07``).
+- :func:`fixed_float` — ``strconv.FormatFloat(f, 'f', -1, 64)`` (the CSV ``reason_ratio`` column).
+- :func:`csv_field` — ``encoding/csv`` minimal quoting.
+- :func:`parse_int`, :func:`parse_bool`, :func:`parse_float` — ``strconv.ParseInt/ParseBool/ParseFloat``: they
+  return ``None`` where Go would fail, so callers build their own located error.
+"""
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+
+_INT_RE = re.compile(r"[+-]?[0-9]+\Z")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+# Go's ParseFloat accepts decimal and hex floats, "inf"/"infinity"/"nan" in any case, and underscores only
+# between digits of a base-prefixed literal; we accept the decimal and special forms (all the reference writes).
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+_SPECIAL_FLOATS = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
+                   "+infinity": math.inf, "-infinity": -math.inf, "nan": math.nan}
+
+
+def _digits(f: float) -> tuple[str, int]:
+    """Shortest round-trip decimal digits of ``abs(f)`` and the decimal point position (Go's digs.d, digs.dp).
+
+    Python's ``repr`` and Go's shortest formatting pick the same digits; only the layout differs.
+    """
+    _, digits, exponent = Decimal(repr(abs(f))).as_tuple()
+    ds = "".join(map(str, digits)).lstrip("0")
+    if not ds:
+        return "0", 1
+    dp = len(ds) + int(exponent)
+    return ds.rstrip("0"), dp
+
+
+def _fmt_e(ds: str, dp: int, neg: bool) -> str:
+    exp = dp - 1
+    mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
+    sign = "-" if exp < 0 else "+"
+    return f"{'-' if neg else ''}{mant}e{sign}{abs(exp):02d}"
+
+
+def _fmt_f(ds: str, dp: int, neg: bool) -> str:
+    if dp <= 0:
+        s = "0." + "0" * (-dp) + ds
+    elif dp >= len(ds):
+        s = ds + "0" * (dp - len(ds))
+    else:
+        s = ds[:dp] + "." + ds[dp:]
+    return ("-" if neg else "") + s
+
+
+def _go_g(f: float) -> str:
+    """``strconv.FormatFloat(f, 'g', -1, 64)``: %e when the exponent is < -4 or >= 6 (shortest mode)."""
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    neg = math.copysign(1.0, f) < 0
+    if f == 0:
+        return "-0" if neg else "0"
+    ds, dp = _digits(f)
+    exp = dp - 1
+    if exp < -4 or exp >= 6:
+        return _fmt_e(ds, dp, neg)
+    return _fmt_f(ds, dp, neg)
+
+
+def yaml_float(f: float) -> str:
+    """A float64 as yaml.v3 writes it."""
+    s = _go_g(float(f))
+    return {"+Inf": ".inf", "-Inf": "-.inf", "NaN": ".nan"}.get(s, s)
+
+
+def json_float(f: float) -> str:
+    """A float64 as Go's encoding/json writes it (NaN/Inf are not representable: ValueError)."""
+    f = float(f)
+    if math.isnan(f) or math.isinf(f):
+        raise ValueError(f"unsupported value: {f!r} (JSON has no NaN or Inf)")
+    if f == 0:
+        return "-0" if math.copysign(1.0, f) < 0 else "0"
+    neg = f < 0
+    ds, dp = _digits(f)
+    a = abs(f)
+    if a < 1e-6 or a >= 1e21:
+        return _fmt_e(ds, dp, neg).replace("e-0", "e-").replace("e+0", "e+")
+    return _fmt_f(ds, dp, neg)
+
+
+def fixed_float(f: float) -> str:
+    """``strconv.FormatFloat(f, 'f', -1, 64)``."""
+    f = float(f)
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    if f == 0:
+        return "-0" if math.copysign(1.0, f) < 0 else "0"
+    ds, dp = _digits(f)
+    return _fmt_f(ds, dp, f < 0)
+
+
+def parse_int(s: str) -> int | None:
+    """``strconv.ParseInt(s, 10, 64)``: optional sign, ASCII digits, int64 range; else None."""
+    if not _INT_RE.match(s):
+        return None
+    v = int(s)
+    return v if _INT64_MIN <= v <= _INT64_MAX else None
+
+
+def looks_int(s: str) -> bool:
+    """Syntactically an integer (so a ParseInt failure means out of range)."""
+    return bool(_INT_RE.match(s))
+
+
+def parse_bool(s: str) -> bool | None:
+    """``strconv.ParseBool``: 1,t,T,TRUE,true,True / 0,f,F,FALSE,false,False; else None."""
+    if s in _GO_TRUE:
+        return True
+    if s in _GO_FALSE:
+        return False
+    return None
+
+
+def parse_float(s: str) -> float | None:
+    """``strconv.ParseFloat(s, 64)`` for decimal and special forms; else None."""
+    if _FLOAT_RE.match(s):
+        v = float(s)
+        return v
+    return _SPECIAL_FLOATS.get(s.lower())
+
+
+def format_bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def csv_field(s: str) -> str:
+    """One field quoted the way Go's csv.Writer quotes it (minimal quoting, ``"`` doubled)."""
+    if s == "":
+        return s
+    if s == "\\." or any(c in s for c in ',"\r\n') or s[0].isspace() or s[0] in "\x85\xa0":
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def csv_line(fields: list[str]) -> str:
+    return ",".join(csv_field(f) for f in fields) + "\n"

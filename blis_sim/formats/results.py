@@ -1,0 +1,267 @@
+"""Simulator outputs: per-request SimResult JSON and the aggregate MetricsOutput JSON (blis-pipeline.md §4.6).
+
+API::
+
+    results = load_sim_results("sim.json")          # -> list[SimResult] (sorted by request_id when written)
+    metrics = load_metrics_output("simagg.json")    # -> MetricsOutput
+    write_sim_results(results, "sim.json")          # sorts by request_id; [] when empty, never null
+    write_metrics_output(metrics, "simagg.json")
+    sim_results_text(results) / metrics_output_text(metrics) -> str
+
+Both are written like Go's ``json.MarshalIndent(v, "", "  ")``: 2-space indent, keys in the reference's
+order, ``omitempty`` fields dropped when zero, floats in Go's format (``32984``, not ``32984.0``), ``<>&``
+escaped as ``\\u003c`` etc., no trailing newline. Reading is strict: unknown keys, duplicate keys, wrong types
+(``"1"`` for a number, ``1.5`` for an integer), NaN/Infinity, out-of-range values → FormatError naming the file,
+the field path (``[3].ttft_us``) and the line where ``json`` reports one.
+
+Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
+
+- :class:`SimResult`: ``cached_tokens`` (prompt tokens served from any cache) and ``cached_tokens_by_source``
+  (``{"device": n, "host": n, "disk": n}``), written only when set.
+- :class:`MetricsOutput`: ``kv_hit_rates`` — the simulated per-definition hit-rates
+  (:class:`~blis_sim.formats.hitrate.KVHitRate`), written only when set.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, ValidationError
+
+from blis_sim.errors import FormatError
+from blis_sim.formats import _go
+from blis_sim.formats._model import StrictModel, to_go
+from blis_sim.formats._strict import describe
+from blis_sim.formats.hitrate import KVHitRate
+from blis_sim.formats.trace import atomic_write
+
+_Float = Field(default=0.0, allow_inf_nan=False)
+
+
+class SimResult(StrictModel):
+    """One completed request of a replay (µs, measured from injection)."""
+
+    request_id: int
+    ttft_us: float = Field(ge=0.0, allow_inf_nan=False)
+    e2e_us: float = Field(ge=0.0, allow_inf_nan=False)
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    slo_class: str = ""
+    model: str = ""
+    itl_mean_us: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    # ours
+    cached_tokens: int | None = Field(default=None, ge=0)
+    cached_tokens_by_source: dict[str, int] | None = None
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"slo_class", "model", "itl_mean_us"})
+
+
+class RequestMetrics(StrictModel):
+    """One entry of ``MetricsOutput.requests`` (ms and s, as the reference writes them)."""
+
+    arrived_at: float = Field(allow_inf_nan=False)
+    request_id: str = Field(alias="requestID")
+    num_prefill_tokens: int = Field(ge=0)
+    num_decode_tokens: int = Field(ge=0)
+    ttft_ms: float = _Float
+    itl_ms: float = _Float
+    e2e_ms: float = _Float
+    scheduling_delay_ms: float = _Float
+    slo_class: str = ""
+    tenant_id: str = ""
+    handled_by: str = ""
+    model: str = ""
+    adapter: str = ""
+    length_capped: bool = False
+    gateway_queue_delay_ms: float = _Float
+    session_id: str = ""
+    round_index: int = 0
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset(
+        {"slo_class", "tenant_id", "handled_by", "model", "adapter", "length_capped", "gateway_queue_delay_ms",
+         "session_id"})
+
+
+class AdapterMetrics(StrictModel):
+    """Per-LoRA-adapter aggregate (``MetricsOutput.adapters``)."""
+
+    load_count: int = 0
+    eviction_count: int = 0
+    ttft_p50_us: float = _Float
+    ttft_p99_us: float = _Float
+    throughput_tok_per_s: float = _Float
+
+
+class MetricsOutput(StrictModel):
+    """The cluster aggregate of a replay (``--metrics-path``), keys in the reference's order."""
+
+    instance_id: str = "cluster"
+    completed_requests: int = Field(default=0, ge=0)
+    still_queued: int = Field(default=0, ge=0)
+    still_running: int = Field(default=0, ge=0)
+    injected_requests: int = Field(default=0, ge=0)
+    total_input_tokens: int = Field(default=0, ge=0)
+    total_output_tokens: int = Field(default=0, ge=0)
+    vllm_estimated_duration_s: float = _Float
+    responses_per_sec: float = _Float
+    tokens_per_sec: float = _Float
+    e2e_mean_ms: float = _Float
+    e2e_p90_ms: float = _Float
+    e2e_p95_ms: float = _Float
+    e2e_p99_ms: float = _Float
+    ttft_mean_ms: float = _Float
+    ttft_p90_ms: float = _Float
+    ttft_p95_ms: float = _Float
+    ttft_p99_ms: float = _Float
+    itl_mean_ms: float = _Float
+    itl_p90_ms: float = _Float
+    itl_p95_ms: float = _Float
+    itl_p99_ms: float = _Float
+    scheduling_delay_p99_ms: float = _Float
+    kv_allocation_failures: int = Field(default=0, ge=0)
+    preemption_count: int = Field(default=0, ge=0)
+    cache_hit_rate: float | None = Field(default=None, ge=0.0, le=1.0)
+    dropped_unservable: int = Field(default=0, ge=0)
+    length_capped_requests: int = Field(default=0, ge=0)
+    timed_out_requests: int = Field(default=0, ge=0)
+    requests: list[RequestMetrics] = Field(default_factory=list)
+    # The reference types these as interface{} (opaque JSON): kept verbatim.
+    saturation: Any = None
+    goodput_rps: float = _Float
+    slo_attainment: float = _Float
+    per_class: Any = None
+    adapters: dict[str, AdapterMetrics] = Field(default_factory=dict)
+    # ours
+    kv_hit_rates: list[KVHitRate] | None = None
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset(
+        {"kv_allocation_failures", "requests", "goodput_rps", "slo_attainment", "adapters"})
+
+
+# --------------------------------------------------------------------------------------------- JSON I/O
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key '{k}'")
+        out[k] = v
+    return out
+
+
+def load_json(path: str | Path) -> Any:
+    """Strict JSON: duplicate keys and NaN/Infinity rejected; errors name file and line."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("file not found", file=str(p)) from None
+    except IsADirectoryError:
+        raise FormatError("is a directory, not a JSON file", file=str(p)) from None
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=str(p), line=exc.lineno) from None
+    except ValueError as exc:
+        raise FormatError(f"invalid JSON: {exc}", file=str(p)) from None
+
+
+def _json_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _validate(model: Any, data: Any, file: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = describe(exc, file=file)
+        loc = tuple(p for p in exc.errors()[0]["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        raise FormatError(err.reason, file=file, field=_json_path(loc) or None) from None
+
+
+def load_sim_results(path: str | Path) -> list[SimResult]:
+    """Read a SimResult array (``replay --results-path``)."""
+    data = load_json(path)
+    if not isinstance(data, list):
+        raise FormatError(f"expected a JSON array of sim results, got {type(data).__name__}", file=str(path))
+    out: list[SimResult] = []
+    for i, item in enumerate(data):
+        try:
+            out.append(SimResult.model_validate(item))
+        except ValidationError as exc:
+            loc = (i,) + tuple(exc.errors()[0]["loc"])
+            err = describe(exc, file=str(path))
+            raise FormatError(err.reason, file=str(path), field=_json_path(loc)) from None
+    return out
+
+
+def load_metrics_output(path: str | Path) -> MetricsOutput:
+    """Read an aggregate MetricsOutput (``replay --metrics-path``)."""
+    data = load_json(path)
+    if not isinstance(data, dict):
+        raise FormatError(f"expected a JSON object (MetricsOutput), got {type(data).__name__}", file=str(path))
+    return _validate(MetricsOutput, data, str(path))
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def _escape(s: str) -> str:
+    # Go's encoding/json escapes HTML-sensitive characters and the JS line separators.
+    out = json.dumps(s, ensure_ascii=False)
+    return (out.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def go_json(value: Any, indent: str = "") -> str:
+    """Plain data as ``json.MarshalIndent(v, "", "  ")`` lays it out."""
+    inner = indent + "  "
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{_escape(str(k))}: {go_json(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        return "[\n" + ",\n".join(inner + go_json(v, inner) for v in value) + "\n" + indent + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _go.json_float(value)
+    if isinstance(value, str):
+        return _escape(value)
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def sim_results_text(results: Sequence[SimResult]) -> str:
+    ordered = sorted(results, key=lambda r: r.request_id)
+    return go_json([to_go(r) for r in ordered])
+
+
+def metrics_output_text(metrics: MetricsOutput) -> str:
+    return go_json(to_go(metrics))
+
+
+def write_sim_results(results: Sequence[SimResult], path: str | Path) -> None:
+    atomic_write(path, sim_results_text(results))
+
+
+def write_metrics_output(metrics: MetricsOutput, path: str | Path) -> None:
+    atomic_write(path, metrics_output_text(metrics))
