@@ -1,0 +1,323 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: language = c++
+"""The step loop, compiled. Same algorithm and floating-point order as ``_loop_py.py`` (read that
+file's docstring for the contract); tests check that both give byte-identical results.
+
+Per-request state lives in typed numpy arrays, the queues in C++ containers; the only Python calls
+per step are the KV port's (lookup/admit at admission, grow per scheduled request, free).
+"""
+import numpy as np
+cimport numpy as cnp
+from libcpp.deque cimport deque
+from libcpp.vector cimport vector
+from libcpp.queue cimport priority_queue
+from libcpp.utility cimport pair
+from libc.math cimport isnan
+
+cnp.import_array()
+
+cdef enum:
+    NOT_ARRIVED = 0
+    WAITING = 1
+    LOADING = 2
+    RUNNING = 3
+    FINISHED = 4
+    DROPPED = 5
+
+ctypedef pair[double, long] HeapItem
+
+
+def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
+             long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
+             double horizon_us, port, bint log_steps):
+    cdef Py_ssize_t n = arrival.shape[0]
+    cdef double[::1] arr = np.ascontiguousarray(arrival, dtype=np.float64).copy()
+    cdef long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
+    cdef long[::1] olen = np.maximum(np.ascontiguousarray(output_len, dtype=np.int64), 1)
+    cdef long[::1] nxt_round = np.ascontiguousarray(next_round, dtype=np.int64)
+    cdef double[::1] think = np.ascontiguousarray(think_us, dtype=np.float64)
+    status_np = np.where(np.asarray(dropped).astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    cdef signed char[::1] status = status_np
+    computed_np = np.zeros(n, dtype=np.int64)
+    cdef long[::1] computed = computed_np
+    num_out_np = np.zeros(n, dtype=np.int64)
+    cdef long[::1] num_out = num_out_np
+    first_tok_np = np.full(n, np.nan)
+    cdef double[::1] first_tok = first_tok_np
+    cdef double[::1] last_tok = np.zeros(n)
+    finish_np = np.full(n, np.nan)
+    cdef double[::1] finish = finish_np
+    itl_sum_np = np.zeros(n)
+    cdef double[::1] itl_sum = itl_sum_np
+    first_sched_np = np.full(n, np.nan)
+    cdef double[::1] first_sched = first_sched_np
+    preempts_np = np.zeros(n, dtype=np.int64)
+    cdef long[::1] preempts = preempts_np
+    cdef double[::1] load_done = np.zeros(n)
+    cdef long[::1] sched_n = np.zeros(n, dtype=np.int64)
+    cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
+    cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
+    cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
+
+    cdef vector[long] open_idx
+    cdef signed char[::1] dynamic = np.zeros(n, dtype=np.int8)
+    cdef Py_ssize_t i, j, x
+    for i in range(n):
+        j = nxt_round[i]
+        if j >= 0:
+            dynamic[j] = 1
+    for i in range(n):
+        if not dynamic[i] and status[i] != DROPPED:
+            open_idx.push_back(i)
+    cdef size_t op = 0
+    # min-heap of (arrival, index) via negated keys, so ties break like Python's heapq on tuples
+    cdef priority_queue[HeapItem] heap
+
+    cdef deque[long] waiting
+    cdef vector[long] running
+    cdef vector[long] scheduled
+    cdef vector[long] skipped
+    cdef vector[long] keep
+    cdef vector[double] itl_values
+    cdef vector[long] itl_weights
+    cdef vector[double] log_start
+    cdef vector[double] log_dur
+    cdef vector[double] log_feat
+    cdef double t = 0.0, t_end, d, dc, dm, tp, td, cd, cp, ap, gap, nxt, done
+    cdef bint have_nxt, preempted, ok, finished_any
+    cdef long steps = 0, preemption_count = 0, n_loading = 0
+    cdef long budget, k, total, seq, victim, local, external, regular
+    cdef Py_ssize_t idx
+
+    while True:
+        # 1. arrivals up to now
+        while op < open_idx.size() and arr[open_idx[op]] <= t:
+            i = open_idx[op]
+            op += 1
+            status[i] = WAITING
+            waiting.push_back(i)
+        while not heap.empty() and -heap.top().first <= t:
+            i = -heap.top().second
+            heap.pop()
+            if status[i] == NOT_ARRIVED:
+                status[i] = WAITING
+                waiting.push_back(i)
+        if running.empty() and waiting.empty():
+            have_nxt = False
+            nxt = 0.0
+            if op < open_idx.size():
+                nxt = arr[open_idx[op]]
+                have_nxt = True
+            if not heap.empty() and (not have_nxt or -heap.top().first < nxt):
+                nxt = -heap.top().first
+                have_nxt = True
+            if not have_nxt or nxt > horizon_us:
+                break
+            t = nxt
+            continue
+        # 2. finished loads
+        if n_loading:
+            for x in range(<Py_ssize_t>waiting.size()):
+                i = waiting[x]
+                if status[i] == LOADING and load_done[i] <= t:
+                    status[i] = WAITING
+                    n_loading -= 1
+
+        # 3. schedule: running first, then waiting
+        budget = max_num_batched_tokens
+        scheduled.clear()
+        preempted = False
+        idx = 0
+        while idx < <Py_ssize_t>running.size() and budget > 0:
+            i = running[idx]
+            k = plen[i] + num_out[i] - computed[i]
+            if 0 < long_prefill_token_threshold < k:
+                k = long_prefill_token_threshold
+            if k > budget:
+                k = budget
+            ok = True
+            while not port.grow(i, computed[i] + k, t):
+                victim = running.back()
+                running.pop_back()
+                port.free(victim, True)
+                status[victim] = WAITING
+                computed[victim] = 0
+                preempts[victim] += 1
+                preemption_count += 1
+                waiting.push_front(victim)
+                preempted = True
+                if victim == i:
+                    ok = False
+                    break
+            if not ok:
+                break
+            sched_n[i] = k
+            scheduled.push_back(i)
+            budget -= k
+            idx += 1
+
+        if not preempted:
+            skipped.clear()
+            while not waiting.empty() and budget > 0 and <long>running.size() < max_num_seqs:
+                i = waiting.front()
+                if status[i] == LOADING:
+                    skipped.push_back(i)
+                    waiting.pop_front()
+                    continue
+                total = plen[i] + num_out[i]
+                if computed[i] == 0:
+                    local, external = port.lookup(i, t)
+                else:
+                    local = 0
+                    external = 0
+                if external > 0:
+                    done = port.admit(i, local, external, local + external, t)
+                    if done < 0:
+                        break
+                    waiting.pop_front()
+                    computed[i] = local + external
+                    if done > t:
+                        status[i] = LOADING
+                        load_done[i] = done
+                        n_loading += 1
+                        skipped.push_back(i)
+                        continue
+                    waiting.push_front(i)
+                    continue
+                k = total - computed[i] - local
+                if 0 < long_prefill_token_threshold < k:
+                    k = long_prefill_token_threshold
+                if k > budget:
+                    k = budget
+                if computed[i] == 0:
+                    if port.admit(i, local, 0, local + k, t) < 0:
+                        break
+                    computed[i] = local
+                elif not port.grow(i, computed[i] + k, t):
+                    break
+                waiting.pop_front()
+                status[i] = RUNNING
+                running.push_back(i)
+                if isnan(first_sched[i]):
+                    first_sched[i] = t
+                sched_n[i] = k
+                scheduled.push_back(i)
+                budget -= k
+            for x in range(<Py_ssize_t>skipped.size() - 1, -1, -1):
+                waiting.push_front(skipped[x])
+
+        if scheduled.empty():
+            have_nxt = False
+            nxt = 0.0
+            if op < open_idx.size():
+                nxt = arr[open_idx[op]]
+                have_nxt = True
+            if not heap.empty() and (not have_nxt or -heap.top().first < nxt):
+                nxt = -heap.top().first
+                have_nxt = True
+            if n_loading:
+                for x in range(<Py_ssize_t>waiting.size()):
+                    i = waiting[x]
+                    if status[i] == LOADING and (not have_nxt or load_done[i] < nxt):
+                        nxt = load_done[i]
+                        have_nxt = True
+            if not have_nxt:
+                if not waiting.empty() or not running.empty():
+                    from blis_sim.engine._loop_py import raise_stuck
+                    raise_stuck([waiting.front()] if not waiting.empty() else [],
+                                np.asarray(plen), num_out_np)
+                break
+            if nxt > horizon_us:
+                break
+            t = nxt if nxt > t else t
+            continue
+
+        # 4. step time
+        tp = 0.0
+        td = 0.0
+        cd = 0.0
+        cp = 0.0
+        ap = 0.0
+        for x in range(<Py_ssize_t>scheduled.size()):
+            i = scheduled[x]
+            k = sched_n[i]
+            seq = computed[i]
+            if num_out[i] > 0 and k == 1 and seq == plen[i] + num_out[i] - 1:
+                td += 1.0
+                cd += <double>seq
+            else:
+                tp += <double>k
+                cp += <double>seq
+                ap += <double>k * <double>seq + <double>k * <double>(k + 1) * 0.5
+        dc = wc0 + wc1 * tp + wc2 * td + wc3 * cd + wc4 * cp + wc5 * ap
+        dm = wm0 + wm1 * tp + wm2 * td + wm3 * cd + wm4 * cp + wm5 * ap
+        d = dc if dc > dm else dm
+        if d < 1.0:
+            d = 1.0
+        if log_steps:
+            log_start.push_back(t)
+            log_dur.push_back(d)
+            log_feat.push_back(1.0)
+            log_feat.push_back(tp)
+            log_feat.push_back(td)
+            log_feat.push_back(cd)
+            log_feat.push_back(cp)
+            log_feat.push_back(ap)
+        t_end = t + d
+        steps += 1
+
+        # 5. outputs
+        regular = 0
+        finished_any = False
+        for x in range(<Py_ssize_t>scheduled.size()):
+            i = scheduled[x]
+            computed[i] += sched_n[i]
+            if computed[i] == plen[i] + num_out[i]:
+                num_out[i] += 1
+                if num_out[i] == 1:
+                    first_tok[i] = t_end
+                else:
+                    gap = t_end - last_tok[i]
+                    itl_sum[i] += gap
+                    if last_tok[i] == t:
+                        regular += 1
+                    else:
+                        itl_values.push_back(gap)
+                        itl_weights.push_back(1)
+                last_tok[i] = t_end
+                if num_out[i] >= olen[i]:
+                    status[i] = FINISHED
+                    finish[i] = t_end
+                    port.free(i, False)
+                    finished_any = True
+                    j = nxt_round[i]
+                    if j >= 0:
+                        arr[j] = t_end + think[j]
+                        heap.push(HeapItem(-arr[j], -j))
+        if regular:
+            itl_values.push_back(t_end - t)
+            itl_weights.push_back(regular)
+        if finished_any:
+            keep.clear()
+            for x in range(<Py_ssize_t>running.size()):
+                i = running[x]
+                if status[i] == RUNNING:
+                    keep.push_back(i)
+            running.swap(keep)
+        t = t_end
+        if t > horizon_us:
+            break
+
+    out = {
+        "arrival_us": np.asarray(arr), "first_token_us": first_tok_np, "finish_us": finish_np,
+        "itl_sum_us": itl_sum_np, "num_out": num_out_np, "preemptions": preempts_np,
+        "first_sched_us": first_sched_np, "status": status_np,
+        "itl_values": np.array(itl_values, dtype=np.float64),
+        "itl_weights": np.array(itl_weights, dtype=np.int64), "steps": steps,
+        "preemption_count": preemption_count, "end_us": t,
+    }
+    if log_steps:
+        out["step_start"] = np.array(log_start, dtype=np.float64)
+        out["step_dur"] = np.array(log_dur, dtype=np.float64)
+        out["step_features"] = np.array(log_feat, dtype=np.float64).reshape(-1, 6)
+    return out

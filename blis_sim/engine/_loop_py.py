@@ -1,0 +1,297 @@
+"""The step loop, pure-Python twin of ``_loop.pyx`` (same algorithm, same floating-point order).
+
+The compiled module is the default (``blis_sim._backend.load``); both must give byte-identical
+results, which ``tests/test_engine_loop.py`` checks. Keep the two files in step: every statement
+that touches a float is written in the same order in both.
+
+``run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights, max_num_seqs,
+max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, log_steps)`` simulates vLLM
+V1's scheduler (blis_sim.engine.scheduler documents the rules) and returns a dict of numpy arrays:
+per request ``first_token_us``, ``finish_us``, ``itl_sum_us``, ``num_out``, ``preemptions``,
+``first_sched_us``, ``arrival_us`` (dynamic arrivals filled in), ``status``; per step, the ITL
+samples as ``itl_values``/``itl_weights``; counts ``steps``, ``preemption_count``, ``end_us``;
+and with ``log_steps`` the step log ``step_start``, ``step_dur``, ``step_features`` (fit uses it).
+
+``port`` is the KV side (blis_sim.engine.kvport): ``lookup(i, now) -> (local, external)``,
+``admit(i, local, external, num_tokens, now) -> load_done_us`` (< 0: allocation failed),
+``grow(i, num_tokens, now) -> bool``, ``free(i, preempted)``.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+import numpy as np
+
+# Request status codes (shared with _loop.pyx and scheduler.py).
+NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
+
+
+def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
+             next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
+             max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
+             horizon_us: float, port, log_steps: bool) -> dict:
+    n = arrival.shape[0]
+    arr = arrival.astype(np.float64).copy()
+    plen = prompt_len.astype(np.int64)
+    olen = np.maximum(output_len.astype(np.int64), 1)  # a request always yields its first token
+    status = np.where(dropped.astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    computed = np.zeros(n, dtype=np.int64)
+    num_out = np.zeros(n, dtype=np.int64)
+    first_tok = np.full(n, np.nan)
+    last_tok = np.zeros(n)
+    finish = np.full(n, np.nan)
+    itl_sum = np.zeros(n)
+    first_sched = np.full(n, np.nan)
+    preempts = np.zeros(n, dtype=np.int64)
+    load_done = np.zeros(n)
+    sched_n = np.zeros(n, dtype=np.int64)
+    w = weights.astype(np.float64)
+    wc0, wc1, wc2, wc3, wc4, wc5 = (float(x) for x in w[0])
+    wm0, wm1, wm2, wm3, wm4, wm5 = (float(x) for x in w[1])
+
+    # Open-loop arrivals are taken in index order (the caller sorts them); a request whose
+    # arrival is released by its session's previous round (next_round) goes through the heap.
+    dynamic = np.zeros(n, dtype=bool)
+    for i in range(n):
+        j = int(next_round[i])
+        if j >= 0:
+            dynamic[j] = True
+    open_idx = [i for i in range(n) if not dynamic[i] and status[i] != DROPPED]
+    op = 0
+    heap: list[tuple[float, int]] = []
+
+    waiting: deque[int] = deque()
+    running: list[int] = []
+    itl_values: list[float] = []
+    itl_weights: list[int] = []
+    log_start: list[float] = []
+    log_dur: list[float] = []
+    log_feat: list[tuple[float, ...]] = []
+    t = 0.0
+    steps = 0
+    preemption_count = 0
+    n_loading = 0
+
+    while True:
+        # 1. Arrivals up to now join the waiting queue, in arrival order.
+        while op < len(open_idx) and arr[open_idx[op]] <= t:
+            i = open_idx[op]
+            op += 1
+            status[i] = WAITING
+            waiting.append(i)
+        while heap and heap[0][0] <= t:
+            _, i = heapq.heappop(heap)
+            if status[i] == NOT_ARRIVED:
+                status[i] = WAITING
+                waiting.append(i)
+        if not running and not waiting:
+            nxt = _next_arrival(op, open_idx, arr, heap)
+            if nxt is None or nxt > horizon_us:
+                break
+            t = nxt
+            continue
+        # 2. Loads finished by now make their requests schedulable again.
+        if n_loading:
+            for i in waiting:
+                if status[i] == LOADING and load_done[i] <= t:
+                    status[i] = WAITING
+                    n_loading -= 1
+
+        # 3. Schedule: running requests first (vLLM V1), then the waiting queue.
+        budget = max_num_batched_tokens
+        scheduled: list[int] = []
+        preempted = False
+        idx = 0
+        while idx < len(running) and budget > 0:
+            i = running[idx]
+            k = plen[i] + num_out[i] - computed[i]
+            if 0 < long_prefill_token_threshold < k:
+                k = long_prefill_token_threshold
+            if k > budget:
+                k = budget
+            ok = True
+            while not port.grow(i, int(computed[i] + k), t):
+                victim = running.pop()  # FCFS: the most recently admitted request
+                port.free(victim, True)
+                status[victim] = WAITING
+                computed[victim] = 0
+                preempts[victim] += 1
+                preemption_count += 1
+                waiting.appendleft(victim)
+                preempted = True
+                if victim == i:
+                    ok = False
+                    break
+            if not ok:
+                break
+            sched_n[i] = k
+            scheduled.append(i)
+            budget -= k
+            idx += 1
+
+        if not preempted:
+            skipped: list[int] = []
+            while waiting and budget > 0 and len(running) < max_num_seqs:
+                i = waiting[0]
+                if status[i] == LOADING:
+                    skipped.append(waiting.popleft())
+                    continue
+                total = plen[i] + num_out[i]
+                if computed[i] == 0:
+                    local, external = port.lookup(i, t)
+                else:  # its load has finished: what was loaded is already computed
+                    local, external = 0, 0
+                if external > 0:
+                    done = port.admit(i, local, external, int(local + external), t)
+                    if done < 0:
+                        break
+                    waiting.popleft()
+                    computed[i] = local + external
+                    if done > t:
+                        status[i] = LOADING
+                        load_done[i] = done
+                        n_loading += 1
+                        skipped.append(i)
+                        continue
+                    # a load that is already complete: schedule the rest right away
+                    waiting.appendleft(i)
+                    continue
+                k = total - computed[i] - local
+                if 0 < long_prefill_token_threshold < k:
+                    k = long_prefill_token_threshold
+                if k > budget:
+                    k = budget
+                if computed[i] == 0:
+                    if port.admit(i, local, 0, int(local + k), t) < 0:
+                        break
+                    computed[i] = local
+                elif not port.grow(i, int(computed[i] + k), t):
+                    break
+                waiting.popleft()
+                status[i] = RUNNING
+                running.append(i)
+                if first_sched[i] != first_sched[i]:  # NaN: first time scheduled
+                    first_sched[i] = t
+                sched_n[i] = k
+                scheduled.append(i)
+                budget -= k
+            for i in reversed(skipped):
+                waiting.appendleft(i)
+
+        if not scheduled:
+            # Nothing can run now: jump to the next arrival or load completion.
+            nxt = _next_arrival(op, open_idx, arr, heap)
+            if n_loading:
+                for i in waiting:
+                    if status[i] == LOADING and (nxt is None or load_done[i] < nxt):
+                        nxt = float(load_done[i])
+            if nxt is None:
+                if waiting or running:
+                    raise_stuck(waiting, plen, num_out)
+                break
+            if nxt > horizon_us:
+                break
+            t = nxt if nxt > t else t
+            continue
+
+        # 4. Step time from this batch's features.
+        tp = 0.0
+        td = 0.0
+        cd = 0.0
+        cp = 0.0
+        ap = 0.0
+        for i in scheduled:
+            k = sched_n[i]
+            seq = computed[i]
+            if num_out[i] > 0 and k == 1 and seq == plen[i] + num_out[i] - 1:
+                td += 1.0
+                cd += float(seq)
+            else:
+                tp += float(k)
+                cp += float(seq)
+                ap += float(k) * float(seq) + float(k) * float(k + 1) * 0.5
+        dc = wc0 + wc1 * tp + wc2 * td + wc3 * cd + wc4 * cp + wc5 * ap
+        dm = wm0 + wm1 * tp + wm2 * td + wm3 * cd + wm4 * cp + wm5 * ap
+        d = dc if dc > dm else dm
+        if d < 1.0:
+            d = 1.0
+        if log_steps:
+            log_start.append(t)
+            log_dur.append(d)
+            log_feat.append((1.0, tp, td, cd, cp, ap))
+        t_end = t + d
+        steps += 1
+
+        # 5. Outputs: progress, sampled tokens, completions.
+        regular = 0
+        keep: list[int] = []
+        finished_any = False
+        for i in scheduled:
+            computed[i] += sched_n[i]
+            if computed[i] == plen[i] + num_out[i]:
+                num_out[i] += 1
+                if num_out[i] == 1:
+                    first_tok[i] = t_end
+                else:
+                    gap = t_end - last_tok[i]
+                    itl_sum[i] += gap
+                    if last_tok[i] == t:  # tokens in consecutive steps: the gap is this step
+                        regular += 1
+                    else:
+                        itl_values.append(gap)
+                        itl_weights.append(1)
+                last_tok[i] = t_end
+                if num_out[i] >= olen[i]:
+                    status[i] = FINISHED
+                    finish[i] = t_end
+                    port.free(i, False)
+                    finished_any = True
+                    j = int(next_round[i])
+                    if j >= 0:
+                        arr[j] = t_end + think_us[j]
+                        heapq.heappush(heap, (float(arr[j]), j))
+        if regular:
+            itl_values.append(t_end - t)
+            itl_weights.append(regular)
+        if finished_any:
+            for i in running:
+                if status[i] == RUNNING:
+                    keep.append(i)
+            running = keep
+        t = t_end
+        if t > horizon_us:
+            break
+
+    out = {
+        "arrival_us": arr, "first_token_us": first_tok, "finish_us": finish, "itl_sum_us": itl_sum,
+        "num_out": num_out, "preemptions": preempts, "first_sched_us": first_sched,
+        "status": status, "itl_values": np.array(itl_values, dtype=np.float64),
+        "itl_weights": np.array(itl_weights, dtype=np.int64), "steps": steps,
+        "preemption_count": preemption_count, "end_us": t,
+    }
+    if log_steps:
+        out["step_start"] = np.array(log_start, dtype=np.float64)
+        out["step_dur"] = np.array(log_dur, dtype=np.float64)
+        out["step_features"] = np.array(log_feat, dtype=np.float64).reshape(-1, 6)
+    return out
+
+
+def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,
+                  heap: list[tuple[float, int]]) -> float | None:
+    nxt = None
+    if op < len(open_idx):
+        nxt = float(arr[open_idx[op]])
+    if heap and (nxt is None or heap[0][0] < nxt):
+        nxt = heap[0][0]
+    return nxt
+
+
+def raise_stuck(waiting, plen: np.ndarray, num_out: np.ndarray) -> None:
+    from blis_sim.errors import SimulationError
+
+    i = waiting[0] if waiting else -1
+    size = int(plen[i] + num_out[i]) if i >= 0 else 0
+    raise SimulationError(
+        f"the simulation cannot make progress: request index {i} ({size} tokens) cannot be "
+        "allocated and nothing else is running (the KV cache is too small for it)")

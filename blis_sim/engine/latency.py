@@ -1,0 +1,293 @@
+"""Latency models: how long one engine step takes, and the per-request frontend time around it.
+
+Every model reduces to the same compiled form, :class:`StepModel`: two weight vectors over the six
+per-step features the step loop computes (``FEATURES``), the step time being
+
+    step_us = max(1, max(compute · F, memory · F))
+
+and a frontend term added to each request's TTFT and E2E (API server, tokenisation, detokenisation
+and streaming: time outside the engine core, which does not occupy the engine):
+
+    frontend_us = frontend_base_us + frontend_per_inflight_us · (requests in the system at arrival)
+
+Models:
+
+* **linear** (:class:`LatencyCoefficients`, read from a small YAML/JSON file with
+  :func:`load_coefficients`, written by ``blis fit``): ``base + per_prefill_token · Tp +
+  per_decode_seq · Td + per_context_token · (Cd + Cp)``; ``memory`` is all zero.
+* **roofline** (:func:`roofline`): from a model's local ``config.json`` (:func:`load_model_config`,
+  no downloads) and the bundled hardware table (``hardware.json``: H100, H200, A100, L40S), a compute
+  roofline (FLOPs over peak × MFU per phase) against a memory roofline (weights + KV read/write over
+  peak bandwidth).
+
+``StepModel.describe()`` is the provenance record written into every output (design D7).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from blis_sim.errors import ConfigError, FormatError
+from blis_sim.formats._strict import describe, load_yaml, validate
+
+#: Per-step features, in the order of the weight vectors. Tp: prompt tokens computed this step;
+#: Td: decode sequences; Cd: context tokens the decodes attend to; Cp: context already computed
+#: before each prefill chunk (summed); Ap: attention pairs of the prefill chunks,
+#: Σ t·seq + t(t+1)/2 (quadratic in the chunk, used by the roofline only).
+FEATURES = ("one", "prefill_tokens", "decode_seqs", "decode_context", "prefill_context",
+            "prefill_attention")
+N_FEATURES = len(FEATURES)
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class StepCoefficients(BaseModel):
+    """The linear step-time model, µs."""
+
+    model_config = _STRICT
+    base_us: float = Field(ge=0)
+    per_prefill_token_us: float = Field(ge=0)
+    per_decode_seq_us: float = Field(ge=0)
+    per_context_token_us: float = Field(ge=0)
+
+
+class FrontendCoefficients(BaseModel):
+    """Time outside the engine core added to TTFT and E2E, µs."""
+
+    model_config = _STRICT
+    base_us: float = Field(default=0.0, ge=0)
+    per_inflight_us: float = Field(default=0.0, ge=0)
+
+
+class FitReport(BaseModel):
+    """How well a fitted model reproduces the trace it was fitted on (written by ``blis fit``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    trace: str
+    requests: int
+    iterations: int
+    ttft_mape: float
+    itl_mape: float
+    ttft_rmse_us: float
+    itl_rmse_us: float
+
+
+class LatencyCoefficients(BaseModel):
+    """A coefficient file: ``model: linear``, ``step:``, ``frontend:``, and ``fit:`` if fitted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: Literal["linear"] = "linear"
+    step: StepCoefficients
+    frontend: FrontendCoefficients = FrontendCoefficients()
+    fit: FitReport | None = None
+
+    def to_step_model(self) -> StepModel:
+        s = self.step
+        compute = (s.base_us, s.per_prefill_token_us, s.per_decode_seq_us, s.per_context_token_us,
+                   s.per_context_token_us, 0.0)
+        return StepModel(kind="linear", compute=compute, memory=(0.0,) * N_FEATURES,
+                         frontend_base_us=self.frontend.base_us,
+                         frontend_per_inflight_us=self.frontend.per_inflight_us,
+                         details={"step": s.model_dump()})
+
+
+#: The default when no coefficient file is given: a linear fit to the reference's bundled
+#: trained-physics step times for Qwen3-14B on one H100 (blis-kv-model.md §5.2 worked table), with
+#: its 15.6 ms per-request queueing constant as the frontend base. A starting point, not a calibration.
+DEFAULT_COEFFICIENTS = LatencyCoefficients(
+    step=StepCoefficients(base_us=12000.0, per_prefill_token_us=4.6, per_decode_seq_us=4.5,
+                          per_context_token_us=0.095),
+    frontend=FrontendCoefficients(base_us=15563.0, per_inflight_us=0.0),
+)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The compiled form every latency model reduces to (see the module docstring)."""
+
+    kind: str
+    compute: tuple[float, ...]
+    memory: tuple[float, ...]
+    frontend_base_us: float = 0.0
+    frontend_per_inflight_us: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.compute) != N_FEATURES or len(self.memory) != N_FEATURES:
+            raise ValueError(f"a StepModel needs {N_FEATURES} weights per roofline")
+
+    def weights(self) -> np.ndarray:
+        """(2, N_FEATURES) float64 array: compute row, memory row (what the step loop reads)."""
+        return np.array([self.compute, self.memory], dtype=np.float64)
+
+    def step_time(self, features: np.ndarray) -> float:
+        """Step time for one feature vector (the loop computes the same thing inline)."""
+        w = self.weights()
+        return max(1.0, float(w[0] @ features), float(w[1] @ features))
+
+    def frontend_us(self, inflight: np.ndarray) -> np.ndarray:
+        return self.frontend_base_us + self.frontend_per_inflight_us * inflight.astype(np.float64)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.kind, **self.details}
+        out["frontend"] = {"base_us": self.frontend_base_us,
+                           "per_inflight_us": self.frontend_per_inflight_us}
+        return out
+
+
+def load_coefficients(path: str | Path) -> LatencyCoefficients:
+    """Read a coefficient file (YAML, or JSON by its ``.json`` suffix); errors name file/line/field."""
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"invalid JSON: {exc.msg}", file=str(p), line=exc.lineno) from None
+        try:
+            return LatencyCoefficients.model_validate(data)
+        except ValidationError as exc:
+            raise describe(exc, file=str(p)) from None
+    return validate(LatencyCoefficients, load_yaml(p))
+
+
+def dump_coefficients(coeffs: LatencyCoefficients, path: str | Path) -> None:
+    """Write a coefficient file; JSON if the suffix is ``.json``, YAML otherwise."""
+    import yaml
+
+    p = Path(path)
+    data = coeffs.model_dump(exclude_none=True)
+    text = json.dumps(data, indent=2) + "\n" if p.suffix.lower() == ".json" else \
+        yaml.safe_dump(data, sort_keys=False)
+    p.write_text(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Roofline
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """What the roofline needs from a Hugging Face ``config.json``."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    bytes_per_param: float
+    weight_bytes_per_param: float
+
+    def kv_bytes_per_token(self, tp: int = 1) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param / tp
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    tflops: float
+    bandwidth_tbs: float
+    mfu_prefill: float
+    mfu_decode: float
+    memory_gib: float
+
+
+_DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "fp8": 1.0, "float8_e4m3fn": 1.0}
+
+
+def load_model_config(path: str | Path) -> ModelGeometry:
+    """Parse a local HF ``config.json``; a missing or bad field is a ConfigError naming it."""
+    p = Path(path)
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"invalid JSON: {exc.msg}", file=str(p), line=exc.lineno) from None
+    if not isinstance(cfg, dict):
+        raise FormatError("expected a JSON object", file=str(p))
+    if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers nest the LM
+        cfg = cfg["text_config"]
+
+    def need(key: str) -> int:
+        value = cfg.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"needs a positive integer, got {value!r}", file=str(p), field=key)
+        return value
+
+    layers, hidden, heads = need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    if dtype not in _DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {dtype!r} (known: {sorted(_DTYPE_BYTES)})", file=str(p),
+                          field="torch_dtype")
+    bpp = _DTYPE_BYTES[dtype]
+    wbpp = bpp
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict):
+        bits = quant.get("bits") or (8 if "fp8" in str(quant.get("quant_method", "")) else None)
+        if isinstance(bits, int) and bits > 0:
+            wbpp = bits / 8.0
+    return ModelGeometry(layers=layers, hidden=hidden, heads=heads, kv_heads=int(kv_heads),
+                         head_dim=int(head_dim), intermediate=need("intermediate_size"),
+                         vocab=need("vocab_size"), bytes_per_param=bpp, weight_bytes_per_param=wbpp)
+
+
+@lru_cache(maxsize=1)
+def hardware_table() -> dict[str, Hardware]:
+    raw = json.loads((Path(__file__).with_name("hardware.json")).read_text())
+    return {k: Hardware(name=k, **v) for k, v in raw.items() if not k.startswith("_")}
+
+
+def get_hardware(name: str) -> Hardware:
+    table = hardware_table()
+    key = name.upper()
+    if key not in table:
+        raise ConfigError(f"unknown hardware {name!r} (known: {', '.join(sorted(table))})",
+                          field="hardware")
+    return table[key]
+
+
+def roofline(geom: ModelGeometry, hw: Hardware, tp: int = 1,
+             frontend: FrontendCoefficients | None = None) -> StepModel:
+    """A compute-vs-memory roofline step model for a dense decoder (SwiGLU MLP, GQA attention).
+
+    Compute per token: QKV + O projections + 3 MLP matrices (2 FLOPs per MAC), plus the LM head for
+    every decode sequence; attention: 4·q_dim FLOPs per (new token, context token) pair. Memory:
+    every weight once per step, plus the KV written for new tokens and read for the context.
+    """
+    if tp < 1:
+        raise ConfigError(f"tensor parallel degree must be ≥ 1, got {tp}", field="tp")
+    g = geom
+    q_dim, kv_dim = g.heads * g.head_dim, g.kv_heads * g.head_dim
+    lin_flops = g.layers * 2.0 * (g.hidden * (q_dim + 2 * kv_dim) + q_dim * g.hidden
+                                  + 3 * g.hidden * g.intermediate) / tp
+    head_flops = 2.0 * g.hidden * g.vocab / tp
+    attn_flops = g.layers * 4.0 * q_dim / tp
+    peak_per_us = hw.tflops * 1e12 / 1e6
+    params = g.layers * (g.hidden * (q_dim + 2 * kv_dim) + q_dim * g.hidden
+                         + 3 * g.hidden * g.intermediate) + g.vocab * g.hidden
+    weight_bytes = params * g.weight_bytes_per_param / tp
+    kvb = g.kv_bytes_per_token(tp)
+    bw_per_us = hw.bandwidth_tbs * 1e12 / 1e6
+    pp, pd = peak_per_us * hw.mfu_prefill, peak_per_us * hw.mfu_decode
+    compute = (0.0, lin_flops / pp, (lin_flops + head_flops) / pd, attn_flops / pd, 0.0,
+               attn_flops / pp)
+    memory = (weight_bytes / bw_per_us, kvb / bw_per_us, kvb / bw_per_us, kvb / bw_per_us,
+              kvb / bw_per_us, 0.0)
+    fe = frontend or FrontendCoefficients()
+    details = {"hardware": hw.name, "tp": tp,
+               "model_config": {"layers": g.layers, "hidden": g.hidden, "heads": g.heads,
+                                "kv_heads": g.kv_heads, "head_dim": g.head_dim,
+                                "intermediate": g.intermediate, "vocab": g.vocab,
+                                "bytes_per_param": g.bytes_per_param,
+                                "weight_bytes_per_param": g.weight_bytes_per_param}}
+    return StepModel(kind="roofline", compute=compute, memory=memory,
+                     frontend_base_us=fe.base_us, frontend_per_inflight_us=fe.per_inflight_us,
+                     details=details)

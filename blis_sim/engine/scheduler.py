@@ -1,0 +1,138 @@
+"""vLLM V1's scheduler as a discrete-event step loop: configuration, backend choice, results.
+
+:func:`simulate` runs the compiled step loop (``_loop.pyx``; the pure twin ``_loop_py.py`` with
+``BLIS_PURE_PYTHON=1``) over a :class:`Workload` of request arrays and a KV port. The rules, as vLLM
+0.33's ``Scheduler.schedule()`` applies them (vllm-semantics.md §A.2–§A.4):
+
+* One step at a time; a step's batch is formed at its start, its duration comes from the latency
+  model (:mod:`blis_sim.engine.latency`), its outputs (progress, sampled tokens, completions) land at
+  its end, and the next step is formed then. Requests that arrive during a step wait for its end.
+* Token budget ``max_num_batched_tokens`` per step. **Running requests first**, in admission order:
+  each gets its remaining tokens (prompt chunk, or 1 for decode), capped by
+  ``long_prefill_token_threshold`` (0 = off) and by the budget left (chunked prefill).
+* **Preemption by recompute:** when the KV cache cannot grow a running request, the most recently
+  admitted running request is preempted (its blocks freed, its progress reset, put back at the head
+  of the waiting queue; it recomputes prompt + tokens generated so far when readmitted) until the
+  allocation fits or the request preempted itself. A step that preempted admits nothing new.
+* **Then the waiting queue, FCFS**, while the budget lasts and fewer than ``max_num_seqs`` run: a
+  request with nothing computed is looked up (GPU prefix hit, then the offload tiers after it); if
+  the tiers hold more of its prompt it is admitted **to load**: blocks allocated for the hit, the
+  transfer started, and the request waits (skipped, keeping its place) until the load completes;
+  loaded tokens are then computed, not recomputed. Otherwise the rest of its prompt is scheduled
+  (capped as above). An allocation failure stops admission for this step (head-of-line blocking).
+* A request yields its first token at the end of the step that computes its last prompt token, then
+  one token per decode step; it finishes after ``output_tokens`` tokens (at least one), and its
+  blocks are freed then. TTFT = first token − arrival, E2E = last token − arrival, ITL = the gaps
+  between its tokens. A session round's successor arrives ``think_us`` after it finishes.
+* ``horizon_us`` stops the simulation at the first step boundary past it; unfinished requests are
+  reported as still queued or running.
+
+A request that could never fit in the GPU cache (prompt + output tokens over its capacity) is
+dropped as unservable before the run (the reference's guard), instead of stalling the queue.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from blis_sim import _backend
+from blis_sim.engine.latency import StepModel
+
+_loop, COMPILED = _backend.load("blis_sim.engine._loop", "blis_sim.engine._loop_py")
+
+# Request status codes returned in LoopResult.status.
+NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The vLLM scheduler knobs (defaults are the reference's and vLLM's for a GPU server)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    horizon_us: float = float("inf")
+
+    def __post_init__(self) -> None:
+        from blis_sim.errors import ConfigError
+
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"must be ≥ 1, got {self.max_num_seqs}", field="max_num_seqs")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"must be ≥ 1, got {self.max_num_batched_tokens}",
+                              field="max_num_batched_tokens")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"must be ≥ 0, got {self.long_prefill_token_threshold}",
+                              field="long_prefill_token_threshold")
+        if not self.horizon_us > 0:
+            raise ConfigError(f"must be > 0, got {self.horizon_us}", field="horizon")
+
+
+@dataclass
+class Workload:
+    """Request arrays, indexed by request position. Open-loop requests must be sorted by arrival.
+
+    ``next_round[i]`` is the index of the session round released when ``i`` finishes (-1: none);
+    such a round's ``arrival_us`` is ignored and set to (finish of i) + ``think_us[j]``.
+    """
+
+    arrival_us: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    next_round: np.ndarray | None = None
+    think_us: np.ndarray | None = None
+    dropped: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.arrival_us.shape[0])
+
+
+@dataclass
+class LoopResult:
+    """What the step loop produced (arrays indexed like the workload; times in µs)."""
+
+    arrival_us: np.ndarray
+    first_token_us: np.ndarray
+    finish_us: np.ndarray
+    itl_sum_us: np.ndarray
+    num_out: np.ndarray
+    preemptions: np.ndarray
+    first_sched_us: np.ndarray
+    status: np.ndarray
+    itl_values: np.ndarray
+    itl_weights: np.ndarray
+    steps: int
+    preemption_count: int
+    end_us: float
+    step_start: np.ndarray | None = None
+    step_dur: np.ndarray | None = None
+    step_features: np.ndarray | None = None
+
+    @property
+    def ttft_us(self) -> np.ndarray:
+        return self.first_token_us - self.arrival_us
+
+    @property
+    def e2e_us(self) -> np.ndarray:
+        return self.finish_us - self.arrival_us
+
+
+def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerConfig,
+             *, log_steps: bool = False, backend: Any = None) -> LoopResult:
+    """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests)."""
+    n = len(workload)
+    nr = workload.next_round if workload.next_round is not None else np.full(n, -1, np.int64)
+    think = workload.think_us if workload.think_us is not None else np.zeros(n)
+    dropped = workload.dropped if workload.dropped is not None else np.zeros(n, bool)
+    loop = backend or _loop
+    out = loop.run_loop(
+        np.ascontiguousarray(workload.arrival_us, dtype=np.float64),
+        np.ascontiguousarray(workload.prompt_len, dtype=np.int64),
+        np.ascontiguousarray(workload.output_len, dtype=np.int64),
+        np.ascontiguousarray(nr, dtype=np.int64), np.ascontiguousarray(think, dtype=np.float64),
+        np.ascontiguousarray(dropped, dtype=bool), model.weights(),
+        int(config.max_num_seqs), int(config.max_num_batched_tokens),
+        int(config.long_prefill_token_threshold), float(config.horizon_us), port, bool(log_steps))
+    return LoopResult(**out)
