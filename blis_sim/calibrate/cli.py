@@ -1,0 +1,90 @@
+"""`blis calibrate`: argument parsing, file loading and exit codes around :func:`calibrate_detailed`.
+
+``register(subparsers)`` adds the subcommand. Flags: the reference's (blis-pipeline.md §5.1: --trace-header,
+--trace-data, --sim-results, --report, --warmup-requests, --network-rtt-us, --network-bandwidth-mbps,
+--itl-data, --sim-metrics, --hit-rate-tolerance-pp, --ttft-mape-threshold). Exit codes: 0 every verdict
+within, 1 a verdict out of tolerance (the reference always exits 0), 2 usage or input error (one line).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from blis_sim.calibrate.core import (DEFAULT_HIT_RATE_TOLERANCE_PP, DEFAULT_TTFT_MAPE_THRESHOLD, CalibrateOptions,
+                                     InputPaths, calibrate_detailed)
+from blis_sim.calibrate.summary import print_summary
+from blis_sim.calibrate.verdict import exit_code
+from blis_sim.errors import InputError, UsageError
+from blis_sim.formats.report import write_report
+
+_REQUIRED = ("trace_header", "trace_data", "sim_results", "report")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="compare an observed trace with its simulated replay (verdicts gate the exit code)",
+        description="Compare real (trace) and simulated (replay) TTFT/E2E/ITL and KV hit-rates. Exit 0 when "
+                    "every verdict is within tolerance, 1 when one is not, 2 on bad flags or input files.")
+    p.add_argument("--trace-header", default="", help="TraceV2 header YAML (required)")
+    p.add_argument("--trace-data", default="", help="TraceV2 data CSV (required)")
+    p.add_argument("--sim-results", default="", help="SimResult JSON from `blis replay --results-path` (required)")
+    p.add_argument("--report", default="", help="where to write the calibration report JSON (required)")
+    p.add_argument("--warmup-requests", type=int, default=-1,
+                   help="exclude request ids below N; -1 (default) = the header's warm_up_requests; 0 = include "
+                        "everything, also rows the trace's warmup column marks")
+    p.add_argument("--network-rtt-us", type=int, default=-1,
+                   help="RTT added to simulated latencies, µs; -1 (default) = the header's network.measured_rtt_ms")
+    p.add_argument("--network-bandwidth-mbps", type=float, default=0.0,
+                   help="upload/download delay of 4 bytes per token at this bandwidth; 0 (default) = none")
+    p.add_argument("--itl-data", default="", help="ITL CSV from `blis observe --record-itl` (adds metrics.itl)")
+    p.add_argument("--sim-metrics", default="",
+                   help="MetricsOutput JSON from `blis replay --metrics-path` (the simulated hit-rates)")
+    p.add_argument("--hit-rate-tolerance-pp", type=float, default=DEFAULT_HIT_RATE_TOLERANCE_PP,
+                   help="hit-rate verdict band, percentage points (default 5)")
+    p.add_argument("--ttft-mape-threshold", type=float, default=DEFAULT_TTFT_MAPE_THRESHOLD,
+                   help="TTFT MAPE verdict threshold, a fraction (default 0.15)")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
+    """Flags → options; -1 means "from the trace header" as in the reference."""
+    for name in _REQUIRED:
+        if not getattr(args, name):
+            raise UsageError(f"--{name.replace('_', '-')} is required")
+    if args.warmup_requests < -1:
+        raise UsageError(f"--warmup-requests must be >= 0 (or -1 to use the trace header), got {args.warmup_requests}")
+    if args.network_rtt_us < -1:
+        raise UsageError(f"--network-rtt-us must be >= 0 (or omit to use trace header), got {args.network_rtt_us}")
+    if math.isnan(args.network_bandwidth_mbps) or math.isinf(args.network_bandwidth_mbps):
+        raise UsageError(f"--network-bandwidth-mbps must be a finite number, got {args.network_bandwidth_mbps}")
+    options = CalibrateOptions(
+        warmup_requests=None if args.warmup_requests == -1 else args.warmup_requests,
+        network_rtt_us=None if args.network_rtt_us == -1 else args.network_rtt_us,
+        network_bandwidth_mbps=args.network_bandwidth_mbps, hit_rate_tolerance_pp=args.hit_rate_tolerance_pp,
+        ttft_mape_threshold=args.ttft_mape_threshold)
+    options.validate()
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    # Readers are imported here so `blis --help` does not pay for them.
+    from blis_sim.formats.results import load_metrics_output, load_sim_results
+    from blis_sim.formats.trace import load_trace, read_itl
+
+    options = options_from_args(args)
+    inputs = InputPaths(trace_header=args.trace_header, trace_data=args.trace_data, sim_results=args.sim_results,
+                        sim_metrics=args.sim_metrics or None, itl_data=args.itl_data or None)
+    trace = load_trace(args.trace_header, args.trace_data)
+    sim_results = load_sim_results(args.sim_results)
+    if not sim_results:
+        raise InputError("No sim results found — cannot calibrate with empty data", file=args.sim_results)
+    sim_metrics = load_metrics_output(args.sim_metrics) if args.sim_metrics else None
+    itl = read_itl(args.itl_data) if args.itl_data else None
+    outcome = calibrate_detailed(trace, sim_results, sim_metrics, options=options, itl_records=itl, inputs=inputs)
+    try:
+        write_report(outcome.report, args.report)
+    except OSError as exc:
+        raise InputError(f"failed to write calibration report: {exc.strerror or exc}", file=args.report) from None
+    print_summary(outcome, args.report)
+    return exit_code(outcome.report)

@@ -1,0 +1,103 @@
+"""The human summary `blis calibrate` prints on stderr: the reference's log lines, plus ours.
+
+API::
+
+    summary_lines(outcome, report_path) -> list[tuple[str, str]]    (level, message); level is "info" or "warning"
+    print_summary(outcome, report_path, stream=sys.stderr) -> None
+
+The JSON report is the contract; these lines are for people. Messages and number formats follow the
+reference's logrus lines (blis-pipeline.md §5.7), printed as ``INFO <message>`` / ``WARN <message>``.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from blis_sim.calibrate.core import CalibrationOutcome
+from blis_sim.calibrate.pairing import BreakdownPairs
+from blis_sim.calibrate.stats import mape_pct
+from blis_sim.calibrate.verdict import render_table
+from blis_sim.formats.report import MetricComparison
+
+Line = tuple[str, str]
+_LABELS = (("ttft", "TTFT: "), ("e2e", "E2E:  "), ("itl", "ITL:  "))
+
+
+def _workload_lines(label: str, m: MetricComparison) -> list[Line]:
+    w = m.workload_level
+    out = [("info", f"  {label}Real mean={w.real_mean:.0f}µs, Sim mean={w.sim_mean:.0f}µs, "
+                    f"Error={w.mean_error:+.0f}µs ({w.mean_percent_error * 100:.1f}%)")]
+    for p in (50, 90, 95, 99):
+        real, sim = getattr(w, f"real_p{p}"), getattr(w, f"sim_p{p}")
+        err, pct = getattr(w, f"p{p}_error"), getattr(w, f"p{p}_percent_error")
+        out.append(("info", f"        P{p}: Real={real:.0f}µs, Sim={sim:.0f}µs, Error={err:+.0f}µs ({pct * 100:.1f}%)"))
+    return out
+
+
+def _breakdown_lines(title: str, key: str, table: dict[str, BreakdownPairs]) -> list[Line]:
+    if not table:
+        return []
+    out = [("info", title)]
+    for name in sorted(table):
+        p = table[name]
+        if p.ttft.real:
+            out.append(("info", f"  {key}={name}: n={len(p.ttft.real)} TTFT-MAPE={mape_pct(p.ttft.real, p.ttft.sim) * 100:.1f}% "
+                                f"E2E-MAPE={mape_pct(p.e2e.real, p.e2e.sim) * 100:.1f}%"))
+    return out
+
+
+def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
+    r, pairs = outcome.report, outcome.pairs
+    lines: list[Line] = [("warning", w) for w in outcome.warnings]
+    lines.append(("info", f"Calibration report written to {report_path}"))
+    lines.append(("info", f"  Matched pairs: {pairs.matched} (warm-up excluded: {pairs.excluded_warmup}, unmatched "
+                          f"real: {pairs.unmatched_real}, unmatched sim: {pairs.unmatched_sim})"))
+    lines.append(("info", "Workload-level aggregate metrics:"))
+    for key, label in _LABELS:
+        if key in r.metrics:
+            lines += _workload_lines(label, r.metrics[key])
+    lines.append(("info", "Request-level prediction quality:"))
+    for key, label in _LABELS:
+        if key in r.metrics:
+            q = r.metrics[key].request_level
+            lines.append(("info", f"  {label}MAPE={q.mape * 100:.1f}%, PearsonR={q.pearson_r:.3f}, "
+                                  f"Bias={q.bias_direction}, Quality={q.quality}"))
+    if r.hit_rate is not None:
+        h = r.hit_rate
+        lines.append(("info" if h.within else "warning",
+                      f"KV hit-rate (source={h.source}): Real={h.real_hit_rate:.4f} Sim={h.sim_hit_rate:.4f} "
+                      f"AbsErr={h.abs_error_pp:.2f}pp (tolerance {h.tolerance_pp:.2f}pp) "
+                      f"[{'WITHIN' if h.within else 'EXCEEDS'}]"))
+    if r.ttft_tolerance is not None:
+        t = r.ttft_tolerance
+        lines.append(("info" if t.within else "warning",
+                      f"TTFT MAPE={t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%) "
+                      f"[{'WITHIN' if t.within else 'EXCEEDS'}]"))
+    for d in r.kv_hit_rates or ():
+        name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
+        lines.append(("info" if d.within else "warning",
+                      f"KV hit-rate [{name}] ({d.unit}): Real={d.real_hit_rate:.4f} Sim={d.sim_hit_rate:.4f} "
+                      f"AbsErr={d.abs_error_pp:.2f}pp (tolerance {d.tolerance_pp:.2f}pp) "
+                      f"[{'WITHIN' if d.within else 'EXCEEDS'}]"))
+    for u in r.kv_hit_rates_unpaired or ():
+        name = u.definition if u.tier is None else f"{u.definition}/{u.tier}"
+        lines.append(("info", f"KV hit-rate [{name}] ({u.side} only): not compared: {u.reason}"))
+    if r.request_hit_agreement is not None:
+        a = r.request_hit_agreement
+        lines.append(("info", f"Per-request cached tokens: {a.matching}/{a.requests} match "
+                              f"({a.match_share * 100:.1f}%), mean |diff|={a.mean_abs_diff_tokens:.1f} tokens "
+                              f"({a.not_reported} not reported)"))
+    lines += _breakdown_lines("Per-SLO-class calibration:", "SLO", pairs.by_slo)
+    lines += _breakdown_lines("Per-model calibration:", "model", pairs.by_model)
+    lines += [("info", f"Note: {n}") for n in r.notes or ()]
+    rows = r.verdicts()
+    if not r.passed:
+        lines.append(("warning", "Calibration verdicts out of tolerance:"))
+        lines += [("warning", row) for row in render_table(rows).splitlines()]
+    return lines
+
+
+def print_summary(outcome: CalibrationOutcome, report_path: str, stream: TextIO | None = None) -> None:
+    out = stream if stream is not None else sys.stderr
+    for level, msg in summary_lines(outcome, report_path):
+        print(f"{'WARN' if level == 'warning' else 'INFO'} {msg}", file=out)
