@@ -1,0 +1,569 @@
+"""The tiered KV cache the engine drives: :class:`KVCache` (API documented in :mod:`blis_sim.kv`).
+
+It composes the core structures of the selected backend (:class:`BlockPool` for the GPU,
+:class:`ChunkStore` per offload tier) with the transfer stations and the counters, and keeps the
+per-request state (block hashes, scheduled end, offload progress, per-source cached tokens).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from blis_sim.errors import SimulationError
+from blis_sim.kv.config import KVConfig
+from blis_sim.kv.station import TransferStation
+
+SOURCES = ("device", "host", "disk")
+_INF = float("inf")
+# A pin that ends just after `now`: protects a chunk from eviction during the current call only.
+_EPS = 1e-6
+
+
+class Lookup(NamedTuple):
+    """Result of :meth:`KVCache.lookup`: tokens found per place (whole blocks / chunks)."""
+
+    gpu_tokens: int
+    external_tokens: int
+    host_tokens: int
+    disk_tokens: int
+
+
+class Admission(NamedTuple):
+    """Result of a successful :meth:`KVCache.admit`."""
+
+    num_computed_tokens: int  # KV present once the load is done; always ≤ num_tokens − 1
+    gpu_tokens: int
+    external_tokens: int
+    host_tokens: int
+    disk_tokens: int
+    load_ready_time: float  # µs; == now when nothing is loaded
+
+
+class _Req:
+    __slots__ = ("rid", "hashes", "num_prompt", "num_tokens", "end", "stored", "preempted",
+                 "skip", "admitted", "cached", "seed", "lk_epoch", "lk_now", "lk", "plan",
+                 "q_bits", "h_bits")
+
+    def __init__(self, rid: int, hashes: np.ndarray, num_prompt: int, skip: bool,
+                 n_tiers: int) -> None:
+        self.rid = rid
+        self.hashes = hashes
+        self.num_prompt = num_prompt
+        self.num_tokens = num_prompt
+        self.end = 0  # tokens computed or scheduled (vLLM: num_computed_tokens + scheduled)
+        self.stored = 0  # chunks already offered to the offload store
+        self.preempted = False
+        self.skip = skip
+        self.admitted = False
+        self.cached = {s: 0 for s in SOURCES}
+        self.seed = 0
+        self.lk_epoch = -1
+        self.lk_now = 0.0
+        self.lk: Lookup | None = None
+        self.plan: list[tuple[int, int, int]] = []
+        # (request, tier, chunk) already counted in the tier's chunk queries / hits: int bitsets.
+        self.q_bits = [0] * n_tiers
+        self.h_bits = [0] * n_tiers
+
+
+def _new_tier_counters() -> dict[str, float]:
+    return {"chunk_queries": 0, "chunk_hits": 0, "read_bytes": 0, "read_time_us": 0.0,
+            "read_jobs": 0, "write_bytes": 0, "write_time_us": 0.0, "write_jobs": 0,
+            "stored_chunks": 0, "store_skipped_chunks": 0, "evictions": 0,
+            "allocation_failures": 0}
+
+
+class KVCache:
+    """GPU prefix cache + offload tiers + counters. See :mod:`blis_sim.kv` for the API."""
+
+    def __init__(self, config: KVConfig, core: ModuleType, compiled: bool) -> None:
+        self.config = config
+        self.compiled = compiled
+        self._core = core
+        self.block_size = config.block_size
+        self.chunk_tokens = config.chunk_tokens
+        self.pool = core.BlockPool(config.num_gpu_blocks, config.block_size,
+                                   config.enable_caching)
+        self.tier_labels = config.tier_labels
+        self.tiers: list[Any] = []
+        self.stations: list[TransferStation] = []
+        if config.cpu is not None:
+            self.tiers.append(core.ChunkStore(config.cpu.num_chunks, config.cpu.eviction_policy))
+            self.stations.append(TransferStation(config.cpu.link, config.seed * 1000003))
+            for i, fs in enumerate(config.fs_tiers):
+                cap = -1 if fs.max_bytes is None else fs.max_bytes // max(config.chunk_bytes, 1)
+                self.tiers.append(core.ChunkStore(cap, "lru"))
+                self.stations.append(TransferStation(fs.station, config.seed * 1000003 + i + 1))
+        self._threshold = config.cpu.store_threshold if config.cpu is not None else 0
+        self._tracker_max = config.cpu.max_tracker_size if config.cpu is not None else 0
+        self._tracker: dict[int, int] = {}
+        self._reqs: dict[int, _Req] = {}
+        self._epoch = 0
+        self.counters: dict[str, Any] = {
+            "prefix_cache_queries": 0, "prefix_cache_hits": 0,
+            "preempted_queries": 0, "preempted_hits": 0,
+            "external_queries": 0, "external_hits": 0,
+            "cached_by_source": {s: 0 for s in SOURCES},
+            "block_hits": 0, "block_misses": 0,
+            "tiers": {label: _new_tier_counters() for label in self.tier_labels},
+        }
+
+    # ------------------------------------------------------------------------------- requests
+    def add_request(self, rid: int, block_hashes: np.ndarray | None, num_prompt_tokens: int, *,
+                    skip_prefix_cache: bool = False) -> None:
+        """Register a request: its block hashes (``hash_blocks`` of the prompt, or of prompt +
+        output when the output tokens are known) and its prompt length. ``block_hashes=None``:
+        unique content (nothing shared). ``skip_prefix_cache``: a ``prompt_logprobs`` request
+        (no prefix-cache or connector lookup, not counted)."""
+        if rid in self._reqs:
+            raise SimulationError(f"request {rid} is already registered with the KV cache")
+        if num_prompt_tokens < 1:
+            raise SimulationError(f"request {rid}: a prompt needs at least one token")
+        bs = self.block_size
+        need = num_prompt_tokens // bs
+        if block_hashes is None:
+            hashes = self._core.extend_hashes(self._core.root_hash(rid), rid, 0, need)
+        else:
+            hashes = np.ascontiguousarray(block_hashes, dtype=np.uint64)
+            if hashes.ndim != 1 or hashes.shape[0] < need:
+                raise SimulationError(f"request {rid}: {hashes.shape[0]} block hashes for a "
+                                      f"{num_prompt_tokens}-token prompt (needs {need})")
+        r = _Req(rid, hashes, num_prompt_tokens, skip_prefix_cache, len(self.tiers))
+        r.seed = self._core.mix64(rid & ((1 << 64) - 1))
+        self._reqs[rid] = r
+
+    def _req(self, rid: int) -> _Req:
+        try:
+            return self._reqs[rid]
+        except KeyError:
+            raise SimulationError(f"request {rid} is not registered with the KV cache") from None
+
+    def _ensure_hashes(self, r: _Req, num_blocks: int) -> None:
+        have = r.hashes.shape[0]
+        if num_blocks > have:
+            parent = int(r.hashes[have - 1]) if have else self._core.root_hash(r.rid)
+            extra = self._core.extend_hashes(parent, r.seed, have, max(num_blocks - have, have))
+            r.hashes = np.concatenate([r.hashes, extra])
+
+    def _chunk_keys(self, r: _Req, nchunks: int) -> np.ndarray:
+        bpc = self.config.blocks_per_chunk
+        self._ensure_hashes(r, nchunks * bpc)
+        if bpc == 1:
+            return r.hashes[:nchunks]
+        # A chunk is keyed by its last GPU block's hash, which chains over the whole prefix.
+        return np.ascontiguousarray(r.hashes[bpc - 1: nchunks * bpc: bpc])
+
+    # ------------------------------------------------------------------------------- counting
+    def _count_tier(self, r: _Req, tier: int, a: int, b: int, hit: bool) -> None:
+        mask = ((1 << (b - a)) - 1) << a
+        tc = self.counters["tiers"][self.tier_labels[tier]]
+        new_q = mask & ~r.q_bits[tier]
+        if new_q:
+            r.q_bits[tier] |= new_q
+            tc["chunk_queries"] += new_q.bit_count()
+        if hit:
+            new_h = mask & ~r.h_bits[tier]
+            if new_h:
+                r.h_bits[tier] |= new_h
+                tc["chunk_hits"] += new_h.bit_count()
+
+    def _track(self, keys: np.ndarray, a: int, b: int) -> None:
+        """store_threshold's reuse tracker: one count per chunk looked up (LRU-bounded)."""
+        tr = self._tracker
+        for k in keys[a:b].tolist():
+            c = tr.pop(k, 0)
+            if not c and len(tr) >= self._tracker_max:
+                del tr[next(iter(tr))]
+            tr[k] = c + 1
+
+    # ------------------------------------------------------------------------------- lookup
+    def lookup(self, rid: int, now: float) -> Lookup:
+        """Admission-time lookup of a waiting request (vLLM ``get_computed_blocks`` + the
+        connector's ``get_num_new_matched_tokens``). Touches offload recency and counts the tiers'
+        chunk queries/hits (once per request, tier and chunk); the prefix-cache counters move only
+        in :meth:`admit`."""
+        r = self._req(rid)
+        bs, ct = self.block_size, self.chunk_tokens
+        n_tok = r.num_tokens
+        gpu = 0
+        if not r.skip:
+            gpu = self.pool.lookup(r.hashes, (n_tok - 1) // bs) * bs
+        ext = host = disk = 0
+        plan: list[tuple[int, int, int]] = []
+        if self.tiers and not r.skip:
+            nchunks = n_tok // ct
+            keys = self._chunk_keys(r, nchunks)
+            cpu = self.tiers[0]
+            cpu.touch(keys, 0, nchunks)
+            if nchunks * ct - gpu >= ct:
+                start = pos = gpu // ct
+                while pos < nchunks:
+                    n = cpu.ready_prefix(keys, pos, nchunks, now)
+                    if n:
+                        if self._threshold >= 2:
+                            self._track(keys, pos, pos + n)
+                        self._count_tier(r, 0, pos, pos + n, True)
+                        plan.append((0, pos, pos + n))
+                        pos += n
+                        if pos >= nchunks:
+                            break
+                    if self._threshold >= 2:
+                        self._track(keys, pos, pos + 1)
+                    self._count_tier(r, 0, pos, pos + 1, False)
+                    key = int(keys[pos])
+                    if cpu.state_of(key, now) != 0:
+                        break  # being written or promoted: vLLM's HIT_PENDING, not a hit yet
+                    found = 0
+                    for t in range(1, len(self.tiers)):
+                        hit = self.tiers[t].state_of(key, now) == 2
+                        self._count_tier(r, t, pos, pos + 1, hit)
+                        if hit:
+                            found = t
+                            break
+                    if not found:
+                        break
+                    if plan and plan[-1][0] == found and plan[-1][2] == pos:
+                        plan[-1] = (found, plan[-1][1], pos + 1)
+                    else:
+                        plan.append((found, pos, pos + 1))
+                    pos += 1
+                ext = ct * pos - gpu if pos > start else 0
+                if ext < ct:
+                    ext = 0
+                    plan = []
+                host, disk = self._split(plan, gpu)
+        res = Lookup(gpu, ext, host, disk)
+        r.lk, r.plan, r.lk_epoch, r.lk_now = res, plan, self._epoch, now
+        return res
+
+    def _split(self, plan: list[tuple[int, int, int]], gpu: int) -> tuple[int, int]:
+        ct = self.chunk_tokens
+        host = disk = 0
+        for tier, a, b in plan:
+            toks = ct * b - max(ct * a, gpu)
+            if tier == 0:
+                host += toks
+            else:
+                disk += toks
+        return host, disk
+
+    # ------------------------------------------------------------------------------- admission
+    def admit(self, rid: int, num_new_tokens: int, now: float) -> Admission | None:
+        """Allocate GPU blocks for a waiting request: its GPU hit, the external tokens to load
+        and ``num_new_tokens`` to compute (vLLM passes 0 when loading asynchronously). Uses the
+        :meth:`lookup` made just before (redone if the cache changed since). ``None``: not
+        enough free blocks, nothing changed, nothing counted (preempt or keep waiting)."""
+        r = self._req(rid)
+        if r.lk is None or r.lk_epoch != self._epoch or r.lk_now != now:
+            self.lookup(rid, now)
+        lk = r.lk
+        assert lk is not None
+        bs = self.block_size
+        gpu_blocks = lk.gpu_tokens // bs
+        total = lk.gpu_tokens + lk.external_tokens + num_new_tokens
+        before = self.pool.num_blocks_of(rid)
+        if not self.pool.allocate(rid, r.hashes, gpu_blocks, total):
+            return None
+        self._epoch += 1
+        r.lk = None
+        ext, host, disk, ready = lk.external_tokens, lk.host_tokens, lk.disk_tokens, now
+        if ext:
+            ext, host, disk, ready = self._load(r, r.plan, lk.gpu_tokens, now)
+        gpu = lk.gpu_tokens
+        c = self.counters
+        if not r.skip:
+            if r.preempted:
+                c["preempted_queries"] += r.num_tokens
+                c["preempted_hits"] += gpu
+            else:
+                c["prefix_cache_queries"] += r.num_tokens
+                c["prefix_cache_hits"] += gpu
+                if self.tiers and r.num_tokens - gpu:
+                    c["external_queries"] += r.num_tokens - gpu
+                    c["external_hits"] += ext
+                by_src = c["cached_by_source"]
+                by_src["device"] += gpu
+                by_src["host"] += host
+                by_src["disk"] += disk
+        if not r.admitted:
+            r.admitted = True
+            r.cached = {"device": gpu, "host": host, "disk": disk}
+        new_blocks = self.pool.num_blocks_of(rid) - before - gpu_blocks
+        c["block_hits"] += gpu_blocks + ext // bs
+        c["block_misses"] += max(new_blocks - ext // bs, 0)
+        computed = gpu + ext
+        if computed >= r.num_tokens:
+            computed = r.num_tokens - 1  # the last token is recomputed to sample the next one
+        if ext:
+            r.end = computed + num_new_tokens
+            cache_to = gpu
+        else:
+            r.end = gpu + num_new_tokens
+            cache_to = min(r.end, r.num_tokens)
+        self._ensure_hashes(r, -(-r.end // bs))
+        self.pool.cache(rid, r.hashes, cache_to // bs)
+        return Admission(computed, gpu, ext, host, disk, ready)
+
+    def _load(self, r: _Req, plan: list[tuple[int, int, int]], gpu: int,
+              now: float) -> tuple[int, int, int, float]:
+        """Promote fs-resident chunks into the CPU tier, then load CPU → GPU. Returns the
+        external/host/disk tokens actually loaded and the time the load is complete."""
+        ct, cb = self.chunk_tokens, self.config.chunk_bytes
+        cpu = self.tiers[0]
+        keys = self._chunk_keys(r, plan[-1][2])
+        start = plan[0][1]
+        # Keep this request's CPU-resident chunks from being evicted by its own promotions.
+        for tier, a, b in plan:
+            if tier == 0:
+                cpu.pin(keys, a, b, now + _EPS)
+        cpu_ready = now
+        end = start
+        for tier, a, b in plan:
+            if tier:
+                label = self.tier_labels[tier]
+                promoted = cpu.prepare_store(keys[a:b], now, _INF)
+                if promoted is None:
+                    self.counters["tiers"][self.tier_labels[0]]["allocation_failures"] += 1
+                    break
+                done, svc = self.stations[tier].submit(True, (b - a) * cb, now)
+                tc = self.counters["tiers"][label]
+                tc["read_bytes"] += (b - a) * cb
+                tc["read_time_us"] += svc
+                tc["read_jobs"] += 1
+                cpu.set_ready(promoted, done)
+                self.tiers[tier].touch(keys, a, b)
+                self.tiers[tier].pin(keys, a, b, done)
+                cpu_ready = max(cpu_ready, done)
+            end = b
+        kept = [(t, a, min(b, end)) for t, a, b in plan if a < end]
+        ext = ct * end - gpu if end > start else 0
+        if ext < ct:
+            return 0, 0, 0, now
+        nbytes = (ext // self.block_size) * self.config.bytes_per_block
+        done, svc = self.stations[0].submit(True, nbytes, cpu_ready)
+        tc = self.counters["tiers"][self.tier_labels[0]]
+        tc["read_bytes"] += nbytes
+        tc["read_time_us"] += svc
+        tc["read_jobs"] += 1
+        cpu.pin(keys, start, end, done)
+        host, disk = self._split(kept, gpu)
+        return ext, host, disk, done
+
+    # ------------------------------------------------------------------------------- running
+    def allocate(self, rid: int, num_new_tokens: int) -> bool:
+        """Grow a scheduled request by ``num_new_tokens`` (a prefill chunk, a decode token, or
+        the first compute after a load). ``False``: not enough free blocks (nothing changed).
+        Full blocks up to the new end get their hashes registered (vLLM caches at scheduling)."""
+        r = self._req(rid)
+        end = r.end + num_new_tokens
+        before = self.pool.num_blocks_of(rid)
+        if not self.pool.allocate(rid, r.hashes, 0, end):
+            return False
+        self._epoch += 1
+        r.end = end
+        if end > r.num_tokens:
+            r.num_tokens = end
+        self._ensure_hashes(r, -(-end // self.block_size))
+        self.pool.cache(rid, r.hashes, end // self.block_size)
+        self.counters["block_misses"] += self.pool.num_blocks_of(rid) - before
+        return True
+
+    def computed(self, rid: int, now: float) -> None:
+        """The tokens scheduled for ``rid`` are computed at ``now``: write-through stores of the
+        chunks completed so far (the prompt's only, unless ``offload_prompt_only`` is off)."""
+        r = self._req(rid)
+        if not self.tiers:
+            return
+        limit = min(r.end, r.num_prompt) if self.config.offload_prompt_only else r.end
+        nchunks = limit // self.chunk_tokens
+        if nchunks <= r.stored:
+            return
+        keys = self._chunk_keys(r, nchunks)[r.stored:nchunks]
+        r.stored = nchunks
+        self._store(np.ascontiguousarray(keys), now)
+
+    def _store(self, keys: np.ndarray, now: float) -> None:
+        cb = self.config.chunk_bytes
+        cpu = self.tiers[0]
+        tc0 = self.counters["tiers"][self.tier_labels[0]]
+        if self._threshold >= 2:
+            tr = self._tracker
+            eligible = [k for k in keys.tolist() if tr.get(k, 0) >= self._threshold]
+            tc0["store_skipped_chunks"] += len(keys) - len(eligible)
+            keys = np.array(eligible, dtype=np.uint64)
+            if not len(keys):
+                return
+        stored = cpu.prepare_store(keys, now, _INF)
+        self._epoch += 1
+        if stored is None:
+            tc0["store_skipped_chunks"] += len(keys)
+            tc0["allocation_failures"] += 1
+            return
+        if not len(stored):
+            return
+        done, svc = self.stations[0].submit(False, len(stored) * cb, now)
+        tc0["write_bytes"] += len(stored) * cb
+        tc0["write_time_us"] += svc
+        tc0["write_jobs"] += 1
+        tc0["stored_chunks"] += len(stored)
+        cpu.set_ready(stored, done)
+        # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written.
+        for t in range(1, len(self.tiers)):
+            tier = self.tiers[t]
+            tc = self.counters["tiers"][self.tier_labels[t]]
+            put = tier.prepare_store(stored, done, _INF)
+            if put is None:
+                tc["store_skipped_chunks"] += len(stored)
+                tc["allocation_failures"] += 1
+                continue
+            if not len(put):
+                continue
+            t_done, t_svc = self.stations[t].submit(False, len(put) * cb, done)
+            tc["write_bytes"] += len(put) * cb
+            tc["write_time_us"] += t_svc
+            tc["write_jobs"] += 1
+            tc["stored_chunks"] += len(put)
+            tier.set_ready(put, t_done)
+            cpu.pin(stored, 0, len(stored), t_done)
+
+    def free(self, rid: int) -> None:
+        """A request finished (or was aborted): release its blocks, forget it."""
+        r = self._req(rid)
+        self.pool.free(rid)
+        self._epoch += 1
+        del self._reqs[r.rid]
+
+    def preempt(self, rid: int) -> None:
+        """Recompute preemption: release the blocks (tail first), keep the request registered;
+        its next admission looks up again but is not counted in the prefix-cache counters."""
+        r = self._req(rid)
+        self.pool.free(rid)
+        self._epoch += 1
+        r.end = 0
+        r.preempted = True
+        r.lk = None
+
+    # ------------------------------------------------------------------------------- reading
+    def cached_by_source(self, rid: int) -> dict[str, int]:
+        """Cached prompt tokens of ``rid`` at its first admission, by source."""
+        return dict(self._req(rid).cached)
+
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def usage(self) -> float:
+        """vLLM's ``kv_cache_usage_perc``."""
+        return self.pool.usage()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter (design D2), as plain data (ints/floats/dicts)."""
+        c = self.counters
+        out: dict[str, Any] = {k: v for k, v in c.items() if k not in ("tiers", "cached_by_source")}
+        out["cached_by_source"] = dict(c["cached_by_source"])
+        bh, bm = c["block_hits"], c["block_misses"]
+        out["cache_hit_rate"] = bh / (bh + bm) if bh + bm else 0.0
+        out["gpu_evictions"] = self.pool.evictions
+        out["kv_cache_usage"] = self.pool.usage()
+        tiers = {}
+        for i, label in enumerate(self.tier_labels):
+            t = dict(c["tiers"][label])
+            t["evictions"] = self.tiers[i].evictions
+            t["resident_chunks"] = len(self.tiers[i])
+            tiers[label] = t
+        out["tiers"] = tiers
+        return out
+
+    def hit_rate_entries(self) -> list[dict[str, Any]]:
+        """The shared-shape per-definition entries (shared-shapes.md; ``metric`` is None)."""
+        c = self.counters
+
+        def entry(definition: str, tier: str | None, unit: str, hits: int,
+                  queries: int) -> dict[str, Any]:
+            return {"definition": definition, "tier": tier, "unit": unit, "hits": int(hits),
+                    "queries": int(queries), "hit_rate": hits / queries if queries else 0.0,
+                    "metric": None}
+
+        q = c["prefix_cache_queries"]
+        out = [entry("prefix_cache", None, "tokens", c["prefix_cache_hits"], q)]
+        if self.tiers:
+            out.append(entry("external", None, "tokens", c["external_hits"],
+                             c["external_queries"]))
+        for src in SOURCES:
+            if src == "device" or self.tiers:
+                out.append(entry("by_source", src, "tokens", c["cached_by_source"][src], q))
+        for label in self.tier_labels:
+            t = c["tiers"][label]
+            out.append(entry("tiered", label, "chunks", t["chunk_hits"], t["chunk_queries"]))
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Complete state (pool, tiers, requests, counters), for parity tests and debugging."""
+        return {
+            "pool": self.pool.state(),
+            "tiers": [t.state() for t in self.tiers],
+            "requests": {rid: (r.end, r.stored, r.num_tokens, r.preempted, dict(r.cached))
+                         for rid, r in sorted(self._reqs.items())},
+            "counters": self.snapshot(),
+        }
+
+    def check_invariants(self) -> None:
+        """Raise :class:`SimulationError` if a structural invariant is broken (tests use it)."""
+        problems = _invariant_problems(self)
+        if problems:
+            raise SimulationError("KV cache invariant broken: " + "; ".join(problems[:5]))
+
+
+def _invariant_problems(cache: KVCache) -> list[str]:
+    p: list[str] = []
+    s = cache.pool.state()
+    ref, hashes, queue = s["ref"], s["hash"], s["free_queue"]
+    n = len(ref)
+    if any(x < 0 for x in ref):
+        p.append("negative reference count")
+    if len(queue) != s["num_free"] or len(set(queue)) != len(queue):
+        p.append("free queue length/duplicates")
+    inq = set(queue)
+    if 0 in inq:
+        p.append("null block in the free queue")
+    for b in range(1, n):
+        if (b in inq) == (ref[b] > 0):
+            p.append(f"block {b}: ref {ref[b]} but in queue={b in inq}")
+            break
+    mp = dict(s["map"])
+    if len(mp) != len(s["map"]):
+        p.append("hash mapped twice")
+    held = [h for h in hashes if h]
+    if len(held) != len(set(held)):
+        p.append("a hash held by two blocks")
+    for h, b in mp.items():
+        if hashes[b] != h:
+            p.append(f"map entry {h}->{b} disagrees with the block")
+            break
+    if len(held) != len(mp):
+        p.append("hashed blocks missing from the map")
+    owners: dict[int, int] = {}
+    for blocks in s["requests"].values():
+        for b in blocks:
+            owners[b] = owners.get(b, 0) + 1
+    for b, k in owners.items():
+        if ref[b] != k:
+            p.append(f"block {b}: ref {ref[b]} != owners {k}")
+            break
+    for i, tier in enumerate(cache.tiers):
+        cap = tier.capacity
+        if cap > 0 and len(tier) > cap:
+            p.append(f"tier {cache.tier_labels[i]} over capacity: {len(tier)} > {cap}")
+        ks = tier.keys()
+        if len(ks) != len(set(ks)):
+            p.append(f"tier {cache.tier_labels[i]}: duplicate key")
+    for label, t in cache.counters["tiers"].items():
+        if t["chunk_hits"] > t["chunk_queries"]:
+            p.append(f"tier {label}: hits > queries")
+    c = cache.counters
+    if c["prefix_cache_hits"] > c["prefix_cache_queries"]:
+        p.append("prefix hits > queries")
+    if c["external_hits"] > c["external_queries"]:
+        p.append("external hits > queries")
+    return p
