@@ -11,6 +11,16 @@ the file out as the reference's Go code does. See docs/formats.md.
 from __future__ import annotations
 
 from blis_sim.formats.hitrate import DEFINITIONS, KVHitRate
+from blis_sim.formats.offload import (
+    DEFAULT_DEVICE_CLASSES,
+    DeviceClass,
+    OffloadConfig,
+    TierConfig,
+    load_device_classes,
+    load_offload_config,
+    parse_offload_config,
+    resolve_offload_config,
+)
 from blis_sim.formats.results import (
     AdapterMetrics,
     MetricsOutput,
@@ -57,6 +67,8 @@ from blis_sim.formats.trace import (
 
 __all__ = [
     "DEFINITIONS", "KVHitRate",
+    "DEFAULT_DEVICE_CLASSES", "DeviceClass", "OffloadConfig", "TierConfig", "load_device_classes",
+    "load_offload_config", "parse_offload_config", "resolve_offload_config",
     "AdapterMetrics", "MetricsOutput", "RequestMetrics", "SimResult", "load_metrics_output", "load_sim_results",
     "metrics_output_text", "sim_results_text", "write_metrics_output", "write_sim_results",
     "SOURCE_GPU_FALLBACK", "SOURCE_TIERED", "ITLRecord", "KVGeometry", "LatencyModelInfo", "ObservedKVMetrics",

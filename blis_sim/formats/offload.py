@@ -1,0 +1,468 @@
+"""The KV offload config (``--kv-offload-config``, blis-pipeline.md §6), resolved into :class:`OffloadConfig`.
+
+API::
+
+    cfg = load_offload_config("offload.yaml", kv_bytes_per_token=163840)   # -> OffloadConfig (frozen, valid)
+    cfg = load_offload_config(path, kv_bytes_per_token=..., gpu_block_size=16,
+                              device_classes=load_device_classes("defaults.yaml"))   # classes optional
+    cfg = resolve_offload_config(mapping, kv_bytes_per_token=..., file="<flag>")    # already-parsed YAML
+    block = cfg.to_header()                      # -> TraceKVOffloadConfig (the trace header's kv_offload)
+    ext = cfg.extensions()                       # -> OffloadExtensions | None (pytest_blis.offload)
+    cfg2 = OffloadConfig.from_header(block, ext)  # header -> config; cfg2.equivalent(cfg) is True
+    cfg.equivalent(other)                        # INV-13 comparison (per_block_bytes ignored, like BLIS)
+
+:class:`OffloadConfig` — what the KV core and the emulator need, all resolved:
+
+- ``gpu_block_size`` (tokens per GPU block), ``block_size`` (tokens per offload chunk =
+  ``blocks_per_chunk × gpu_block_size``), ``blocks_per_chunk``, ``tokens_per_hash``.
+- ``kv_bytes_per_token`` (per TP rank), ``bytes_per_chunk`` = ``int(kv_bytes_per_token × block_size)`` (the
+  header's ``per_block_bytes``), ``cpu_bytes_to_use``, ``cpu_capacity_chunks`` = ``cpu_bytes_to_use //
+  bytes_per_chunk`` (vLLM 0.33 sizes the CPU tier in chunks; its alignment round-up is not modelled).
+- ``eviction_policy`` (``lru`` | ``arc``), ``offload_prompt_only`` (default true), ``store_threshold``
+  (0 = off; values 0 and 1 are both "off" and resolve to 0; ≥2 = a chunk must be offered that many times before
+  it is stored, only without secondary tiers, as vLLM's ``CPUOffloadingSpec``), ``self_describing_kv_events``.
+- ``secondary_tiers``: tuple of :class:`TierConfig` (``fs`` only), each with ``read_bandwidth`` /
+  ``write_bandwidth`` (bytes/µs), ``base_latency`` (µs), ``n_read_threads`` / ``n_write_threads``, the ramp
+  (``saturation_queue_depth``, ``single_transfer_fraction``) and ``latency_jitter_stddev`` from the device
+  class of the selected regime (``direct_io``), and ``max_bytes`` (our extension, vLLM PR #54327: the tier's
+  capacity; ``None`` = unbounded) with ``capacity_chunks``; ``TierConfig.label(i)`` gives vLLM's tier label
+  (``"1:fs"``).
+
+Validation is the reference's (every message of §6.2, prefixed by the file, line and field), plus the one
+config the reference accepts and then crashes on that we refuse: a CPU budget under one chunk. The other two
+crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
+Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
+types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from blis_sim.errors import ConfigError
+from blis_sim.formats._model import StrictModel
+from blis_sim.formats._strict import YamlDoc, load_yaml, parse_yaml, validate
+from blis_sim.formats.trace import OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
+
+_INT64_MAX = 2**63 - 1
+DEFAULT_GPU_BLOCK_SIZE = 16
+DEFAULT_THREADS = 16
+
+
+# --------------------------------------------------------------------------------------------- device classes
+
+
+class DeviceClass(StrictModel):
+    """A storage device class (``defaults.yaml: kv_offload_devices``): bytes/µs and µs.
+
+    ``buffered_*`` values apply when a tier has ``direct_io: false``; absent ones fall back to the O_DIRECT value.
+    """
+
+    read_bandwidth: float
+    write_bandwidth: float
+    base_latency: float
+    saturation_queue_depth: int | None = None
+    single_transfer_fraction: float | None = None
+    latency_jitter_stddev: float | None = None
+    buffered_read_bandwidth: float | None = None
+    buffered_write_bandwidth: float | None = None
+    buffered_base_latency: float | None = None
+    buffered_saturation_queue_depth: int | None = None
+    buffered_single_transfer_fraction: float | None = None
+    buffered_latency_jitter_stddev: float | None = None
+
+    def regime(self, direct_io: bool) -> dict[str, Any]:
+        """The six device numbers for O_DIRECT (``direct_io``) or buffered I/O, defaults applied."""
+        names = ("read_bandwidth", "write_bandwidth", "base_latency", "saturation_queue_depth",
+                 "single_transfer_fraction", "latency_jitter_stddev")
+        out = {n: getattr(self, n) for n in names}
+        if not direct_io:
+            for n in names:
+                b = getattr(self, "buffered_" + n)
+                if b is not None:
+                    out[n] = b
+        defaults = {"saturation_queue_depth": 1, "single_transfer_fraction": 1.0, "latency_jitter_stddev": 0.0}
+        return {n: (defaults[n] if v is None and n in defaults else v) for n, v in out.items()}
+
+
+#: The reference's shipped classes (defaults.yaml): none enables the ramp or jitter.
+DEFAULT_DEVICE_CLASSES: Mapping[str, DeviceClass] = {
+    "nvme_gen4": DeviceClass(read_bandwidth=7000.0, write_bandwidth=5000.0, base_latency=80.0),
+    "nvme_gen3": DeviceClass(read_bandwidth=3500.0, write_bandwidth=3000.0, base_latency=100.0),
+    "sata_ssd": DeviceClass(read_bandwidth=550.0, write_bandwidth=500.0, base_latency=150.0),
+    "cpu_dram": DeviceClass(read_bandwidth=20000.0, write_bandwidth=20000.0, base_latency=1.0),
+    "s3": DeviceClass(read_bandwidth=1000.0, write_bandwidth=1000.0, base_latency=30000.0),
+}
+
+
+class _DefaultsFile(StrictModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)  # defaults.yaml holds much more
+    kv_offload_devices: dict[str, DeviceClass] = Field(default_factory=dict)
+
+
+def load_device_classes(path: str | Path) -> dict[str, DeviceClass]:
+    """The ``kv_offload_devices`` of a reference ``defaults.yaml`` (other top-level keys are ignored)."""
+    return dict(validate(_DefaultsFile, load_yaml(path)).kv_offload_devices)
+
+
+# --------------------------------------------------------------------------------------------- the user file
+
+
+class _TierSpec(StrictModel):
+    type: str | None = None
+    root_dir: str | None = None
+    n_read_threads: int | None = None
+    n_write_threads: int | None = None
+    locality: str | None = None
+    enable_kv_events: bool | None = None
+    direct_io: bool | None = None
+    device_class: str | None = None
+    read_bandwidth: float | None = None
+    write_bandwidth: float | None = None
+    base_latency: float | None = None
+    max_bytes: int | None = None  # ours (vLLM PR #54327); BLIS rejects it as an unknown key
+
+
+class _OffloadSpec(StrictModel):
+    cpu_bytes_to_use: int | None = None
+    block_size: int | None = None
+    blocks_per_chunk: int | None = None
+    tokens_per_hash: int | None = None
+    eviction_policy: str | None = None
+    offload_prompt_only: bool | None = None
+    self_describing_kv_events: bool | None = None
+    store_threshold: int | None = None
+    secondary_tiers: list[_TierSpec] | None = None
+
+
+class _OffloadFile(StrictModel):
+    kv_offload: _OffloadSpec | None = None
+
+
+# --------------------------------------------------------------------------------------------- resolved
+
+
+class TierConfig(StrictModel):
+    """One resolved secondary tier (``fs``)."""
+
+    type: Literal["fs"] = "fs"
+    root_dir: str
+    n_read_threads: int = DEFAULT_THREADS
+    n_write_threads: int = DEFAULT_THREADS
+    locality: Literal["", "LOCAL", "REMOTE"] = ""
+    enable_kv_events: bool = False
+    direct_io: bool
+    device_class: str = ""
+    read_bandwidth: float
+    write_bandwidth: float
+    base_latency: float
+    saturation_queue_depth: int = 1
+    single_transfer_fraction: float = 1.0
+    latency_jitter_stddev: float = 0.0
+    max_bytes: int | None = None
+
+    @staticmethod
+    def label(index: int) -> str:
+        """vLLM's ``tier`` label of secondary tier ``index`` (0-based): ``"1:fs"`` for the first."""
+        return f"{index + 1}:fs"
+
+    def capacity_chunks(self, bytes_per_chunk: int) -> int | None:
+        """Chunks the tier holds (``None`` = unbounded)."""
+        return None if self.max_bytes is None else self.max_bytes // bytes_per_chunk
+
+
+class OffloadConfig(StrictModel):
+    """The resolved, validated offload config (see the module docstring)."""
+
+    cpu_bytes_to_use: int
+    gpu_block_size: int
+    block_size: int
+    blocks_per_chunk: int
+    tokens_per_hash: int
+    eviction_policy: Literal["lru", "arc"] = "lru"
+    offload_prompt_only: bool = True
+    self_describing_kv_events: bool = False
+    store_threshold: int = 0
+    secondary_tiers: tuple[TierConfig, ...] = ()
+    kv_bytes_per_token: float
+    bytes_per_chunk: int
+
+    @property
+    def cpu_capacity_chunks(self) -> int:
+        return self.cpu_bytes_to_use // self.bytes_per_chunk
+
+    @property
+    def per_block_bytes(self) -> int:
+        """The header's name for :attr:`bytes_per_chunk`."""
+        return self.bytes_per_chunk
+
+    def to_header(self) -> TraceKVOffloadConfig:
+        """The trace header's ``kv_offload`` block (what the reference records for INV-13)."""
+        return TraceKVOffloadConfig(
+            cpu_bytes_to_use=self.cpu_bytes_to_use, per_block_bytes=self.bytes_per_chunk,
+            block_size=self.block_size, blocks_per_chunk=self.blocks_per_chunk,
+            tokens_per_hash=self.tokens_per_hash, eviction_policy=self.eviction_policy,
+            offload_prompt_only=self.offload_prompt_only, self_describing_kv_events=self.self_describing_kv_events,
+            secondary_tiers=[TraceTierConfig(**t.model_dump(exclude={"max_bytes"})) for t in self.secondary_tiers])
+
+    def extensions(self) -> OffloadExtensions | None:
+        """What the reference's block cannot hold (``pytest_blis.offload``), or None if nothing."""
+        max_bytes = [t.max_bytes for t in self.secondary_tiers]
+        if self.store_threshold == 0 and all(b is None for b in max_bytes):
+            return None
+        return OffloadExtensions(store_threshold=self.store_threshold,
+                                 tier_max_bytes=max_bytes if any(b is not None for b in max_bytes) else [])
+
+    @classmethod
+    def from_header(cls, block: TraceKVOffloadConfig, extensions: OffloadExtensions | None = None, *,
+                    kv_bytes_per_token: float | None = None, file: str | None = None) -> OffloadConfig:
+        """Rebuild the config a trace header recorded, validated as on load.
+
+        ``kv_bytes_per_token`` is needed only when the block has ``per_block_bytes: 0``.
+        """
+        where = _Where(file, None, "kv_offload")
+        if block.blocks_per_chunk <= 0:
+            where.fail("blocks_per_chunk", f"kv_offload: blocks_per_chunk must be > 0, got {block.blocks_per_chunk}")
+        if block.block_size <= 0 or block.block_size % block.blocks_per_chunk:
+            where.fail("block_size", f"kv_offload: block_size ({block.block_size}) must be a positive multiple "
+                                     f"of blocks_per_chunk ({block.blocks_per_chunk})")
+        if block.per_block_bytes > 0:
+            kv_bytes_per_token = block.per_block_bytes / block.block_size
+        elif kv_bytes_per_token is None:
+            where.fail("per_block_bytes", "kv_offload: per_block_bytes is 0 and no kv_bytes_per_token was given")
+        ext = extensions or OffloadExtensions()
+        if ext.tier_max_bytes and len(ext.tier_max_bytes) != len(block.secondary_tiers):
+            where.fail("secondary_tiers", f"pytest_blis.offload.tier_max_bytes has {len(ext.tier_max_bytes)} "
+                                          f"entries for {len(block.secondary_tiers)} secondary tiers")
+        tiers = []
+        for i, t in enumerate(block.secondary_tiers):
+            fields = t.model_dump()
+            if fields["type"] != "fs":
+                where.fail(f"secondary_tiers.{i}.type",
+                           f"kv_offload: secondary_tiers[{i}].type must be \"fs\", got {fields['type']!r}")
+            fields["max_bytes"] = ext.tier_max_bytes[i] if ext.tier_max_bytes else None
+            tiers.append(fields)
+        gpu_bs = block.block_size // block.blocks_per_chunk
+        assert kv_bytes_per_token is not None
+        cfg = _build(cpu_bytes=block.cpu_bytes_to_use, gpu_bs=gpu_bs, block_size=block.block_size,
+                     bpc=block.blocks_per_chunk, tph=block.tokens_per_hash, policy=block.eviction_policy,
+                     prompt_only=block.offload_prompt_only, self_desc=block.self_describing_kv_events,
+                     store_threshold=ext.store_threshold, tiers=tiers, kv_bytes_per_token=kv_bytes_per_token,
+                     where=where)
+        if block.per_block_bytes > 0 and cfg.bytes_per_chunk != block.per_block_bytes:
+            # int(kv_bytes_per_token × block_size) can round differently: the recorded value is authoritative.
+            cfg = cfg.model_copy(update={"bytes_per_chunk": block.per_block_bytes})
+        return cfg
+
+    def equivalent(self, other: OffloadConfig) -> bool:
+        """Same config for INV-13 (``per_block_bytes`` ignored, as the reference's reconcile does)."""
+        a = self.to_header().model_copy(update={"per_block_bytes": 0})
+        b = other.to_header().model_copy(update={"per_block_bytes": 0})
+        return a == b and self.extensions() == other.extensions()
+
+
+# --------------------------------------------------------------------------------------------- resolution
+
+
+class _Where:
+    """Turns a field path into file:line for errors."""
+
+    def __init__(self, file: str | None, doc: YamlDoc | None, root: str) -> None:
+        self.file, self.doc, self.root = file, doc, root
+
+    def fail(self, field: str, message: str) -> None:
+        path = tuple(int(p) if p.isdigit() else p for p in f"{self.root}.{field}".split(".") if p)
+        line = self.doc.line_of(path) if self.doc is not None else None
+        raise ConfigError(message, file=self.file, line=line, field=".".join(str(p) for p in path))
+
+
+def load_offload_config(path: str | Path, *, kv_bytes_per_token: float, gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
+                        device_classes: Mapping[str, DeviceClass] | None = None) -> OffloadConfig:
+    """Read, resolve and validate an offload config file (``kv_bytes_per_token`` is per TP rank)."""
+    return _resolve_doc(load_yaml(path), kv_bytes_per_token, gpu_block_size, device_classes)
+
+
+def parse_offload_config(text: str, *, kv_bytes_per_token: float, file: str = "<string>",
+                         gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
+                         device_classes: Mapping[str, DeviceClass] | None = None) -> OffloadConfig:
+    """Same as :func:`load_offload_config` for YAML text."""
+    return _resolve_doc(parse_yaml(text, file), kv_bytes_per_token, gpu_block_size, device_classes)
+
+
+def _resolve_doc(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
+                 device_classes: Mapping[str, DeviceClass] | None) -> OffloadConfig:
+    if doc.data is None or (isinstance(doc.data, dict) and doc.data.get("kv_offload") is None):
+        if isinstance(doc.data, dict) and set(doc.data) - {"kv_offload"}:
+            validate(_OffloadFile, doc, plain_strings=True)  # reports the unknown top-level key
+        raise ConfigError("kv_offload: the --kv-offload-config file has no top-level kv_offload: block",
+                          file=doc.file, line=doc.line_of(("kv_offload",)) if isinstance(doc.data, dict) else None)
+    spec = validate(_OffloadFile, doc, plain_strings=True).kv_offload
+    assert spec is not None
+    return _resolve(spec, kv_bytes_per_token, gpu_block_size, device_classes, _Where(doc.file, doc, "kv_offload"))
+
+
+def _resolve(spec: _OffloadSpec, kv_bytes_per_token: float, gpu_bs: int,
+             device_classes: Mapping[str, DeviceClass] | None, where: _Where) -> OffloadConfig:
+    classes = DEFAULT_DEVICE_CLASSES if device_classes is None else device_classes
+    if spec.cpu_bytes_to_use is None:
+        where.fail("cpu_bytes_to_use", "kv_offload: cpu_bytes_to_use is required")
+    st = spec.store_threshold
+    if st is not None and st < 0:
+        where.fail("store_threshold", f"kv_offload: store_threshold must be >= 0, got {st}")
+    if st is not None and st >= 2 and spec.secondary_tiers:
+        where.fail("store_threshold",
+                   f"kv_offload: store_threshold={st}: store_threshold is not supported for TieringOffloadingSpec "
+                   "(values >= 2 are rejected; it is single-tier-only and fixed at 1 on the multi-tier offload "
+                   "path)")
+    if gpu_bs <= 0:
+        where.fail("block_size", f"kv_offload: GPU block size (--block-size-in-tokens) must be > 0, got {gpu_bs}")
+    if spec.block_size is not None and spec.blocks_per_chunk is not None:
+        where.fail("blocks_per_chunk",
+                   "kv_offload: block_size and blocks_per_chunk are mutually exclusive (they encode the same "
+                   "quantity: block_size = blocks_per_chunk × gpu_block_size); set at most one")
+    if spec.block_size is not None:
+        if spec.block_size <= 0 or spec.block_size % gpu_bs:
+            where.fail("block_size", f"kv_offload: block_size ({spec.block_size}) must be a positive multiple of "
+                                     f"the GPU block size ({gpu_bs})")
+        block_size, bpc = spec.block_size, spec.block_size // gpu_bs
+    elif spec.blocks_per_chunk is not None:
+        bpc = spec.blocks_per_chunk
+        if bpc <= 0:
+            where.fail("blocks_per_chunk", f"kv_offload: blocks_per_chunk must be > 0, got {bpc}")
+        if bpc > _INT64_MAX // gpu_bs:
+            where.fail("blocks_per_chunk", f"kv_offload: blocks_per_chunk ({bpc}) is too large: blocks_per_chunk "
+                                           f"× GPU block size ({gpu_bs}) would overflow int64")
+        block_size = bpc * gpu_bs
+    else:
+        block_size, bpc = gpu_bs, 1
+    tiers = []
+    for i, t in enumerate(spec.secondary_tiers or []):
+        tiers.append(_resolve_tier(i, t, classes, where))
+    assert spec.cpu_bytes_to_use is not None
+    return _build(cpu_bytes=spec.cpu_bytes_to_use, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
+                  tph=gpu_bs if spec.tokens_per_hash is None else spec.tokens_per_hash,
+                  policy="lru" if spec.eviction_policy is None else spec.eviction_policy,
+                  prompt_only=True if spec.offload_prompt_only is None else spec.offload_prompt_only,
+                  self_desc=bool(spec.self_describing_kv_events), store_threshold=st or 0, tiers=tiers,
+                  kv_bytes_per_token=kv_bytes_per_token, where=where)
+
+
+def _resolve_tier(i: int, t: _TierSpec, classes: Mapping[str, DeviceClass], where: _Where) -> dict[str, Any]:
+    f = f"secondary_tiers.{i}"
+    if t.type is None or t.type == "":
+        where.fail(f + ".type", f"kv_offload: secondary_tiers[{i}].type is required")
+    if t.type != "fs":
+        where.fail(f + ".type", f"kv_offload: secondary_tiers[{i}].type={t.type!r} is not supported yet (only "
+                                "\"fs\" is representable; obj/p2p/example tiers have no faithful config mapping)")
+    if not t.root_dir:
+        where.fail(f + ".root_dir", f"kv_offload: secondary_tiers[{i}].root_dir is required for an \"fs\" tier")
+    if t.direct_io is None:
+        where.fail(f + ".direct_io",
+                   f"kv_offload: secondary_tiers[{i}].direct_io must be set explicitly (vLLM probes O_DIRECT at run "
+                   "time; direct vs buffered I/O are materially different storage physics)")
+    assert t.direct_io is not None
+    device: dict[str, Any] = {"saturation_queue_depth": 1, "single_transfer_fraction": 1.0,
+                              "latency_jitter_stddev": 0.0}
+    if t.device_class:
+        if t.device_class not in classes:
+            known = ", ".join(sorted(classes)) or "<none configured>"
+            where.fail(f + ".device_class", f"kv_offload: secondary_tiers[{i}].device_class={t.device_class!r} is "
+                                            f"not defined in defaults.yaml kv_offload_devices (known: {known})")
+        device = classes[t.device_class].regime(t.direct_io)
+    elif None in (t.read_bandwidth, t.write_bandwidth, t.base_latency):
+        where.fail(f, f"kv_offload: secondary_tiers[{i}] needs a device_class OR an explicit read_bandwidth + "
+                      "write_bandwidth + base_latency triple")
+    for name in ("read_bandwidth", "write_bandwidth", "base_latency"):
+        if getattr(t, name) is not None:
+            device[name] = float(getattr(t, name))
+    return {"type": "fs", "root_dir": t.root_dir, "direct_io": t.direct_io,
+            "n_read_threads": DEFAULT_THREADS if t.n_read_threads is None else t.n_read_threads,
+            "n_write_threads": DEFAULT_THREADS if t.n_write_threads is None else t.n_write_threads,
+            "locality": t.locality or "", "enable_kv_events": bool(t.enable_kv_events),
+            "device_class": t.device_class or "", "max_bytes": t.max_bytes,
+            **{k: float(v) if k != "saturation_queue_depth" else int(v) for k, v in device.items()}}
+
+
+def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, policy: str, prompt_only: bool,
+           self_desc: bool, store_threshold: int, tiers: list[dict[str, Any]], kv_bytes_per_token: float,
+           where: _Where) -> OffloadConfig:
+    """The reference's ``Validate()`` plus our refusal of a CPU budget under one chunk."""
+    if cpu_bytes <= 0:
+        where.fail("cpu_bytes_to_use", f"kv_offload: cpu_bytes_to_use must be > 0 when offload is enabled, "
+                                       f"got {cpu_bytes}")
+    if tph <= 0:
+        where.fail("tokens_per_hash", f"kv_offload: tokens_per_hash must be > 0, got {tph}")
+    if policy not in ("lru", "arc"):
+        where.fail("eviction_policy", f"kv_offload: eviction_policy must be \"lru\" or \"arc\", got {policy!r}")
+    for i, t in enumerate(tiers):
+        _check_tier(i, t, where)
+    if not (kv_bytes_per_token > 0 and math.isfinite(kv_bytes_per_token)):
+        where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
+                                      f"{kv_bytes_per_token})")
+    bytes_per_chunk = int(kv_bytes_per_token * block_size)
+    if bytes_per_chunk <= 0:
+        where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
+                                      f"{kv_bytes_per_token} × block_size {block_size})")
+    if cpu_bytes < bytes_per_chunk:
+        # The reference accepts this and then panics building the cache (§6.3); a CPU tier must hold a chunk.
+        where.fail("cpu_bytes_to_use",
+                   f"kv_offload: cpu_bytes_to_use ({cpu_bytes}) is smaller than one offload chunk "
+                   f"({bytes_per_chunk} bytes = {block_size} tokens × {kv_bytes_per_token:g} bytes/token): the CPU "
+                   f"tier could hold nothing; give at least {bytes_per_chunk} bytes")
+    for i, t in enumerate(tiers):
+        if t["max_bytes"] is not None and t["max_bytes"] < bytes_per_chunk:
+            where.fail(f"secondary_tiers.{i}.max_bytes",
+                       f"kv_offload: secondary_tiers[{i}].max_bytes ({t['max_bytes']}) is smaller than one offload "
+                       f"chunk ({bytes_per_chunk} bytes); omit it for an unbounded tier")
+    return OffloadConfig(cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
+                         blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,  # type: ignore[arg-type]
+                         offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
+                         store_threshold=store_threshold if store_threshold >= 2 else 0,
+                         secondary_tiers=tuple(TierConfig(**t) for t in tiers),
+                         kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+
+
+def _check_tier(i: int, t: dict[str, Any], where: _Where) -> None:
+    f, p = f"secondary_tiers.{i}", f"kv_offload: secondary_tiers[{i}]"
+    if t["locality"] not in ("", "LOCAL", "REMOTE"):
+        where.fail(f + ".locality", f"{p}.locality must be \"LOCAL\" or \"REMOTE\" (or unset), got {t['locality']!r}")
+    for name in ("n_read_threads", "n_write_threads"):
+        if t[name] <= 0:
+            where.fail(f"{f}.{name}", f"{p}.{name} must be > 0, got {t[name]}")
+    for name in ("read_bandwidth", "write_bandwidth"):
+        if not (math.isfinite(t[name]) and t[name] > 0):
+            where.fail(f"{f}.{name}", f"{p}.{name} must be a finite value > 0, got {t[name]:g}")
+    if not (math.isfinite(t["base_latency"]) and t["base_latency"] >= 0):
+        where.fail(f + ".base_latency", f"{p}.base_latency must be a finite value >= 0, got {t['base_latency']:g}")
+    if t["saturation_queue_depth"] < 0:
+        where.fail(f + ".saturation_queue_depth",
+                   f"{p}.saturation_queue_depth must be >= 0, got {t['saturation_queue_depth']}")
+    f1 = t["single_transfer_fraction"]
+    if not math.isfinite(f1):
+        where.fail(f + ".single_transfer_fraction", f"{p}.single_transfer_fraction must be a finite value, got {f1:g}")
+    if t["saturation_queue_depth"] >= 2 and not 0 < f1 <= 1:
+        where.fail(f + ".single_transfer_fraction",
+                   f"{p}.single_transfer_fraction must be in (0,1] when saturation_queue_depth >= 2, got {f1:g}")
+    if not (math.isfinite(t["latency_jitter_stddev"]) and t["latency_jitter_stddev"] >= 0):
+        where.fail(f + ".latency_jitter_stddev",
+                   f"{p}.latency_jitter_stddev must be a finite value >= 0, got {t['latency_jitter_stddev']:g}")
+    if t["max_bytes"] is not None and t["max_bytes"] <= 0:
+        where.fail(f + ".max_bytes", f"{p}.max_bytes must be > 0 (or omitted for an unbounded tier), "
+                                     f"got {t['max_bytes']}")
+
+
+__all__ = ["DEFAULT_DEVICE_CLASSES", "DEFAULT_GPU_BLOCK_SIZE", "DeviceClass", "OffloadConfig", "TierConfig",
+           "load_device_classes", "load_offload_config", "parse_offload_config", "resolve_offload_config"]
+
+
+def resolve_offload_config(data: Mapping[str, Any], *, kv_bytes_per_token: float, file: str = "<config>",
+                           gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
+                           device_classes: Mapping[str, DeviceClass] | None = None) -> OffloadConfig:
+    """Resolve an already-parsed ``{"kv_offload": {...}}`` mapping (no line numbers in errors)."""
+    doc = YamlDoc(data=dict(data), file=file)
+    return _resolve_doc(doc, kv_bytes_per_token, gpu_block_size, device_classes)
+
