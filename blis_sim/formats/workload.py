@@ -492,8 +492,8 @@ class _Checker:
                     if c.concurrency:
                         continue
                     if c.lifecycle is None or not c.lifecycle.windows:
-                        self.fail(rate_path, f"aggregate_rate is 0 (absolute rate mode) but client {i} "
-                                  "has no lifecycle windows with trace_rate")
+                        self.fail(rate_path, "aggregate_rate must be > 0 when a client is rate-based (it is 0 or "
+                                  f"unset; absolute rate mode would need trace_rate on every window of client {i})")
                     for j, w in enumerate(c.lifecycle.windows):
                         if w.trace_rate is None:
                             self.fail(base + ("clients", i, "lifecycle", "windows", j),
