@@ -65,7 +65,7 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), lines, file, raw) for i, item in enumerate(node.value)]
     value = _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
-    if raw is not None and node.style is None and not isinstance(value, str):
+    if raw is not None and node.style is None and value is not None and not isinstance(value, str):
         raw[path] = node.value
     return value
 
