@@ -49,7 +49,8 @@ class CalibrateOptions:
         if self.network_rtt_us is not None and self.network_rtt_us < 0:
             raise UsageError(f"--network-rtt-us must be >= 0 (or omit to use trace header), got {self.network_rtt_us}")
         if not math.isfinite(self.network_bandwidth_mbps) or self.network_bandwidth_mbps < 0:
-            raise UsageError(f"--network-bandwidth-mbps must be a finite number >= 0, got {self.network_bandwidth_mbps}")
+            raise UsageError("--network-bandwidth-mbps must be a finite number >= 0, "
+                             f"got {self.network_bandwidth_mbps}")
         if not math.isfinite(self.hit_rate_tolerance_pp) or self.hit_rate_tolerance_pp < 0:
             raise UsageError(f"--hit-rate-tolerance-pp must be a finite number >= 0, got {self.hit_rate_tolerance_pp}")
         if not math.isfinite(self.ttft_mape_threshold) or self.ttft_mape_threshold < 0:

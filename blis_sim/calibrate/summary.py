@@ -30,7 +30,8 @@ def _workload_lines(label: str, m: MetricComparison) -> list[Line]:
     for p in (50, 90, 95, 99):
         real, sim = getattr(w, f"real_p{p}"), getattr(w, f"sim_p{p}")
         err, pct = getattr(w, f"p{p}_error"), getattr(w, f"p{p}_percent_error")
-        out.append(("info", f"        P{p}: Real={real:.0f}µs, Sim={sim:.0f}µs, Error={err:+.0f}µs ({pct * 100:.1f}%)"))
+        out.append(("info", f"        P{p}: Real={real:.0f}µs, Sim={sim:.0f}µs, Error={err:+.0f}µs "
+                            f"({pct * 100:.1f}%)"))
     return out
 
 
@@ -41,8 +42,8 @@ def _breakdown_lines(title: str, key: str, table: dict[str, BreakdownPairs]) -> 
     for name in sorted(table):
         p = table[name]
         if p.ttft.real:
-            out.append(("info", f"  {key}={name}: n={len(p.ttft.real)} TTFT-MAPE={mape_pct(p.ttft.real, p.ttft.sim) * 100:.1f}% "
-                                f"E2E-MAPE={mape_pct(p.e2e.real, p.e2e.sim) * 100:.1f}%"))
+            ttft, e2e = mape_pct(p.ttft.real, p.ttft.sim) * 100, mape_pct(p.e2e.real, p.e2e.sim) * 100
+            out.append(("info", f"  {key}={name}: n={len(p.ttft.real)} TTFT-MAPE={ttft:.1f}% E2E-MAPE={e2e:.1f}%"))
     return out
 
 

@@ -2,7 +2,7 @@
 
 API::
 
-    exit_code(report) -> int                         EXIT_OK (0) if every verdict is within, else EXIT_VERDICT_FAILED (1)
+    exit_code(report) -> int                         EXIT_OK (0) if every verdict is within, else 1
     summarize_verdict(rows) -> Verdict               the report's ``verdict`` block ({passed, failed})
     render_table(rows, *, only_failed=False) -> str  fixed-width text, one verdict per line
     raise_if_failed(report) -> None                  VerdictFailed(message, report) when a verdict fails

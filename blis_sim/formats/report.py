@@ -7,9 +7,10 @@ API::
       .passed -> bool                     every verdict within
     VerdictRow(metric, real, sim, error, tolerance, within, unit)
     load_report(path) -> CalibrationReport          strict: unknown keys, wrong types -> FormatError
-    parse_report(text, file) -> CalibrationReport
-    dump_report(report) -> str                      Go json.MarshalIndent(..., "", "  ") style
-    write_report(report, path) -> None              atomic (temp file + rename)
+    report_from_data(data, file) -> CalibrationReport
+    dump_report(report, blis_compatible=False) -> str   Go json.MarshalIndent(..., "", "  ") layout
+    write_report(report, path, blis_compatible=False)   atomic (temp file + rename)
+    reference_view(report) -> CalibrationReport     the report without our additions
 
 Reference fields (blis-pipeline.md §5.6), in the reference's key order, with its omitempty rules:
 ``trace_info`` (``itl_dropped``/``duration`` omitted when empty), ``metrics`` (keys sorted: e2e, itl, ttft),
@@ -27,19 +28,17 @@ written from the same numbers as the reference is byte-identical to it.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import Field
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._strict import describe
+from blis_sim.formats._model import StrictModel, to_go, validate_data
+from blis_sim.formats.results import go_json, load_json
+from blis_sim.formats.trace import atomic_write
 
 # The reference's four known limitations, verbatim (calibrate always writes exactly these).
 REFERENCE_KNOWN_LIMITATIONS: tuple[str, ...] = (
@@ -56,23 +55,8 @@ REFERENCE_KNOWN_LIMITATIONS: tuple[str, ...] = (
 )
 
 
-def _is_empty(value: Any) -> bool:
-    # Go's omitempty: nil, false, 0, "", empty slice/map.
-    return value is None or value is False or (not isinstance(value, bool) and value in (0, "")) or (
-        isinstance(value, (list, dict)) and not value)
-
-
-class _Model(BaseModel):
-    """Strict, frozen, unknown keys rejected; fields in ``_omit_empty`` are dropped from output when empty."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-    _omit_empty: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        return {k: v for k, v in data.items() if not (k in self._omit_empty and _is_empty(v))}
-
+class _Model(StrictModel):
+    """Strict, frozen, unknown keys rejected; Go layout via ``to_go`` (``_omitempty`` / ``_keep_none``)."""
 
 class TraceInfo(_Model):
     num_requests: int  # matched + warm_up_excluded + unmatched_real
@@ -83,7 +67,7 @@ class TraceInfo(_Model):
     duration: str = ""
     unmatched_real: int | None = None  # ours
     unmatched_sim: int | None = None  # ours
-    _omit_empty = frozenset({"itl_dropped", "duration", "unmatched_real", "unmatched_sim"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"itl_dropped", "duration"})  # ours: None = absent
 
 
 class WorkloadLevel(_Model):
@@ -129,7 +113,7 @@ class MetricComparison(_Model):
 class ConfigMatch(_Model):
     matched: list[str] | None = None
     defaulted: list[str] | None = None
-    _omit_empty = frozenset({"matched", "defaulted"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"matched", "defaulted"})
 
 
 class GoodputClassComparison(_Model):
@@ -140,14 +124,14 @@ class GoodputClassComparison(_Model):
     sim_goodput_rps: float
     real_attainment_by_dim: dict[str, float] | None = None
     sim_attainment_by_dim: dict[str, float] | None = None
-    _omit_empty = frozenset({"real_attainment_by_dim", "sim_attainment_by_dim"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"real_attainment_by_dim", "sim_attainment_by_dim"})
 
 
 class SLODimTargets(_Model):
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
     e2e_ms: float = 0.0
-    _omit_empty = frozenset({"ttft_ms", "itl_ms", "e2e_ms"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"ttft_ms", "itl_ms", "e2e_ms"})
 
 
 class GoodputComparison(_Model):
@@ -156,7 +140,7 @@ class GoodputComparison(_Model):
     targets: dict[str, SLODimTargets]
     per_class: dict[str, GoodputClassComparison]
     skipped_itl: bool = False
-    _omit_empty = frozenset({"skipped_itl"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"skipped_itl"})
 
 
 class HitRateComparison(_Model):
@@ -171,7 +155,7 @@ class HitRateComparison(_Model):
     # Ours: "cache_hit_rate" (the reference's block-based aggregate) or "kv_hit_rates:<definition>" when the
     # sim carried the like-for-like quantity (design D2).
     sim_source: str | None = None
-    _omit_empty = frozenset({"sim_source"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"sim_source"})
 
 
 class ToleranceVerdict(_Model):
@@ -196,6 +180,7 @@ class HitRateDefinitionComparison(_Model):
     sim_hits: int
     sim_queries: int
     metric: str | None = None  # the server metric the real side came from
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"tier", "metric"})
 
 
 class UnpairedHitRate(_Model):
@@ -206,6 +191,7 @@ class UnpairedHitRate(_Model):
     unit: str
     side: str  # "observed" | "simulated"
     reason: str
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"tier"})
 
 
 class RequestHitAgreement(_Model):
@@ -241,7 +227,6 @@ class Provenance(_Model):
     network_bandwidth_mbps: float
     hit_rate_tolerance_pp: float
     ttft_mape_threshold: float
-    _omit_empty = frozenset({"trace_header", "trace_data", "sim_results", "sim_metrics", "itl_data"})
 
 
 @dataclass(frozen=True)
@@ -272,14 +257,6 @@ class CalibrationReport(_Model):
     verdict: Verdict | None = None
     notes: list[str] | None = None
     provenance: Provenance | None = None
-    _omit_empty = frozenset({"goodput", "hit_rate", "ttft_tolerance", "kv_hit_rates", "kv_hit_rates_unpaired",
-                             "request_hit_agreement", "verdict", "notes", "provenance"})
-
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        data["metrics"] = dict(sorted(data["metrics"].items()))  # Go sorts map keys
-        return {k: v for k, v in data.items() if not (k in self._omit_empty and _is_empty(v))}
 
     def verdicts(self) -> list[VerdictRow]:
         """Every verdict the report carries, primary hit-rate first, then TTFT MAPE, then each definition."""
@@ -309,101 +286,39 @@ class CalibrationReport(_Model):
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def parse_report(text: str, file: str = "<report>") -> CalibrationReport:
-    """Parse a calibration report (ours or the reference's) strictly."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
+def report_from_data(data: Any, file: str = "<report>") -> CalibrationReport:
+    """Validate already-parsed JSON (ours or the reference's) strictly."""
     if not isinstance(data, dict):
-        raise FormatError(f"expected a JSON object, got {type(data).__name__}", file=file)
-    try:
-        return CalibrationReport.model_validate(data)
-    except ValidationError as exc:
-        raise describe(exc, file=file) from None
+        raise FormatError(f"expected a JSON object (calibration report), got {type(data).__name__}", file=file)
+    return validate_data(CalibrationReport, data, file=file)
 
 
 def load_report(path: str | Path) -> CalibrationReport:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError("file not found", file=str(p)) from None
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
-    return parse_report(text, str(p))
+    """Read a calibration report: duplicate keys, NaN, unknown keys and wrong types are FormatErrors."""
+    return report_from_data(load_json(path), str(path))
 
 
-# ---------------------------------------------------------------------------------------------- writing
+OUR_TOP_LEVEL_FIELDS: tuple[str, ...] = ("kv_hit_rates", "kv_hit_rates_unpaired", "request_hit_agreement", "verdict",
+                                         "notes", "provenance")
 
 
-def dump_report(report: CalibrationReport) -> str:
-    """The report as Go's ``json.MarshalIndent(report, "", "  ")`` would write it (no trailing newline)."""
-    return _go_json(report.model_dump(mode="python"), "")
+def reference_view(report: CalibrationReport) -> CalibrationReport:
+    """The report without our additions: exactly the reference's fields."""
+    update: dict[str, Any] = {name: None for name in OUR_TOP_LEVEL_FIELDS}
+    update["trace_info"] = report.trace_info.model_copy(update={"unmatched_real": None, "unmatched_sim": None})
+    if report.hit_rate is not None:
+        update["hit_rate"] = report.hit_rate.model_copy(update={"sim_source": None})
+    return report.model_copy(update=update)
 
 
-def write_report(report: CalibrationReport, path: str | Path) -> None:
-    """Write atomically: a reader never sees half a report."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=str(p.parent) or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dump_report(report))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+def dump_report(report: CalibrationReport, *, blis_compatible: bool = False) -> str:
+    """The report as Go's ``json.MarshalIndent(report, "", "  ")`` would write it (no trailing newline).
+
+    ``blis_compatible=True`` leaves our additions out (:func:`reference_view`).
+    """
+    return go_json(to_go(reference_view(report) if blis_compatible else report))
 
 
-def go_float(x: float) -> str:
-    """Go encoding/json float64 text: positional shortest digits in [1e-6, 1e21), else exponent form."""
-    if math.isnan(x) or math.isinf(x):
-        raise ValueError(f"unsupported float value {x!r} (JSON has no NaN/Inf)")
-    if x == 0:
-        return "-0" if math.copysign(1.0, x) < 0 else "0"
-    text = repr(x)
-    if 1e-6 <= abs(x) < 1e21:
-        if "e" in text or "E" in text:
-            text = format(Decimal(text), "f")
-        return text[:-2] if text.endswith(".0") else text
-    mantissa, exp = text.split("e")
-    mantissa = mantissa[:-2] if mantissa.endswith(".0") else mantissa
-    digits = int(exp.lstrip("+-"))
-    # Go pads the exponent to two digits, then trims "e-07" back to "e-7" (encoding/json's clean-up).
-    return f"{mantissa}e-{digits}" if exp.startswith("-") else f"{mantissa}e+{digits:02d}"
-
-
-def _go_string(s: str) -> str:
-    # Go escapes HTML-sensitive characters and the JS line separators; non-ASCII stays UTF-8.
-    out = json.dumps(s, ensure_ascii=False)
-    return (out.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
-
-
-def _go_json(value: Any, indent: str) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return go_float(value)
-    if isinstance(value, str):
-        return _go_string(value)
-    inner = indent + "  "
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        items = [f"{inner}{_go_string(str(k))}: {_go_json(v, inner)}" for k, v in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return "[]"
-        items = [f"{inner}{_go_json(v, inner)}" for v in value]
-        return "[\n" + ",\n".join(items) + "\n" + indent + "]"
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+def write_report(report: CalibrationReport, path: str | Path, *, blis_compatible: bool = False) -> None:
+    """Write atomically (temp file + rename): a reader never sees half a report."""
+    atomic_write(path, dump_report(report, blis_compatible=blis_compatible))
