@@ -29,7 +29,8 @@ ctypedef pair[double, long] HeapItem
 
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
              long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
-             double horizon_us, port, bint log_steps):
+             double horizon_us, port, long store_chunk_tokens, bint store_prompt_only,
+             bint log_steps):
     cdef Py_ssize_t n = arrival.shape[0]
     cdef double[::1] arr = np.ascontiguousarray(arrival, dtype=np.float64).copy()
     cdef long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
@@ -86,7 +87,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef double t = 0.0, t_end, d, dc, dm, tp, td, cd, cp, ap, gap, nxt, done
     cdef bint have_nxt, preempted, ok, finished_any
     cdef long steps = 0, preemption_count = 0, n_loading = 0
-    cdef long budget, k, total, seq, victim, local, external, regular
+    cdef long budget, k, total, seq, victim, local, external, regular, old, lim
     cdef Py_ssize_t idx
 
     while True:
@@ -136,10 +137,10 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             if k > budget:
                 k = budget
             ok = True
-            while not port.grow(i, computed[i] + k, t):
+            while not port.grow(i, k):
                 victim = running.back()
                 running.pop_back()
-                port.free(victim, True)
+                port.preempt(victim)
                 status[victim] = WAITING
                 computed[victim] = 0
                 preempts[victim] += 1
@@ -166,35 +167,41 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     continue
                 total = plen[i] + num_out[i]
                 if computed[i] == 0:
-                    local, external = port.lookup(i, t)
-                else:
-                    local = 0
-                    external = 0
-                if external > 0:
-                    done = port.admit(i, local, external, local + external, t)
-                    if done < 0:
-                        break
-                    waiting.pop_front()
-                    computed[i] = local + external
-                    if done > t:
-                        status[i] = LOADING
-                        load_done[i] = done
-                        n_loading += 1
-                        skipped.push_back(i)
+                    lk = port.lookup(i, t)
+                    local = lk[0]
+                    external = lk[1]
+                    if external > 0:
+                        res = port.admit(i, 0, t)
+                        if res is None:
+                            break
+                        waiting.pop_front()
+                        computed[i] = res[0]
+                        done = res[len(res) - 1]
+                        if done > t:
+                            status[i] = LOADING
+                            load_done[i] = done
+                            n_loading += 1
+                            skipped.push_back(i)
+                            continue
+                        waiting.push_front(i)
                         continue
-                    waiting.push_front(i)
-                    continue
-                k = total - computed[i] - local
-                if 0 < long_prefill_token_threshold < k:
-                    k = long_prefill_token_threshold
-                if k > budget:
-                    k = budget
-                if computed[i] == 0:
-                    if port.admit(i, local, 0, local + k, t) < 0:
+                    k = total - local
+                    if 0 < long_prefill_token_threshold < k:
+                        k = long_prefill_token_threshold
+                    if k > budget:
+                        k = budget
+                    res = port.admit(i, k, t)
+                    if res is None:
                         break
-                    computed[i] = local
-                elif not port.grow(i, computed[i] + k, t):
-                    break
+                    computed[i] = res[0]
+                else:
+                    k = total - computed[i]
+                    if 0 < long_prefill_token_threshold < k:
+                        k = long_prefill_token_threshold
+                    if k > budget:
+                        k = budget
+                    if not port.grow(i, k):
+                        break
                 waiting.pop_front()
                 status[i] = RUNNING
                 running.push_back(i)
@@ -271,7 +278,14 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         finished_any = False
         for x in range(<Py_ssize_t>scheduled.size()):
             i = scheduled[x]
+            old = computed[i]
             computed[i] += sched_n[i]
+            if store_chunk_tokens > 0:
+                lim = computed[i]
+                if store_prompt_only and lim > plen[i]:
+                    lim = plen[i]
+                if lim // store_chunk_tokens > old // store_chunk_tokens:
+                    port.computed(i, t_end)
             if computed[i] == plen[i] + num_out[i]:
                 num_out[i] += 1
                 if num_out[i] == 1:
@@ -288,7 +302,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 if num_out[i] >= olen[i]:
                     status[i] = FINISHED
                     finish[i] = t_end
-                    port.free(i, False)
+                    port.finish(i)
                     finished_any = True
                     j = nxt_round[i]
                     if j >= 0:

@@ -5,16 +5,20 @@ results, which ``tests/test_engine_loop.py`` checks. Keep the two files in step:
 that touches a float is written in the same order in both.
 
 ``run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights, max_num_seqs,
-max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, log_steps)`` simulates vLLM
+max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, store_chunk_tokens,
+store_prompt_only, log_steps)`` simulates vLLM
 V1's scheduler (blis_sim.engine.scheduler documents the rules) and returns a dict of numpy arrays:
 per request ``first_token_us``, ``finish_us``, ``itl_sum_us``, ``num_out``, ``preemptions``,
 ``first_sched_us``, ``arrival_us`` (dynamic arrivals filled in), ``status``; per step, the ITL
 samples as ``itl_values``/``itl_weights``; counts ``steps``, ``preemption_count``, ``end_us``;
 and with ``log_steps`` the step log ``step_start``, ``step_dur``, ``step_features`` (fit uses it).
 
-``port`` is the KV side (blis_sim.engine.kvport): ``lookup(i, now) -> (local, external)``,
-``admit(i, local, external, num_tokens, now) -> load_done_us`` (< 0: allocation failed),
-``grow(i, num_tokens, now) -> bool``, ``free(i, preempted)``.
+``port`` is the KV side (blis_sim.engine.kvport documents it): ``lookup(i, now)`` → a tuple
+starting (GPU-hit tokens, external tokens); ``admit(i, num_new_tokens, now)`` → None (no room) or a
+tuple (num_computed_tokens, ..., load_ready_us); ``grow(i, num_new_tokens)`` → bool;
+``computed(i, now)`` when a step completed a chunk that may be offloaded (only with
+``store_chunk_tokens > 0``: the chunk size; ``store_prompt_only``: prompt chunks only);
+``preempt(i)``; ``finish(i)``.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
 def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
              next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
-             horizon_us: float, port, log_steps: bool) -> dict:
+             horizon_us: float, port, store_chunk_tokens: int, store_prompt_only: bool,
+             log_steps: bool) -> dict:
     n = arrival.shape[0]
     arr = arrival.astype(np.float64).copy()
     plen = prompt_len.astype(np.int64)
@@ -111,9 +116,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
             if k > budget:
                 k = budget
             ok = True
-            while not port.grow(i, int(computed[i] + k), t):
+            while not port.grow(i, int(k)):
                 victim = running.pop()  # FCFS: the most recently admitted request
-                port.free(victim, True)
+                port.preempt(victim)
                 status[victim] = WAITING
                 computed[victim] = 0
                 preempts[victim] += 1
@@ -138,36 +143,42 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     skipped.append(waiting.popleft())
                     continue
                 total = plen[i] + num_out[i]
-                if computed[i] == 0:
-                    local, external = port.lookup(i, t)
-                else:  # its load has finished: what was loaded is already computed
-                    local, external = 0, 0
-                if external > 0:
-                    done = port.admit(i, local, external, int(local + external), t)
-                    if done < 0:
-                        break
-                    waiting.popleft()
-                    computed[i] = local + external
-                    if done > t:
-                        status[i] = LOADING
-                        load_done[i] = done
-                        n_loading += 1
-                        skipped.append(i)
+                if computed[i] == 0:  # new, or preempted: look it up (GPU, then offload tiers)
+                    lk = port.lookup(i, t)
+                    local = int(lk[0])
+                    external = int(lk[1])
+                    if external > 0:
+                        res = port.admit(i, 0, t)  # blocks for the hit + the load; no compute yet
+                        if res is None:
+                            break
+                        waiting.popleft()
+                        computed[i] = int(res[0])
+                        done = float(res[-1])
+                        if done > t:
+                            status[i] = LOADING
+                            load_done[i] = done
+                            n_loading += 1
+                            skipped.append(i)
+                            continue
+                        waiting.appendleft(i)  # loaded already: schedule the rest now
                         continue
-                    # a load that is already complete: schedule the rest right away
-                    waiting.appendleft(i)
-                    continue
-                k = total - computed[i] - local
-                if 0 < long_prefill_token_threshold < k:
-                    k = long_prefill_token_threshold
-                if k > budget:
-                    k = budget
-                if computed[i] == 0:
-                    if port.admit(i, local, 0, int(local + k), t) < 0:
+                    k = total - local
+                    if 0 < long_prefill_token_threshold < k:
+                        k = long_prefill_token_threshold
+                    if k > budget:
+                        k = budget
+                    res = port.admit(i, int(k), t)
+                    if res is None:
                         break
-                    computed[i] = local
-                elif not port.grow(i, int(computed[i] + k), t):
-                    break
+                    computed[i] = int(res[0])
+                else:  # its load has finished: the loaded tokens count as computed
+                    k = total - computed[i]
+                    if 0 < long_prefill_token_threshold < k:
+                        k = long_prefill_token_threshold
+                    if k > budget:
+                        k = budget
+                    if not port.grow(i, int(k)):
+                        break
                 waiting.popleft()
                 status[i] = RUNNING
                 running.append(i)
@@ -228,7 +239,14 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         keep: list[int] = []
         finished_any = False
         for i in scheduled:
+            old = computed[i]
             computed[i] += sched_n[i]
+            if store_chunk_tokens > 0:
+                lim = computed[i]
+                if store_prompt_only and lim > plen[i]:
+                    lim = plen[i]
+                if lim // store_chunk_tokens > old // store_chunk_tokens:
+                    port.computed(i, t_end)
             if computed[i] == plen[i] + num_out[i]:
                 num_out[i] += 1
                 if num_out[i] == 1:
@@ -245,7 +263,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 if num_out[i] >= olen[i]:
                     status[i] = FINISHED
                     finish[i] = t_end
-                    port.free(i, False)
+                    port.finish(i)
                     finished_any = True
                     j = int(next_round[i])
                     if j >= 0:

@@ -120,8 +120,13 @@ class LoopResult:
 
 
 def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerConfig,
-             *, log_steps: bool = False, backend: Any = None) -> LoopResult:
-    """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests)."""
+             *, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
+             log_steps: bool = False, backend: Any = None) -> LoopResult:
+    """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests).
+
+    ``store_chunk_tokens`` > 0 makes the loop call ``port.computed(i, t)`` whenever a step completes
+    an offloadable chunk (of the prompt only, with ``store_prompt_only``).
+    """
     n = len(workload)
     nr = workload.next_round if workload.next_round is not None else np.full(n, -1, np.int64)
     think = workload.think_us if workload.think_us is not None else np.zeros(n)
@@ -134,5 +139,6 @@ def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerC
         np.ascontiguousarray(nr, dtype=np.int64), np.ascontiguousarray(think, dtype=np.float64),
         np.ascontiguousarray(dropped, dtype=bool), model.weights(),
         int(config.max_num_seqs), int(config.max_num_batched_tokens),
-        int(config.long_prefill_token_threshold), float(config.horizon_us), port, bool(log_steps))
+        int(config.long_prefill_token_threshold), float(config.horizon_us), port,
+        int(store_chunk_tokens), bool(store_prompt_only), bool(log_steps))
     return LoopResult(**out)
