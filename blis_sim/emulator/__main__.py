@@ -1,0 +1,5 @@
+import sys
+
+from blis_sim.emulator.cli import main
+
+sys.exit(main())

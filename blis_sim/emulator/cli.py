@@ -1,0 +1,185 @@
+"""`blis emulate`: serve the vLLM emulator until interrupted.
+
+``register(subparsers)`` adds the subcommand; ``config_from_args`` / ``config_to_argv`` convert
+between flags and :class:`EmulatorConfig` (the subprocess launcher uses the latter). Once bound,
+the command prints ``blis emulate: serving <url>`` on stdout (one line, flushed).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from blis_sim.emulator.config import METRICS_FAULTS, METRICS_PROFILES, EmulatorConfig, FaultConfig
+from blis_sim.emulator.profiles import PROFILES
+from blis_sim.errors import EXIT_OK, UsageError
+
+# (flag, EmulatorConfig field, type) for the plain value flags.
+_VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
+    ("--host", "host", str),
+    ("--port", "port", int),
+    ("--served-model-name", "model", str),
+    ("--profile", "profile", str),
+    ("--block-size", "block_size", int),
+    ("--num-gpu-blocks", "num_gpu_blocks", int),
+    ("--kv-bytes-per-token", "kv_bytes_per_token", int),
+    ("--max-model-len", "max_model_len", int),
+    ("--max-num-seqs", "max_num_seqs", int),
+    ("--max-num-batched-tokens", "max_num_batched_tokens", int),
+    ("--kv-offload-config", "kv_offload_config", str),
+    ("--metrics-profile", "metrics_profile", str),
+    ("--stats-interval", "stats_interval_s", float),
+    ("--eos-probability", "eos_probability", float),
+    ("--step-noise", "step_noise", float),
+    ("--seed", "seed", int),
+    ("--served-version", "served_version", str),
+)
+# (flag, EmulatorConfig field, value when the flag is given)
+_BOOL_FLAGS: tuple[tuple[str, str, bool], ...] = (
+    ("--no-enable-prefix-caching", "enable_prefix_caching", False),
+    ("--no-enable-chunked-prefill", "enable_chunked_prefill", False),
+    ("--enable-prompt-tokens-details", "enable_prompt_tokens_details", True),
+    ("--no-created-series", "created_series", False),
+    ("--add-bos", "add_bos", True),
+)
+_FAULT_FLAGS: tuple[tuple[str, str, Any], ...] = (
+    ("--fault-metrics", "metrics", str),
+    ("--fault-error-rate", "error_rate", float),
+    ("--fault-error-status", "error_status", int),
+    ("--fault-stream-cut-rate", "stream_cut_rate", float),
+    ("--fault-stream-cut-after", "stream_cut_after_tokens", int),
+    ("--fault-first-token-delay", "first_token_delay_s", float),
+    ("--fault-first-token-delay-rate", "first_token_delay_rate", float),
+    ("--fault-stall-rate", "stall_rate", float),
+    ("--fault-reset-counters-after", "reset_counters_after", int),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = EmulatorConfig()
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=d.host, help="bind address (default %(default)s)")
+    g.add_argument("--port", type=int, default=8000, help="port, 0 = a free one (default %(default)s)")
+    g.add_argument("--served-model-name", "--model", dest="model", default=d.model,
+                   help="model name served and labelled in /metrics (default %(default)s)")
+    g.add_argument("--served-version", default=None, help="what /version reports")
+    g = p.add_argument_group("engine")
+    g.add_argument("--profile", default=d.profile, choices=sorted(PROFILES),
+                   help="step-time profile (default %(default)s)")
+    g.add_argument("--block-size", type=int, help="tokens per KV block (profile default)")
+    g.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
+                   help="GPU KV blocks, including vLLM's null block (profile default)")
+    g.add_argument("--kv-bytes-per-token", type=int, help="KV bytes per token (sizes offload chunks)")
+    g.add_argument("--max-model-len", type=int)
+    g.add_argument("--max-num-seqs", type=int)
+    g.add_argument("--max-num-batched-tokens", type=int)
+    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--kv-offload-config", help="offload YAML (the simulator's format): CPU + fs tiers")
+    g.add_argument("--eos-probability", type=float, default=d.eos_probability,
+                   help="chance per token of EOS (finish_reason stop), default %(default)s")
+    g.add_argument("--step-noise", type=float, help="relative step-time noise (profile default)")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--add-bos", action="store_true", help="prepend <s> to text prompts")
+    g = p.add_argument_group("metrics")
+    g.add_argument("--metrics-profile", default=d.metrics_profile, choices=METRICS_PROFILES)
+    g.add_argument("--stats-interval", dest="stats_interval_s", type=float, default=d.stats_interval_s,
+                   help="seconds between counter publications, 0 = every step (default %(default)s)")
+    g.add_argument("--no-created-series", dest="created_series", action="store_false",
+                   help="omit *_created samples (vLLM multiprocess mode)")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage.prompt_tokens_details.cached_tokens per request")
+    g = p.add_argument_group("fault injection")
+    g.add_argument("--fault-metrics", choices=METRICS_FAULTS, default="ok",
+                   help="/metrics answers: ok, http500, drop (connection closed), hang")
+    g.add_argument("--fault-error-rate", type=float, default=0.0)
+    g.add_argument("--fault-error-status", type=int, default=500, help="500, 429 or 503")
+    g.add_argument("--fault-stream-cut-rate", type=float, default=0.0)
+    g.add_argument("--fault-stream-cut-after", type=int, default=1, help="tokens sent before a cut")
+    g.add_argument("--fault-first-token-delay", type=float, default=0.0, help="seconds")
+    g.add_argument("--fault-first-token-delay-rate", type=float, default=1.0)
+    g.add_argument("--fault-stall-rate", type=float, default=0.0)
+    g.add_argument("--fault-reset-counters-after", type=int, default=None,
+                   help="restart counters and caches after N finished requests")
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    faults = FaultConfig(**{field: getattr(args, _dest(flag)) for flag, field, _ in _FAULT_FLAGS})
+    values = {field: getattr(args, field) for _, field, _ in _VALUE_FLAGS if field != "model"}
+    values["model"] = args.model
+    for _, field, _ in _BOOL_FLAGS:
+        values[field] = getattr(args, field)
+    return EmulatorConfig(**values, faults=faults)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def config_to_argv(config: EmulatorConfig) -> list[str]:
+    """Flags that rebuild ``config`` in a subprocess (an in-memory ``offload`` spec cannot travel)."""
+    if config.offload is not None:
+        raise UsageError("an EmulatorConfig with an in-memory offload spec cannot be spawned; "
+                         "give kv_offload_config (a file) instead", field="offload")
+    argv: list[str] = []
+    for flag, field, _ in _VALUE_FLAGS:
+        value = getattr(config, field)
+        if value is not None:
+            argv += [flag, str(value)]
+    for flag, field, when_given in _BOOL_FLAGS:
+        if getattr(config, field) == when_given:
+            argv.append(flag)
+    default_faults = FaultConfig()
+    for flag, field, _ in _FAULT_FLAGS:
+        value = getattr(config.faults, field)
+        if value != getattr(default_faults, field):
+            argv += [flag, str(value)]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    from blis_sim.emulator.runner import READY_PREFIX, serve
+
+    async def main() -> None:
+        runner, _, url = await serve(config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"{READY_PREFIX}{url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    return EXIT_OK
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "emulate", help="serve a vLLM-compatible emulator (scheduler, prefix cache, offload, /metrics)",
+        description="A vLLM-compatible server with vLLM's scheduler, prefix cache, tiered offload "
+                    "and /metrics, in real time. See docs/emulator.md.")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m blis_sim.emulator``: the same command without the other subcommands' imports."""
+    from blis_sim.errors import BlisError
+
+    parser = argparse.ArgumentParser(prog="blis emulate")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except BlisError as exc:
+        print(f"blis emulate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

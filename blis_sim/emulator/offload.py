@@ -1,0 +1,277 @@
+"""vLLM 0.33's offloading connector with tiering: a CPU primary tier and secondary (fs) tiers.
+
+API::
+
+    tiers = OffloadTiers(spec, block_size=32, kv_bytes_per_token=512, host_bandwidth_Bps=10e9,
+                         host_latency_s=20e-6, stats=engine_stats)
+    tiers.lookup(req_id, hashes, start_tokens, max_tokens, now)
+        -> None (ask again next step: a promotion is in flight) | LookupResult(tokens, host, disk, keys)
+    tiers.start_load(result, now) -> completion time of the CPU -> GPU load (keys pinned until then)
+    tiers.store(keys, now)       # write-through GPU -> CPU of newly computed full chunks (+ cascade)
+    tiers.forget_request(req_id) # drop the per-request "already counted" set
+    tiers.next_event_time(now)   # earliest pending promotion completion (the engine wakes for it)
+    tiers.clear()                # empty every tier (a simulated restart)
+
+Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
+
+* A chunk is ``blocks_per_chunk`` GPU blocks; it is keyed by the chained hash of its last block, so a
+  key names the whole prefix up to it. The CPU tier holds ``cpu_bytes // chunk_bytes`` chunks, LRU.
+* Stores are write-through at compute time (the scheduler calls ``store`` for each newly complete
+  chunk, prompt-only by default); a stored chunk becomes visible when the GPU -> CPU transfer ends,
+  then cascades to every secondary tier (CPU -> fs write job; the CPU copy is pinned meanwhile).
+* Lookups run at every admission of a request with nothing computed, chunk by chunk after the GPU
+  hit, and stop at the first miss. A chunk ready in the CPU is a HIT. A chunk only in a secondary
+  tier starts a promotion (fs -> CPU) and the lookup answers "retry" (``None``); once promoted it is a
+  CPU HIT, and its tokens count as coming from ``disk``. Loads CPU -> GPU are asynchronous.
+* Tiering counters (chunks) are counted once per (request, tier, key) when the lookup resolves:
+  tier 0 query (+hit if in the CPU); on a CPU miss, each secondary tier in order gets a query (+hit).
+* Transfers run on stations of ``n`` parallel FIFO servers: a job of ``b`` bytes takes
+  ``latency + b / bandwidth`` of service time after the server frees up. Read/write time counters
+  add the service time (device time without queue wait, as vLLM's do).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from blis_sim.emulator.config import OffloadSpec
+from blis_sim.emulator.stats import EngineStats
+
+PRIMARY_LABEL = "0:primary"
+
+
+class Station:
+    """``n`` parallel FIFO servers with a fixed latency and bandwidth."""
+
+    __slots__ = ("_free_at", "bandwidth", "latency")
+
+    def __init__(self, servers: int, bandwidth_Bps: float, latency_s: float) -> None:
+        self._free_at = [0.0] * max(1, servers)
+        self.bandwidth = bandwidth_Bps
+        self.latency = latency_s
+
+    def submit(self, now: float, nbytes: int) -> tuple[float, float]:
+        """Queue a job; returns (completion time, service time)."""
+        i = min(range(len(self._free_at)), key=self._free_at.__getitem__)
+        start = max(now, self._free_at[i])
+        service = self.latency + nbytes / self.bandwidth
+        self._free_at[i] = start + service
+        return start + service, service
+
+
+class _CpuEntry:
+    __slots__ = ("ready_at", "pinned_until", "promoted")
+
+    def __init__(self, ready_at: float, pinned_until: float, promoted: bool) -> None:
+        self.ready_at = ready_at
+        self.pinned_until = pinned_until
+        self.promoted = promoted  # arrived by promotion from a secondary tier (a RETRY while in flight)
+
+
+class _SecondaryTier:
+    def __init__(self, label: str, capacity_chunks: int | None, read: Station, write: Station) -> None:
+        self.label = label
+        self.capacity = capacity_chunks
+        self.read = read
+        self.write = write
+        self.entries: OrderedDict[int, float] = OrderedDict()  # key -> ready time, LRU first
+
+    def has(self, key: int, now: float) -> bool:
+        ready_at = self.entries.get(key)
+        return ready_at is not None and ready_at <= now
+
+    def put(self, key: int, ready_at: float) -> None:
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return
+        if self.capacity is not None:
+            if self.capacity <= 0:
+                return
+            while len(self.entries) >= self.capacity:
+                self.entries.popitem(last=False)
+        self.entries[key] = ready_at
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """An admission-time hit in the offload tiers (after the GPU hit)."""
+
+    tokens: int  # tokens to load (external hit)
+    host_tokens: int  # of which found in the CPU tier
+    disk_tokens: int  # of which promoted from a secondary tier for this request
+    keys: tuple[int, ...]  # CPU chunks to load
+
+
+class OffloadTiers:
+    """The CPU tier, its secondary tiers and their transfer stations (see module docstring)."""
+
+    def __init__(self, spec: OffloadSpec, *, block_size: int, kv_bytes_per_token: int,
+                 host_bandwidth_Bps: float, host_latency_s: float, stats: EngineStats) -> None:
+        self.spec = spec
+        self.stats = stats
+        self.block_size = block_size
+        self.blocks_per_chunk = spec.blocks_per_chunk
+        self.chunk_tokens = block_size * spec.blocks_per_chunk
+        self.chunk_bytes = self.chunk_tokens * kv_bytes_per_token
+        self.cpu_capacity = spec.cpu_bytes // self.chunk_bytes
+        self.prompt_only = spec.offload_prompt_only
+        self.host = Station(1, host_bandwidth_Bps, host_latency_s)
+        self.cpu: OrderedDict[int, _CpuEntry] = OrderedDict()
+        self.secondary = [
+            _SecondaryTier(
+                f"{i + 1}:{tier.type}",
+                None if tier.max_bytes is None else tier.max_bytes // self.chunk_bytes,
+                Station(tier.n_read_threads, tier.read_bandwidth_Bps, tier.latency_s),
+                Station(tier.n_write_threads, tier.write_bandwidth_Bps, tier.latency_s),
+            )
+            for i, tier in enumerate(spec.secondary_tiers)
+        ]
+        self._counted: dict[object, set[tuple[int, int]]] = {}  # req -> {(tier index, key)}
+        self._promoted_for: dict[object, set[int]] = {}  # req -> keys promoted on its behalf
+        self._pending_promotions: dict[int, float] = {}  # key -> completion time
+
+    # -- CPU tier space ----------------------------------------------------------------------------
+    def _cpu_make_room(self, now: float) -> bool:
+        if self.cpu_capacity <= 0:
+            return False
+        if len(self.cpu) < self.cpu_capacity:
+            return True
+        for key, entry in self.cpu.items():  # LRU first
+            if entry.ready_at <= now and entry.pinned_until <= now:
+                del self.cpu[key]
+                return True
+        return False
+
+    # -- stores ------------------------------------------------------------------------------------
+    def store(self, keys: Sequence[int], now: float) -> None:
+        """Write-through GPU -> CPU of newly computed chunks, then cascade to secondary tiers."""
+        for key in keys:
+            entry = self.cpu.get(key)
+            if entry is not None:
+                self.cpu.move_to_end(key)
+                continue
+            if not self._cpu_make_room(now):
+                self.stats.offload_allocation_failures += 1
+                continue
+            done, service = self.host.submit(now, self.chunk_bytes)
+            self.stats.offload_store_bytes += self.chunk_bytes
+            self.stats.offload_store_time += service
+            primary = self.stats.tier(PRIMARY_LABEL)
+            primary.write_bytes += self.chunk_bytes
+            primary.write_time += service
+            pinned = done
+            for tier in self.secondary:
+                if key in tier.entries:
+                    tier.entries.move_to_end(key)
+                    continue
+                cascade_done, cascade_service = tier.write.submit(done, self.chunk_bytes)
+                counters = self.stats.tier(tier.label)
+                counters.write_bytes += self.chunk_bytes
+                counters.write_time += cascade_service
+                tier.put(key, cascade_done)
+                pinned = max(pinned, cascade_done)
+            self.cpu[key] = _CpuEntry(done, pinned, promoted=False)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def _count(self, req: object, tier_index: int, key: int, hit: bool) -> None:
+        seen = self._counted.setdefault(req, set())
+        if (tier_index, key) in seen:
+            return
+        seen.add((tier_index, key))
+        label = PRIMARY_LABEL if tier_index == 0 else self.secondary[tier_index - 1].label
+        counters = self.stats.tier(label)
+        counters.chunk_queries += 1
+        if hit:
+            counters.chunk_hits += 1
+
+    def lookup(self, req: object, hashes: Sequence[int], start_tokens: int, max_tokens: int,
+               now: float) -> LookupResult | None:
+        """Offload hit after a GPU hit of ``start_tokens``; at most ``max_tokens`` in total."""
+        cs = self.chunk_tokens
+        first = start_tokens // cs
+        last = max_tokens // cs  # exclusive; chunks ending at or before max_tokens
+        keys: list[int] = []
+        retry = False
+        promoted = self._promoted_for.setdefault(req, set())
+        for c in range(first, last):
+            key = hashes[(c + 1) * self.blocks_per_chunk - 1]
+            entry = self.cpu.get(key)
+            if entry is not None and entry.ready_at <= now:
+                self._count(req, 0, key, True)
+                self.cpu.move_to_end(key)
+                keys.append(key)
+                continue
+            if entry is not None and entry.promoted:
+                retry = True  # HIT_PENDING: promotion in flight
+                keys.append(key)
+                continue
+            self._count(req, 0, key, False)
+            found = False
+            for i, tier in enumerate(self.secondary, start=1):
+                if tier.has(key, now):
+                    self._count(req, i, key, True)
+                    tier.entries.move_to_end(key)
+                    if self._promote(key, tier, now):
+                        promoted.add(key)
+                        found = True
+                    break
+                self._count(req, i, key, False)
+            if not found:
+                break
+            retry = True
+            keys.append(key)
+        if retry:
+            return None
+        if not keys:
+            return LookupResult(0, 0, 0, ())
+        tokens = (first + len(keys)) * cs - start_tokens
+        disk = sum(1 for k in keys if k in promoted)
+        disk_tokens = min(tokens, disk * cs)
+        return LookupResult(tokens, tokens - disk_tokens, disk_tokens, tuple(keys))
+
+    def _promote(self, key: int, tier: _SecondaryTier, now: float) -> bool:
+        if not self._cpu_make_room(now):
+            self.stats.promotion_allocation_failures += 1
+            return False
+        done, service = tier.read.submit(now, self.chunk_bytes)
+        counters = self.stats.tier(tier.label)
+        counters.read_bytes += self.chunk_bytes
+        counters.read_time += service
+        self.cpu[key] = _CpuEntry(done, done, promoted=True)
+        self._pending_promotions[key] = done
+        return True
+
+    # -- loads -------------------------------------------------------------------------------------
+    def start_load(self, result: LookupResult, now: float) -> float:
+        """CPU -> GPU load of a lookup's chunks; returns its completion time."""
+        nbytes = len(result.keys) * self.chunk_bytes
+        done, service = self.host.submit(now, nbytes)
+        self.stats.offload_load_bytes += nbytes
+        self.stats.offload_load_time += service
+        primary = self.stats.tier(PRIMARY_LABEL)
+        primary.read_bytes += nbytes
+        primary.read_time += service
+        for key in result.keys:
+            entry = self.cpu.get(key)
+            if entry is not None:
+                entry.pinned_until = max(entry.pinned_until, done)
+        return done
+
+    def forget_request(self, req: object) -> None:
+        self._counted.pop(req, None)
+        self._promoted_for.pop(req, None)
+
+    def next_event_time(self, now: float) -> float | None:
+        pending = self._pending_promotions
+        for key in [k for k, t in pending.items() if t <= now]:
+            del pending[key]
+        return min(pending.values()) if pending else None
+
+    def clear(self) -> None:
+        self.cpu.clear()
+        for tier in self.secondary:
+            tier.entries.clear()
+        self._counted.clear()
+        self._promoted_for.clear()
+        self._pending_promotions.clear()

