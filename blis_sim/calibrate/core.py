@@ -131,6 +131,9 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     simulated = [HitRateEntry.of(e) for e in (getattr(sim_metrics, "kv_hit_rates", None) or ())]
     kv_rates, unpaired = (compare_definitions(observed, simulated, options.hit_rate_tolerance_pp)
                           if observed and simulated else ([], []))
+    if sim_metrics is not None and not observed and getattr(header, "observed_kv_metrics", None) is None:
+        notes.append("simulated metrics were given but the trace header carries no observed hit-rate "
+                     "(observe ran without a /metrics scrape, or the scrape missed): no hit-rate was compared")
     if observed and sim_metrics is not None and not simulated:
         notes.append("the trace header carries per-definition observed hit-rates but the simulated metrics "
                      "carry no kv_hit_rates; only the primary hit_rate block was compared")
