@@ -1,0 +1,102 @@
+"""SimResult and MetricsOutput JSON: the reference's samples byte-identical, our extras, Go number layout."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blis_sim.formats import (
+    KVHitRate,
+    MetricsOutput,
+    SimResult,
+    load_metrics_output,
+    load_sim_results,
+    metrics_output_text,
+    sim_results_text,
+    write_metrics_output,
+    write_sim_results,
+)
+from blis_sim.formats._go import fixed_float, json_float, yaml_float
+from blis_sim.formats.results import go_json
+
+BLIS = Path(__file__).resolve().parents[2] / "shared" / "samples" / "blis"
+
+
+def test_samples_load_and_write_back_byte_identical(tmp_path: Path) -> None:
+    results = load_sim_results(BLIS / "sim.json")
+    metrics = load_metrics_output(BLIS / "simagg.json")
+    assert len(results) == 200 and results[14].itl_mean_us == 0.0  # omitted field reads as zero
+    assert metrics.cache_hit_rate == pytest.approx(0.6588455538221529) and len(metrics.requests) == 200
+    assert metrics.requests[0].request_id == "request_0" and metrics.requests[0].handled_by == "instance_0"
+    write_sim_results(results, tmp_path / "sim.json")
+    write_metrics_output(metrics, tmp_path / "simagg.json")
+    assert (tmp_path / "sim.json").read_bytes() == (BLIS / "sim.json").read_bytes()
+    assert (tmp_path / "simagg.json").read_bytes() == (BLIS / "simagg.json").read_bytes()
+
+
+def test_extras_round_trip(tmp_path: Path) -> None:
+    results = [SimResult(request_id=2, ttft_us=10.5, e2e_us=20, input_tokens=3, output_tokens=1, cached_tokens=16,
+                         cached_tokens_by_source={"host": 16, "device": 0, "disk": 0}),
+               SimResult(request_id=1, ttft_us=1, e2e_us=2, input_tokens=3, output_tokens=2, slo_class="batch")]
+    write_sim_results(results, tmp_path / "sim.json")
+    text = (tmp_path / "sim.json").read_text()
+    assert text.index('"request_id": 1') < text.index('"request_id": 2')  # sorted by id
+    assert '"cached_tokens_by_source": {\n      "device": 0,\n      "disk": 0,\n      "host": 16\n    }' in text
+    assert load_sim_results(tmp_path / "sim.json") == sorted(results, key=lambda r: r.request_id)
+
+    rates = [KVHitRate(definition="prefix_cache", unit="tokens", hits=5, queries=10, hit_rate=0.5),
+             KVHitRate(definition="tiered", tier="0:primary", unit="chunks", hits=0, queries=0, hit_rate=0.0)]
+    metrics = MetricsOutput(completed_requests=2, cache_hit_rate=0.0, kv_hit_rates=rates)
+    write_metrics_output(metrics, tmp_path / "agg.json")
+    data = json.loads((tmp_path / "agg.json").read_text())
+    assert data["cache_hit_rate"] == 0 and list(data)[-1] == "kv_hit_rates"  # 0 is written; extras last
+    assert data["kv_hit_rates"][0] == {"definition": "prefix_cache", "tier": None, "unit": "tokens", "hits": 5,
+                                       "queries": 10, "hit_rate": 0.5, "metric": None}
+    assert load_metrics_output(tmp_path / "agg.json") == metrics
+
+
+def test_empty_results_are_an_empty_array() -> None:
+    assert sim_results_text([]) == "[]"
+
+
+def test_absent_cache_hit_rate_is_absent() -> None:
+    text = metrics_output_text(MetricsOutput())
+    assert "cache_hit_rate" not in text and '"requests"' not in text and "kv_hit_rates" not in text
+    assert text.startswith('{\n  "instance_id": "cluster",\n  "completed_requests": 0,')
+
+
+def test_opaque_reference_fields_are_kept(tmp_path: Path) -> None:
+    data = json.loads((BLIS / "simagg.json").read_text())
+    data["saturation"] = {"knee_rps": 3.5, "method": "x"}
+    data["per_class"] = {"batch": {"goodput": 1}}
+    data["goodput_rps"] = 1.25
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    metrics = load_metrics_output(tmp_path / "a.json")
+    assert metrics.saturation == {"knee_rps": 3.5, "method": "x"} and metrics.goodput_rps == 1.25
+    write_metrics_output(metrics, tmp_path / "b.json")
+    assert load_metrics_output(tmp_path / "b.json") == metrics
+
+
+@pytest.mark.parametrize(("value", "yaml", "json_", "fixed"), [
+    (7000.0, "7000", "7000", "7000"),
+    (0.68, "0.68", "0.68", "0.68"),
+    (0.0, "0", "0", "0"),
+    (1e-05, "1e-05", "0.00001", "0.00001"),
+    (1e-07, "1e-07", "1e-7", "0.0000001"),
+    (17179869184.0, "1.7179869184e+10", "17179869184", "17179869184"),
+    (123456.0, "123456", "123456", "123456"),
+    (1234567.0, "1.234567e+06", "1234567", "1234567"),
+    (1e21, "1e+21", "1e+21", "1000000000000000000000"),
+    (-2.5, "-2.5", "-2.5", "-2.5"),
+    (0.6588455538221529, "0.6588455538221529", "0.6588455538221529", "0.6588455538221529"),
+])
+def test_go_float_formats(value: float, yaml: str, json_: str, fixed: str) -> None:
+    assert (yaml_float(value), json_float(value), fixed_float(value)) == (yaml, json_, fixed)
+    assert float(yaml) == float(json_) == float(fixed) == value
+
+
+def test_go_json_escapes_html_and_rejects_nan() -> None:
+    assert go_json({"a": "<b>&"}) == '{\n  "a": "\\u003cb\\u003e\\u0026"\n}'
+    with pytest.raises(ValueError, match="NaN"):
+        go_json({"a": float("nan")})
