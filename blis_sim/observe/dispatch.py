@@ -66,16 +66,19 @@ class Dispatcher:
         self.on_record = on_record
         self.next_id = 0
         self.interrupted = False
+        self.origin_ns: int | None = None
 
     async def run_phase(self, source: RequestSource, build: Callable[[Any, int], WireRequest],
                         phase_start_ns: int | None = None) -> list[RequestRecord]:
         """Dispatch ``source`` until drained (or stopped). Returns its records in dispatch order.
 
         ``build(planned, phase_offset_us)`` makes the wire request; the offset is the phase's start
-        relative to the run, so ``arrival_us`` in the trace is relative to the run start.
+        relative to the first phase's, so trace arrival times count from the start of dispatch.
         """
         start_ns = phase_start_ns if phase_start_ns is not None else self.clock.now_ns()
-        offset_us = self.clock.since_start_us(start_ns)
+        if self.origin_ns is None:
+            self.origin_ns = start_ns  # the trace's arrival times count from the first phase's start
+        offset_us = (start_ns - self.origin_ns) // 1000
         tie = itertools.count()
         heap: list[tuple[int, int, Any]] = [(p.arrival_us, next(tie), p) for p in source.initial()]
         heapq.heapify(heap)
@@ -144,8 +147,8 @@ class Dispatcher:
         rid = self.next_id
         self.next_id += 1
         wire = build(planned, offset_us)
-        record = RequestRecord(request_id=rid, wire=wire, warmup=rid < self.warmup_requests,
-                               scheduled_ns=scheduled_ns)
+        record = RequestRecord(request_id=rid, wire=wire, planned=planned, phase_offset_us=offset_us,
+                               warmup=rid < self.warmup_requests, scheduled_ns=scheduled_ns)
         task = asyncio.ensure_future(send(self.session, self.target, record, self.clock))
         inflight[task] = (planned, record)
         task.add_done_callback(finished)

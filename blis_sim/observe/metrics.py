@@ -144,6 +144,16 @@ def _entry(definition: str, tier: str | None, unit: str, hits: float, queries: f
             "queries": int(queries + 0.5), "hit_rate": hits / queries, "metric": metric}
 
 
+def _add(out: KvWindow, entry: dict[str, Any]) -> None:
+    """Keep an entry unless it is impossible (more hits than queries): then say why in the notes."""
+    if entry["hits"] > entry["queries"]:
+        tier = f"[{entry['tier']}]" if entry["tier"] else ""
+        out.notes.append(f"{entry['definition']}{tier}: {entry['hits']} hits > {entry['queries']} queries "
+                         f"over the window ({entry['metric']}); not recorded")
+        return
+    out.hit_rates.append(entry)
+
+
 class _Window:
     """Deltas between two snapshots, with reset detection on every counter read."""
 
@@ -202,9 +212,9 @@ def _collect_definitions(w: _Window, out: KvWindow) -> None:
         metric = w.end.names(hits_f)[0] if w.end.has(hits_f) else hits_f
         for tier, q in queries.items():
             if q > 0:
-                out.hit_rates.append(_entry("tiered", tier, "chunks", hits.get(tier, 0.0), q, metric))
+                _add(out, _entry("tiered", tier, "chunks", hits.get(tier, 0.0), q, metric))
         if sum(queries.values()) > 0:
-            out.hit_rates.append(_entry("tiered", None, "chunks", sum(hits.values()),
+            _add(out, _entry("tiered", None, "chunks", sum(hits.values()),
                                         sum(queries.values()), metric))
         break
     prefix_queries: float | None = None
@@ -213,7 +223,7 @@ def _collect_definitions(w: _Window, out: KvWindow) -> None:
             q, h = w.delta(queries_f), w.delta(hits_f)
             prefix_queries = q if prefix_queries is None else prefix_queries
             if q > 0:
-                out.hit_rates.append(_entry(definition, None, "tokens", h, q, w.end.names(hits_f)[0]
+                _add(out, _entry(definition, None, "tokens", h, q, w.end.names(hits_f)[0]
                                             if w.end.has(hits_f) else hits_f))
             else:
                 out.notes.append(f"{queries_f}: zero queries over the window")
@@ -221,12 +231,12 @@ def _collect_definitions(w: _Window, out: KvWindow) -> None:
     if w.end.has(queries_f):
         q, h = w.delta(queries_f), w.delta(hits_f)
         if q > 0:
-            out.hit_rates.append(_entry("external", None, "tokens", h, q, w.end.names(hits_f)[0]
+            _add(out, _entry("external", None, "tokens", h, q, w.end.names(hits_f)[0]
                                         if w.end.has(hits_f) else hits_f))
     if w.end.has(BY_SOURCE_FAMILY) and prefix_queries:
         metric = w.end.names(BY_SOURCE_FAMILY)[0]
         for source, h in w.delta_by(BY_SOURCE_FAMILY, "source").items():
-            out.hit_rates.append(_entry("by_source", source, "tokens", h, prefix_queries, metric))
+            _add(out, _entry("by_source", source, "tokens", h, prefix_queries, metric))
     for key, family in TIER_IO_FAMILIES.items():
         if w.end.has(family):
             for tier, d in w.delta_by(family, "tier").items():

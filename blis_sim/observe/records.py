@@ -80,6 +80,8 @@ class RequestRecord:
 
     request_id: int
     wire: WireRequest
+    planned: Any = None  # the workload's PlannedRequest this record sends (None for probes)
+    phase_offset_us: int = 0  # the phase's start relative to the run start
     warmup: bool = False
     x_request_id: str = ""
     scheduled_ns: int = 0  # when the schedule said to send (monotonic); lateness = send_ns - this

@@ -1,0 +1,456 @@
+"""`observe` as a library call: workload → server → TraceV2 (+ the counter window), no argv involved.
+
+API::
+
+    opts = ObserveOptions(model="tiny-llama", scrape_kv_metrics=True, max_concurrency=64)
+    result = observe("http://127.0.0.1:8000", spec, opts)            # sync (runs its own event loop)
+    result = await observe_async("http://127.0.0.1:8000", spec, opts)  # inside a running loop
+    write_result(result, "trace.yaml", "trace.csv", blis_compatible=False, itl_path=None)
+    result.trace, result.warnings, result.interrupted, result.window, result.lateness_ms
+
+``spec`` is a :class:`~blis_sim.formats.workload.WorkloadSpec` or an already generated
+:class:`~blis_sim.workload.plan.WorkloadPlan`.
+
+Order of a run (blis-pipeline.md §3.4, plus our phases and settle delay): ``/version``; prompt
+calibration (``/tokenize``, else the tokens-per-word request); prewarm; then the phases in order, each
+started when the previous one drained (+ its ``gap_us``). The counter window brackets the measured
+phases (``window_phases``, default all): settle, start scrape, phases, drain, settle, end scrape.
+Warm-up requests (the first ``warmup_requests`` dispatch indices) are sent inside the window and kept in
+the trace, marked. A scrape miss never fails the run: it becomes a warning and the KV block is left
+out. Ctrl-C / SIGTERM (``handle_signals=True``) stops dispatch, cancels in-flight requests after
+``grace_s`` and returns what was collected with ``interrupted=True`` (the header says ``partial``).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from blis_sim import __version__
+from blis_sim.errors import ScrapeError, UsageError
+from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, PhaseInfo, PytestBlisHeader,
+                                    ScrapeInfo, TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
+                                    TraceServerConfig, write_itl, write_trace)
+from blis_sim.formats.workload import WorkloadSpec
+from blis_sim.observe import capture
+from blis_sim.observe.client import API_FORMATS, Target
+from blis_sim.observe.dispatch import Dispatcher
+from blis_sim.observe.metrics import KvWindow, Snapshot, derive_window, kv_geometry, parse_exposition, summarize
+from blis_sim.observe.progress import Progress
+from blis_sim.observe.prompts import PromptBuilder, calibrate_prompts
+from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
+from blis_sim.workload.generate import generate_workload
+from blis_sim.workload.plan import PhasePlan, PhaseRun, PlannedRequest, WorkloadPlan
+
+log = logging.getLogger("blis_sim.observe")
+
+PREWARM_WORKERS = 4
+PREWARM_PROMPT = "warm " * 256
+DRIFT_WARN_FRACTION = 0.02  # warn when prompts are on average more than 2 % off on the server
+
+
+@dataclass(frozen=True)
+class ObserveOptions:
+    """Everything `blis observe` takes besides the server URL and the workload (flags of §3.1)."""
+
+    model: str
+    api_format: str = "completions"
+    api_key: str = ""
+    no_streaming: bool = False
+    max_concurrency: int = 256
+    warmup_requests: int = 0
+    prewarm_duration_s: float = 0.0
+    timeout_s: float = 300.0
+    seed: int | None = None
+    num_requests: int | None = None
+    horizon_us: int | None = None
+    scrape_kv_metrics: bool = False
+    kv_metrics_url: str = ""
+    vllm_commit: str = ""
+    settle_s: float = 1.0  # vLLM publishes counters at its stats interval
+    window_phases: tuple[str, ...] | None = None  # phases inside the counter window; None = all
+    rtt_ms: float = 0.0
+    record_itl: bool = False
+    server_type: str = "vllm"
+    workload_label: str = ""  # header `workload_spec` (the spec path, or "preset:<name>")
+    grace_s: float = 5.0
+    use_tokenize: bool = True
+    progress: bool | None = None  # None: only when stderr is a terminal
+    handle_signals: bool = False  # install SIGINT/SIGTERM handlers (the CLI does)
+
+    def validate(self) -> None:
+        if not self.model:
+            raise UsageError("--model is required")
+        if self.api_format not in API_FORMATS:
+            raise UsageError(f"--api-format must be 'completions' or 'chat', got {self.api_format!r}")
+        if self.max_concurrency <= 0:
+            raise UsageError(f"--max-concurrency must be > 0, got {self.max_concurrency}")
+        if self.warmup_requests < 0:
+            raise UsageError(f"--warmup-requests must be >= 0, got {self.warmup_requests}")
+        if self.prewarm_duration_s < 0:
+            raise UsageError(f"--prewarm-duration must be >= 0, got {self.prewarm_duration_s}")
+        if not 1 <= self.timeout_s <= 86400:
+            raise UsageError(f"--timeout must be in 1..86400 seconds, got {self.timeout_s:g}")
+        if not (self.rtt_ms >= 0 and self.rtt_ms != float("inf")):
+            raise UsageError(f"--rtt-ms must be finite and >= 0, got {self.rtt_ms}")
+        if self.record_itl and self.no_streaming:
+            raise UsageError("--record-itl and --no-streaming are mutually exclusive")
+        if self.settle_s < 0 or self.grace_s < 0:
+            raise UsageError("--settle and --grace must be >= 0")
+
+
+@dataclass
+class ObserveResult:
+    trace: Trace
+    records: list[RequestRecord]
+    warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    window: KvWindow | None = None
+    lateness_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    itl: list[ITLRecord] = field(default_factory=list)
+    prompt_mode: str = ""
+
+    @property
+    def ok_requests(self) -> int:
+        return sum(1 for r in self.trace.records if r.status == "ok")
+
+    def summary(self) -> dict[str, Any]:
+        return capture.summary_metrics(self.trace.records, self.wall_s)
+
+
+def observe(server_url: str, spec: WorkloadSpec | WorkloadPlan, options: ObserveOptions) -> ObserveResult:
+    """Synchronous :func:`observe_async` (own event loop)."""
+    return asyncio.run(observe_async(server_url, spec, options))
+
+
+async def observe_async(server_url: str, spec: WorkloadSpec | WorkloadPlan,
+                        options: ObserveOptions) -> ObserveResult:
+    options.validate()
+    plan = spec if isinstance(spec, WorkloadPlan) else generate_workload(
+        spec, seed=options.seed, num_requests=options.num_requests, horizon=options.horizon_us)
+    run = _Run(server_url.rstrip("/"), plan, options)
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    if options.handle_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, run.interrupt, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
+                pass
+    try:
+        return await run.execute()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+class _PhaseSource:
+    """Adapts the workload's PhaseRun (follow-ups on completion) to the dispatcher's source protocol."""
+
+    def __init__(self, run: PhaseRun) -> None:
+        self.run = run
+
+    def initial(self) -> list[PlannedRequest]:
+        return list(self.run.initial)
+
+    def on_complete(self, planned: PlannedRequest, record: RequestRecord, now_us: int) -> list[PlannedRequest]:
+        nxt = self.run.on_complete(planned, ok=record.status == "ok",
+                                   output_tokens=record.output_tokens or None, completed_at_us=now_us)
+        return [nxt] if nxt is not None else []
+
+
+class _Run:
+    """State of one observation; ``execute()`` does the whole run once."""
+
+    def __init__(self, base_url: str, plan: WorkloadPlan, opts: ObserveOptions) -> None:
+        self.base_url, self.plan, self.opts = base_url, plan, opts
+        self.metrics_url = opts.kv_metrics_url or base_url + "/metrics"
+        self.target = Target(base_url, opts.model, opts.api_format, opts.api_key, opts.timeout_s, opts.record_itl)
+        self.clock = RunClock()
+        self.stop = asyncio.Event()
+        self.warnings: list[str] = []
+        self.completed: list[RequestRecord] = []  # completion order, as the CSV is written
+        self.phase_infos: list[PhaseInfo] = []
+        self.builder: PromptBuilder | None = None
+        self.window: KvWindow | None = None
+        self.scrape_info: ScrapeInfo | None = None
+        self.geometry: dict[str, int] | None = None
+        self.vllm_version = ""
+        self.signal_name = ""
+
+    def interrupt(self, sig: int = signal.SIGINT) -> None:
+        self.signal_name = signal.Signals(sig).name
+        log.warning("observe: %s received: stopping dispatch (in-flight requests get %g s)",
+                    self.signal_name, self.opts.grace_s)
+        self.stop.set()
+
+    def warn(self, message: str) -> None:
+        log.warning("observe: %s", message)
+        self.warnings.append(message)
+
+    # ------------------------------------------------------------------------------------------ run
+
+    async def execute(self) -> ObserveResult:
+        connector = aiohttp.TCPConnector(limit=self.opts.max_concurrency + PREWARM_WORKERS, limit_per_host=0,
+                                         ttl_dns_cache=300)
+        async with aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"blis-observe/{__version__}"}
+                                         ) as session:
+            self.session = session
+            self.vllm_version = await self._version()
+            self.builder = await calibrate_prompts(session, self.target, use_tokenize=self.opts.use_tokenize)
+            if self.opts.prewarm_duration_s > 0 and not self.stop.is_set():
+                await self._prewarm()
+            if not self.opts.scrape_kv_metrics:
+                self.geometry = await self._geometry_only()
+            start_ns = self.clock.now_ns()
+            await self._phases()
+            wall_s = (self.clock.now_ns() - start_ns) / 1e9
+        return self._result(wall_s)
+
+    async def _phases(self) -> None:
+        names = [p.name for p in self.plan.phases]
+        measured = [i for i, n in enumerate(names) if self.opts.window_phases is None or n in self.opts.window_phases]
+        if self.opts.window_phases is not None:
+            unknown = sorted(set(self.opts.window_phases) - set(names))
+            if unknown:
+                raise UsageError(f"--window-phases names unknown phases {unknown} (phases: {names})")
+            if measured and measured != list(range(measured[0], measured[-1] + 1)):
+                raise UsageError("--window-phases must be consecutive phases")
+        first, last = (measured[0], measured[-1]) if measured else (-1, -1)
+        dispatcher = Dispatcher(self.session, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
+                                warmup_requests=self.opts.warmup_requests, stop=self.stop,
+                                grace_s=self.opts.grace_s, on_record=self._completed)
+        start_snap: Snapshot | None = None
+        total = sum(len(p.requests) for p in self.plan.phases)
+        progress = Progress(total, enabled=self.opts.progress)
+        self._progress = progress
+        try:
+            for i, phase in enumerate(self.plan.phases):
+                if self.stop.is_set():
+                    break
+                if phase.gap_us > 0:
+                    await self._sleep(phase.gap_us / 1e6)
+                if i == first and self.opts.scrape_kv_metrics:
+                    start_snap = await self._start_scrape()
+                await self._run_phase(dispatcher, phase, i in measured)
+                if i == last and self.opts.scrape_kv_metrics and start_snap is not None:
+                    await self._end_scrape(start_snap)
+        finally:
+            progress.close()
+        if self.opts.scrape_kv_metrics and self.stop.is_set() and self.window is None:
+            self.warn("--scrape-kv-metrics: observe was interrupted before the measured window ended; "
+                      "omitting the observed KV hit-rate from the trace header")
+
+    async def _run_phase(self, dispatcher: Dispatcher, phase: PhasePlan, measured: bool) -> None:
+        builder = self.builder
+        assert builder is not None
+        seed = self.plan.seed
+        no_stream, itl = self.opts.no_streaming, self.opts.record_itl
+        # Open-loop prompts are built before the clock starts so building never makes a send late.
+        prebuilt = {p.uid: _wire(p, builder, seed, no_stream, itl) for p in phase.requests}
+
+        def build(p: PlannedRequest, _offset_us: int) -> WireRequest:
+            return prebuilt.pop(p.uid, None) or _wire(p, builder, seed, no_stream, itl)
+
+        self._progress.phase(phase.name)
+        start_ns = self.clock.now_ns()
+        records = await dispatcher.run_phase(_PhaseSource(phase.start()), build, phase_start_ns=start_ns)
+        self.phase_infos.append(PhaseInfo(
+            name=phase.name, measured=measured, requests=len(records),
+            start_time_us=self.clock.epoch_us(start_ns), end_time_us=self.clock.epoch_us(self.clock.now_ns())))
+
+    def _completed(self, record: RequestRecord) -> None:
+        self.completed.append(record)
+        self._progress.advance(record.status == "ok")
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but return at once on a stop."""
+        try:
+            await asyncio.wait_for(self.stop.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    # -------------------------------------------------------------------------------- server info
+
+    async def _version(self) -> str:
+        try:
+            async with self.session.get(self.base_url + "/version", headers=self._auth(),
+                                        timeout=aiohttp.ClientTimeout(total=min(self.opts.timeout_s, 10.0))) as r:
+                if r.status == 200:
+                    data = await r.json(content_type=None)
+                    if isinstance(data, dict) and isinstance(data.get("version"), str):
+                        return str(data["version"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
+            log.info("observe: %s/version: %s", self.base_url, exc)
+        return ""
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.opts.api_key}"} if self.opts.api_key else {}
+
+    async def _prewarm(self) -> None:
+        """The reference's prewarm: 4 loops of non-streaming requests, outside the window and the trace."""
+        deadline = self.clock.now_ns() + int(self.opts.prewarm_duration_s * 1e9)
+        sent = failed = 0
+
+        async def worker() -> None:
+            nonlocal sent, failed
+            from blis_sim.observe.client import send
+            while self.clock.now_ns() < deadline and not self.stop.is_set():
+                wire = WireRequest(prompt=PREWARM_PROMPT, max_tokens=64, streaming=False, arrival_us=0,
+                                   input_tokens=0)
+                rec = RequestRecord(request_id=-1, wire=wire)
+                await send(self.session, self.target, rec, self.clock)
+                sent += 1
+                if rec.status != "ok":
+                    failed += 1
+                    await self._sleep(0.5)
+
+        await asyncio.gather(*(worker() for _ in range(PREWARM_WORKERS)))
+        if sent and failed == sent:
+            self.warn(f"prewarm: {failed}/{sent} requests failed (is the server reachable at {self.base_url}?)")
+
+    # ------------------------------------------------------------------------------------- scrapes
+
+    async def _scrape(self) -> Snapshot:
+        try:
+            async with self.session.get(self.metrics_url, headers=self._auth(),
+                                        timeout=aiohttp.ClientTimeout(total=self.opts.timeout_s)) as r:
+                if r.status != 200:
+                    raise ScrapeError(f"GET: HTTP {r.status}", url=self.metrics_url)
+                text = await r.text(errors="replace")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ScrapeError(f"GET: {type(exc).__name__}: {exc}", url=self.metrics_url) from None
+        return parse_exposition(text, url=self.metrics_url)
+
+    async def _geometry_only(self) -> dict[str, int] | None:
+        try:
+            return kv_geometry(await self._scrape())
+        except ScrapeError as exc:
+            log.info("observe: no KV geometry (%s)", exc)
+            return None
+
+    async def _start_scrape(self) -> Snapshot | None:
+        await self._sleep(self.opts.settle_s)  # let counters of earlier traffic land first
+        t = self.clock.epoch_us(self.clock.now_ns())
+        try:
+            snap = await self._scrape()
+        except ScrapeError as exc:
+            self.warn(f"--scrape-kv-metrics: start-of-window /metrics scrape failed: {exc}; the observed KV "
+                      "hit-rate will be omitted from the trace header")
+            self.scrape_info = ScrapeInfo(metrics_url=self.metrics_url, start_time_us=t,
+                                          settle_s=self.opts.settle_s, warnings=[str(exc)])
+            return None
+        self.geometry = kv_geometry(snap)
+        self.scrape_info = ScrapeInfo(metrics_url=self.metrics_url, start_time_us=t, settle_s=self.opts.settle_s)
+        return snap
+
+    async def _end_scrape(self, start: Snapshot) -> None:
+        if self.stop.is_set():
+            return  # an interrupted window is not a window; reported once by the caller
+        await self._sleep(self.opts.settle_s)
+        t = self.clock.epoch_us(self.clock.now_ns())
+        info = self.scrape_info or ScrapeInfo(metrics_url=self.metrics_url)
+        try:
+            end = await self._scrape()
+        except ScrapeError as exc:
+            self.warn(f"--scrape-kv-metrics: end-of-window /metrics scrape failed: {exc}; omitting observed KV "
+                      "hit-rate from the trace header")
+            self.scrape_info = info.model_copy(update={"end_time_us": t, "warnings": [str(exc)]})
+            self.window = KvWindow(miss_reason=str(exc))
+            return
+        window = derive_window(start, end, vllm_commit=self.opts.vllm_commit, model=self.opts.model)
+        self.geometry = kv_geometry(end) or self.geometry
+        families = sorted({n[:-6] if n.endswith("_total") else n for n in end.samples if n.startswith("vllm:")
+                           and not n.endswith("_created")})
+        notes = list(window.notes)
+        if window.observed is None:
+            self.warn(f"--scrape-kv-metrics: {window.miss_reason}; omitting observed KV hit-rate from the trace "
+                      "header")
+            notes.insert(0, window.miss_reason)
+        else:
+            o = window.observed
+            log.info("observe: observed KV hit-rate = %.4f (source=%s, block_hits=%d, block_queries=%d)",
+                     o["hit_rate"], o["source"], o["block_hits"], o["block_queries"])
+        if window.hit_rates:
+            log.info("observe: KV hit-rates: %s", summarize(window.hit_rates))
+        self.scrape_info = info.model_copy(update={"end_time_us": t, "families": families, "warnings": notes})
+        self.window = window
+
+    # -------------------------------------------------------------------------------------- result
+
+    def _result(self, wall_s: float) -> ObserveResult:
+        rows: list[TraceRecord] = []
+        for r in self.completed:
+            if r.planned is not None:
+                rows.append(capture.to_trace_record(r, r.planned, self.clock, r.phase_offset_us))
+        drift = capture.length_drift(rows)
+        builder = self.builder
+        if drift.rows and (drift.mean_rel > DRIFT_WARN_FRACTION or (builder is not None and builder.mode == "exact"
+                                                                   and drift.mismatched)):
+            self.warn(drift.message())
+        interrupted = self.stop.is_set()
+        window = self.window
+        observed = window.observed if window is not None and window.valid else None
+        hit_rates = window.hit_rates if window is not None and window.valid else []
+        tier_io = [TierIO(tier=t, read_bytes=int(d.get("read_bytes", 0)), write_bytes=int(d.get("write_bytes", 0)),
+                          read_time_s=d.get("read_time_s", 0.0), write_time_s=d.get("write_time_s", 0.0))
+                   for t, d in sorted((window.tier_io if window is not None and window.valid else {}).items())]
+        geometry = KVGeometry(**self.geometry) if self.geometry else None
+        extra = PytestBlisHeader(
+            tool_version=__version__, vllm_version=self.vllm_version, server_url=self.base_url,
+            kv_geometry=geometry, kv_hit_rates=hit_rates, tier_io=tier_io, scrape=self.scrape_info,
+            phases=self.phase_infos, partial=interrupted,
+            partial_reason=(f"interrupted by {self.signal_name or 'a stop request'}" if interrupted else ""),
+            warnings=list(self.warnings))
+        spec = self.plan.spec
+        header = TraceHeader(
+            trace_version=3, time_unit="us", mode="real",
+            created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            warm_up_requests=self.opts.warmup_requests, workload_seed=self.plan.seed,
+            workload_spec=self.opts.workload_label,
+            server=TraceServerConfig(type=self.opts.server_type, model=self.opts.model,
+                                     block_size=(self.geometry or {}).get("block_size", 0)),
+            network=TraceNetworkConfig(measured_rtt_ms=self.opts.rtt_ms),
+            goodput_slo_targets={k: v.model_dump() for k, v in spec.goodput_slo_targets.items()},
+            observed_kv_metrics=ObservedKVMetrics(**observed) if observed else None,
+            pytest_blis=extra)
+        records = list(self.completed)
+        return ObserveResult(
+            trace=Trace(header=header, records=rows), records=records, warnings=list(self.warnings),
+            interrupted=interrupted, window=window, lateness_ms=capture.lateness_ms(records), wall_s=wall_s,
+            itl=capture.itl_records(records, self.clock) if self.opts.record_itl else [],
+            prompt_mode=builder.describe() if builder is not None else "")
+
+
+def _wire(p: PlannedRequest, builder: PromptBuilder, seed: int, no_streaming: bool, record_itl: bool) -> WireRequest:
+    """A planned request on the wire: prompt text from its token ids, exact output length asked."""
+    ids = p.input_token_ids(seed).tolist()
+    max_tokens = p.output_tokens if p.output_tokens > 0 else 2048
+    return WireRequest(
+        prompt=builder.text(ids, p.prefix_length), max_tokens=max_tokens,
+        min_tokens=p.output_tokens if p.output_tokens > 0 else 0,
+        streaming=record_itl or (p.streaming and not no_streaming), arrival_us=p.arrival_us,
+        input_tokens=p.input_tokens, prefix_group=p.prefix_group, prefix_length=p.prefix_length,
+        client_id=p.client_id, tenant_id=p.tenant_id, slo_class=p.slo_class,
+        priority=capture.wire_priority(p.slo_class), slo_target_us=p.slo_target_us, session_id=p.session_id,
+        round_index=p.round_index, deadline_us=p.deadline_us, model=p.model, phase=p.phase,
+        think_time_us=p.think_time_us)
+
+
+def write_result(result: ObserveResult, header_path: str | Path, data_path: str | Path, *,
+                 blis_compatible: bool = False, itl_path: str | Path | None = None) -> None:
+    """Write the trace (both files atomically) and, with ITL data, the ITL CSV."""
+    write_trace(result.trace, header_path, data_path, blis_compatible=blis_compatible)
+    if itl_path is not None and result.itl:
+        write_itl(result.itl, itl_path)
+
+
+__all__ = ["ObserveOptions", "ObserveResult", "observe", "observe_async", "write_result"]

@@ -1,0 +1,322 @@
+"""`observe()` and `blis observe` end to end against a small vLLM-like aiohttp server on 127.0.0.1.
+
+The server (in a thread, port 0) has a word tokenizer (one token per 3 letters of a word, plus BOS), a
+GPU prefix cache of 4-token blocks with vLLM's counting rules (hits = cached full blocks, capped at
+n − 1; counted at admission), ``/tokenize``, ``/version`` and ``/metrics`` in vLLM's exposition, so
+hit-rates can be computed by hand.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from blis_sim.cli import main as blis_main
+from blis_sim.formats.trace import load_trace
+from blis_sim.formats.workload import parse_workload_spec
+from blis_sim.observe.run import ObserveOptions, observe, write_result
+
+BLOCK = 4
+
+
+@dataclass
+class FakeVllm:
+    version: str | None = "0.32.0"
+    tokenize: bool = True
+    metrics_status: int = 200
+    metrics_body: str | None = None  # fixed body instead of the counters
+    reset_after: int = -1  # after this many requests the counters restart from zero (a server restart)
+    queries: int = 0
+    hits: int = 0
+    created: float = 1795972159.0
+    cached: set[tuple[str, ...]] = field(default_factory=set)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def tokens(self, text: str) -> list[str]:
+        out = ["<s>"]
+        for word in text.split():
+            out.extend(word[i:i + 3] for i in range(0, len(word), 3))
+        return out
+
+    def admit(self, toks: list[str]) -> int:
+        """vLLM's prefix-cache accounting for one admitted request; returns its cached tokens."""
+        hit_blocks = 0
+        for b in range(1, (len(toks) - 1) // BLOCK + 1):  # the last token is always recomputed
+            if tuple(toks[:b * BLOCK]) in self.cached:
+                hit_blocks = b
+            else:
+                break
+        for b in range(1, len(toks) // BLOCK + 1):
+            self.cached.add(tuple(toks[:b * BLOCK]))
+        self.queries += len(toks)
+        self.hits += hit_blocks * BLOCK
+        if len(self.requests) == self.reset_after:
+            self.queries = self.hits = 0
+            self.created += 100.0
+        return hit_blocks * BLOCK
+
+    def exposition(self) -> str:
+        if self.metrics_body is not None:
+            return self.metrics_body
+        lab = 'engine="0",model_name="m"'
+        lines = []
+        for name, value in (("prefix_cache_queries", self.queries), ("prefix_cache_hits", self.hits)):
+            lines += [f"# HELP vllm:{name}_total x", f"# TYPE vllm:{name}_total counter",
+                      f"vllm:{name}_total{{{lab}}} {float(value)}",
+                      f"# TYPE vllm:{name}_created gauge", f"vllm:{name}_created{{{lab}}} {self.created}"]
+        lines.append(f'vllm:cache_config_info{{block_size="{BLOCK}",{lab},num_gpu_blocks="100"}} 1.0')
+        return "\n".join(lines) + "\n"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        toks = self.tokens(body["prompt"])
+        cached = self.admit(toks)
+        n_out = body.get("max_tokens", 16)
+        usage = {"prompt_tokens": len(toks), "completion_tokens": n_out,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"text": "x" * n_out, "finish_reason": "length"}], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n_out):
+            chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n_out - 1 else None}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        if not self.tokenize:
+            return web.Response(status=404)
+        body = await request.json()
+        return web.json_response({"count": len(self.tokens(body["prompt"])), "max_model_len": 8192})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        if self.version is None:
+            return web.Response(status=404)
+        return web.json_response({"version": self.version})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.metrics_status, text=self.exposition())
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeVllm, str]]:
+    """The fake server in its own thread and loop (so sync `observe()` and the CLI can call it)."""
+    server = FakeVllm()
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(server.app(), shutdown_timeout=0.1)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        state["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        state["loop"], state["stop"] = loop, asyncio.Event()
+        ready.set()
+        loop.run_until_complete(state["stop"].wait())
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield server, f"http://127.0.0.1:{state['port']}"
+    state["loop"].call_soon_threadsafe(state["stop"].set)
+    thread.join(10)
+
+
+SPEC = """
+version: "2"
+seed: 7
+aggregate_rate: 200
+num_requests: 4
+clients:
+  - id: g
+    rate_fraction: 1
+    streaming: true
+    prefix_group: sys
+    prefix_length: 16
+    arrival: {process: constant}
+    input_distribution: {type: constant, params: {value: 6}}
+    output_distribution: {type: constant, params: {value: 3}}
+"""
+
+
+def _opts(**kw: Any) -> ObserveOptions:
+    base: dict[str, Any] = dict(model="m", max_concurrency=1, scrape_kv_metrics=True, settle_s=0.0, progress=False)
+    base.update(kw)
+    return ObserveOptions(**base)
+
+
+def test_prefix_group_hit_rate_by_hand(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    result = observe(url, parse_workload_spec(SPEC), _opts(warmup_requests=1, vllm_commit="abc123"))
+    rows = sorted(result.trace.records, key=lambda r: r.request_id)
+    assert [r.status for r in rows] == ["ok"] * 4
+    # Exact prompt lengths through /tokenize: 16 prefix + 6 suffix tokens on the server, BOS included.
+    assert [r.server_input_tokens for r in rows] == [22] * 4
+    assert [(r.prefix_length, r.input_tokens) for r in rows] == [(16, 6)] * 4
+    # The first request misses; the next three hit the 16-token prefix (4 full blocks).
+    assert [r.cached_tokens for r in rows] == [0, 16, 16, 16]
+    h = result.trace.header
+    assert h.observed_kv_metrics is not None
+    assert h.observed_kv_metrics.source == "gpu-prefix-cache-fallback"
+    assert (h.observed_kv_metrics.block_hits, h.observed_kv_metrics.block_queries) == (48, 88)
+    assert h.observed_kv_metrics.hit_rate == pytest.approx(48 / 88)
+    assert h.observed_kv_metrics.vllm_commit == "abc123"
+    extra = h.pytest_blis
+    assert extra is not None
+    assert [(e.definition, e.hits, e.queries, e.metric) for e in extra.kv_hit_rates] == [
+        ("prefix_cache", 48, 88, "vllm:prefix_cache_hits_total")]
+    assert extra.kv_geometry is not None and (extra.kv_geometry.block_size, extra.kv_geometry.num_gpu_blocks) == (4, 100)
+    assert extra.vllm_version == "0.32.0" and not extra.partial
+    assert [r.warmup for r in rows] == [True, False, False, False]
+    assert h.warm_up_requests == 1 and h.mode == "real" and h.workload_seed == 7
+    assert all(r.send_time_us <= r.first_byte_time_us <= r.first_chunk_time_us <= r.last_chunk_time_us
+               for r in rows)
+    assert all(r.first_content_time_us == r.first_chunk_time_us for r in rows)
+    assert [r.arrival_time_us for r in rows] == [5000, 10000, 15000, 20000]  # 200 req/s, constant
+    assert result.prompt_mode.startswith("exact")
+    assert not result.warnings
+
+
+def test_ratio_mode_without_tokenize_records_drift(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    server.tokenize = False
+    result = observe(url, parse_workload_spec(SPEC), _opts())
+    assert not result.prompt_mode.startswith("exact")
+    rows = result.trace.records
+    assert all(r.status == "ok" and r.server_input_tokens > 0 for r in rows)
+    # Words of the reference vocabulary cost 1-3 tokens here: the drift is recorded and warned about.
+    assert any("prompt lengths on the server differ" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("setup,reason", [
+    (lambda s: setattr(s, "metrics_status", 503), "HTTP 503"),
+    (lambda s: setattr(s, "metrics_body", "<html>nope</html>"), "not Prometheus text"),
+    (lambda s: setattr(s, "metrics_body", "# nothing\nhttp_requests_total 3\n"), "no recognized KV cache counters"),
+    (lambda s: setattr(s, "reset_after", 3), "counter reset"),
+])
+def test_scrape_misses_warn_and_still_write_the_trace(fake: tuple[FakeVllm, str], tmp_path: Path, setup: Any,
+                                                      reason: str) -> None:
+    server, url = fake
+    setup(server)
+    result = observe(url, parse_workload_spec(SPEC), _opts())
+    assert result.trace.header.observed_kv_metrics is None
+    assert any(reason in w for w in result.warnings), result.warnings
+    assert len(result.trace.records) == 4
+    write_result(result, tmp_path / "t.yaml", tmp_path / "t.csv")
+    back = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert back.header.observed_kv_metrics is None and len(back.records) == 4
+    assert back.header.pytest_blis is not None and back.header.pytest_blis.kv_hit_rates == []
+
+
+def test_zero_queries_is_a_miss(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    server.metrics_body = ('vllm:prefix_cache_queries_total{engine="0"} 5.0\n'
+                           'vllm:prefix_cache_hits_total{engine="0"} 1.0\n')
+    result = observe(url, parse_workload_spec(SPEC), _opts())
+    assert result.trace.header.observed_kv_metrics is None
+    assert any("zero queries" in w for w in result.warnings)
+
+
+PHASES = """
+version: "2"
+seed: 3
+aggregate_rate: 500
+phases:
+  - name: seed
+    num_requests: 2
+    clients:
+      - {id: a, rate_fraction: 1, streaming: true, prefix_group: p, prefix_length: 8, arrival: {process: constant},
+         input_distribution: {type: constant, params: {value: 4}}, output_distribution: {type: constant, params: {value: 2}}}
+  - name: repeat
+    repeat: seed
+    gap_us: 1000
+"""
+
+
+def test_phases_run_in_order_and_the_window_brackets_the_chosen_ones(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    result = observe(url, parse_workload_spec(PHASES), _opts(window_phases=("repeat",)))
+    rows = sorted(result.trace.records, key=lambda r: r.request_id)
+    assert [r.phase for r in rows] == ["seed", "seed", "repeat", "repeat"]
+    last_seed = max(r.last_chunk_time_us for r in rows if r.phase == "seed")
+    assert all(r.send_time_us >= last_seed for r in rows if r.phase == "repeat")  # drained first
+    assert all(r.arrival_time_us >= 1000 for r in rows if r.phase == "repeat")
+    # Only the repeat phase is in the window: both requests hit the 8-token prefix (2 blocks) of 12.
+    o = result.trace.header.observed_kv_metrics
+    assert o is not None and (o.block_hits, o.block_queries) == (16, 24)
+    phases = result.trace.header.pytest_blis.phases  # type: ignore[union-attr]
+    assert [(p.name, p.measured, p.requests) for p in phases] == [("seed", False, 2), ("repeat", True, 2)]
+
+
+def test_cli_writes_a_blis_readable_trace(fake: tuple[FakeVllm, str], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    _server, url = fake
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    code = blis_main(["observe", "--server-url", url, "--model", "m", "--workload-spec", str(spec),
+                      "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv"),
+                      "--scrape-kv-metrics", "--settle", "0", "--vllm-commit", "deadbeef", "--blis-compatible",
+                      "--record-itl", "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("=== Simulation Metrics ===")
+    header = yaml.safe_load((tmp_path / "t.yaml").read_text())
+    assert "pytest_blis" not in header  # --blis-compatible
+    assert header["observed_kv_metrics"]["vllm_commit"] == "deadbeef"
+    assert header["workload_spec"] == str(spec)
+    itl = (tmp_path / "t.itl.csv").read_text().splitlines()
+    assert itl[0] == "request_id,chunk_index,timestamp_us" and len(itl) == 1 + 4 * 4  # 3 tokens + usage
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "--server-url is required"),
+    (["--server-url", "http://x", "--model", "m", "--trace-header", "h", "--trace-data", "d"],
+     "Either --workload-spec, --rate, or --concurrency is required"),
+    (["--server-url", "http://x", "--model", "m", "--trace-header", "h", "--trace-data", "d", "--rate", "1"],
+     "requires either num_requests"),
+    (["--server-url", "http://x", "--model", "m", "--trace-header", "h", "--trace-data", "d", "--rate", "1",
+      "--num-requests", "1", "--api-format", "grpc"], "--api-format must be 'completions' or 'chat'"),
+    (["--server-url", "http://x", "--model", "m", "--trace-header", "h", "--trace-data", "d", "--rate", "1",
+      "--num-requests", "1", "--prewarm-duration", "5 parsecs"], "invalid duration"),
+])
+def test_cli_usage_errors_are_one_line_exit_2(argv: list[str], message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert blis_main(["observe", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_cli_unreachable_server_writes_the_trace_and_exits_3(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code = blis_main(["observe", "--server-url", "http://127.0.0.1:9", "--model", "m", "--rate", "50",
+                      "--num-requests", "3", "--prompt-tokens", "8", "--output-tokens", "2", "--timeout", "2",
+                      "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv"),
+                      "--scrape-kv-metrics", "--settle", "0", "--no-progress"])
+    assert code == 3
+    assert "no request succeeded" in capsys.readouterr().err
+    trace = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert [r.status for r in trace.records] == ["error"] * 3
+    assert trace.header.observed_kv_metrics is None
