@@ -58,8 +58,9 @@ Per request (the engine's calls, in vLLM's order)
     Stores cost write-station time and never block the request.
 ``preempt(rid)``
     Recompute preemption: blocks freed tail first (vLLM's order); the request stays registered.
-``free(rid)``
-    Finished or aborted: blocks freed tail first, the request forgotten.
+``free(rid) -> {"device": n, "host": n, "disk": n}``
+    Finished or aborted: blocks freed tail first, the request forgotten; returns its
+    ``cached_by_source``.
 ``cached_by_source(rid) -> {"device": n, "host": n, "disk": n}``
     Cached prompt tokens of the request at its first admission (vLLM's ``num_cached_tokens``).
 

@@ -161,7 +161,7 @@ class BlockPool:
         """Number of leading ``hashes`` cached on the GPU, at most ``max_blocks``."""
         if not self.enable_caching:
             return 0
-        n = min(max_blocks, len(hashes))
+        n = max(0, min(max_blocks, len(hashes)))
         m = self._map
         i = 0
         for h in hashes[:n].tolist():

@@ -428,12 +428,14 @@ class KVCache:
             tier.set_ready(put, t_done)
             cpu.pin(stored, 0, len(stored), t_done)
 
-    def free(self, rid: int) -> None:
-        """A request finished (or was aborted): release its blocks, forget it."""
+    def free(self, rid: int) -> dict[str, int]:
+        """A request finished (or was aborted): release its blocks, forget it. Returns its
+        cached tokens by source (as :meth:`cached_by_source`)."""
         r = self._req(rid)
         self.pool.free(rid)
         self._epoch += 1
         del self._reqs[r.rid]
+        return dict(r.cached)
 
     def preempt(self, rid: int) -> None:
         """Recompute preemption: release the blocks (tail first), keep the request registered;

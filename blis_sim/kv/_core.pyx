@@ -1,0 +1,557 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: language = c++
+"""Cython KV core: the compiled twin of :mod:`blis_sim.kv._core_py` (same API, same results).
+
+See that module's docstring for the semantics of :func:`hash_blocks`, :class:`BlockPool` and
+:class:`ChunkStore`. Containers are C++ (``unordered_map`` keyed by 64-bit hashes, index-based
+intrusive lists over ``vector``s); batch methods take contiguous ``uint64`` arrays so one call
+covers a whole request.
+"""
+from libc.stdint cimport int64_t, uint64_t, int32_t
+from libcpp.unordered_map cimport unordered_map
+from libcpp.unordered_set cimport unordered_set
+from libcpp.vector cimport vector
+from cython.operator cimport dereference as deref
+
+import numpy as np
+
+cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
+cdef uint64_t _MULT_SALT = 0x5BD1E995ULL
+cdef uint64_t MASK64 = 0xFFFFFFFFFFFFFFFFULL
+
+LIST_T1, LIST_T2, LIST_B1, LIST_B2 = 0, 1, 2, 3
+ABSENT, PENDING, READY = 0, 1, 2
+cdef double INF = float("inf")
+
+
+cdef inline uint64_t _mix(uint64_t z) noexcept nogil:
+    z = z + 0x9E3779B97F4A7C15ULL
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)
+
+
+cdef inline uint64_t _chain(uint64_t parent, uint64_t content) noexcept nogil:
+    cdef uint64_t h = _mix(_mix(parent) ^ content)
+    return h if h != 0 else 1
+
+
+def mix64(z):
+    """splitmix64's finalizer: a bijection on 64-bit integers."""
+    return _mix(<uint64_t>(int(z) & 0xFFFFFFFFFFFFFFFF))
+
+
+def root_hash(salt=0):
+    """The chain's parent for block 0 (vLLM's NONE_HASH), per salt."""
+    return _mix(_SEED ^ <uint64_t>(int(salt) & 0xFFFFFFFFFFFFFFFF))
+
+
+def chain(parent, content):
+    return _chain(<uint64_t>int(parent), <uint64_t>int(content))
+
+
+def hash_blocks(tokens, int block_size, salt=0):
+    """Chained 64-bit hashes of the full blocks of ``tokens`` (an integer array)."""
+    cdef const int64_t[::1] toks = np.ascontiguousarray(tokens).astype(np.int64, copy=False)
+    cdef Py_ssize_t nb = toks.shape[0] // block_size
+    out = np.empty(nb, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef vector[uint64_t] mult
+    cdef Py_ssize_t i, j
+    cdef uint64_t h, c
+    for j in range(block_size):
+        mult.push_back(_mix(<uint64_t>j + _MULT_SALT) | 1ULL)
+    h = _mix(_SEED ^ <uint64_t>(int(salt) & 0xFFFFFFFFFFFFFFFF))
+    with nogil:
+        for i in range(nb):
+            c = 0
+            for j in range(block_size):
+                c += (<uint64_t>toks[i * block_size + j] + 1ULL) * mult[j]
+            h = _chain(h, c)
+            o[i] = h
+    return out
+
+
+def extend_hashes(parent, seed, Py_ssize_t start, Py_ssize_t count):
+    """``count`` chained hashes standing for unique content (see the pure twin)."""
+    out = np.empty(count, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef uint64_t h = <uint64_t>int(parent)
+    cdef uint64_t s = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
+    cdef Py_ssize_t k
+    for k in range(count):
+        h = _chain(h, _mix(s ^ <uint64_t>(start + k)))
+        o[k] = h
+    return out
+
+
+cdef class BlockPool:
+    """GPU blocks, free queue and hash map (see :mod:`blis_sim.kv._core_py`)."""
+
+    cdef public int num_blocks, block_size
+    cdef public bint enable_caching
+    cdef public int64_t num_free, evictions
+    cdef vector[int32_t] _ref, _prev, _next
+    cdef vector[uint64_t] _hash
+    cdef unordered_map[uint64_t, int32_t] _map
+    cdef int32_t _head, _tail
+    cdef unordered_map[int64_t, vector[int32_t]] _req
+    cdef unordered_map[int64_t, int64_t] _req_cached
+
+    def __init__(self, int num_blocks, int block_size, bint enable_caching=True):
+        if num_blocks < 2 or block_size < 1:
+            raise ValueError("num_blocks must be >= 2 and block_size >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self._ref.assign(num_blocks, 0)
+        self._prev.assign(num_blocks, -1)
+        self._next.assign(num_blocks, -1)
+        self._hash.assign(num_blocks, 0)
+        self._head = -1
+        self._tail = -1
+        self.num_free = 0
+        self.evictions = 0
+        cdef int32_t b
+        for b in range(1, num_blocks):
+            self._push_back(b)
+
+    cdef inline void _push_back(self, int32_t b) noexcept:
+        self._prev[b] = self._tail
+        self._next[b] = -1
+        if self._tail >= 0:
+            self._next[self._tail] = b
+        else:
+            self._head = b
+        self._tail = b
+        self.num_free += 1
+
+    cdef inline void _push_front(self, int32_t b) noexcept:
+        self._next[b] = self._head
+        self._prev[b] = -1
+        if self._head >= 0:
+            self._prev[self._head] = b
+        else:
+            self._tail = b
+        self._head = b
+        self.num_free += 1
+
+    cdef inline void _unlink(self, int32_t b) noexcept:
+        cdef int32_t p = self._prev[b]
+        cdef int32_t nx = self._next[b]
+        if p >= 0:
+            self._next[p] = nx
+        else:
+            self._head = nx
+        if nx >= 0:
+            self._prev[nx] = p
+        else:
+            self._tail = p
+        self._prev[b] = -1
+        self._next[b] = -1
+        self.num_free -= 1
+
+    def lookup(self, const uint64_t[::1] hashes, Py_ssize_t max_blocks):
+        """Number of leading ``hashes`` cached on the GPU, at most ``max_blocks``."""
+        if not self.enable_caching:
+            return 0
+        cdef Py_ssize_t n = min(max_blocks, hashes.shape[0])
+        cdef Py_ssize_t i = 0
+        cdef unordered_map[uint64_t, int32_t].iterator end = self._map.end()
+        while i < n and self._map.find(hashes[i]) != end:
+            i += 1
+        return i
+
+    def num_blocks_of(self, int64_t rid):
+        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        if it == self._req.end():
+            return 0
+        return deref(it).second.size()
+
+    def usage(self):
+        return 1.0 - self.num_free / <double>(self.num_blocks - 1)
+
+    def allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
+                 Py_ssize_t num_tokens):
+        """See the pure twin: check-then-act allocation; ``False`` changes nothing."""
+        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef bint known = it != self._req.end()
+        cdef Py_ssize_t have = deref(it).second.size() if known else 0
+        cdef Py_ssize_t hits = num_hit_blocks if have == 0 else 0
+        cdef Py_ssize_t need = (num_tokens + self.block_size - 1) // self.block_size
+        cdef Py_ssize_t n_new = need - have - hits
+        cdef Py_ssize_t i, evictable = 0
+        cdef int32_t b
+        cdef uint64_t h
+        cdef vector[int32_t] hit_ids
+        if n_new < 0:
+            n_new = 0
+        for i in range(hits):
+            b = self._map[hashes[i]]
+            hit_ids.push_back(b)
+            if self._ref[b] == 0:
+                evictable += 1
+        if n_new + evictable > self.num_free:
+            return False
+        if not known:
+            self._req[rid] = vector[int32_t]()
+            self._req_cached[rid] = 0
+        cdef vector[int32_t]* blocks = &self._req[rid]
+        for i in range(<Py_ssize_t>hit_ids.size()):
+            b = hit_ids[i]
+            if self._ref[b] == 0:
+                self._unlink(b)
+            self._ref[b] += 1
+            blocks.push_back(b)
+        if hits:
+            self._req_cached[rid] = hits
+        cdef unordered_map[uint64_t, int32_t].iterator mit
+        for i in range(n_new):
+            b = self._head
+            self._unlink(b)
+            h = self._hash[b]
+            if h != 0:
+                mit = self._map.find(h)
+                if mit != self._map.end() and deref(mit).second == b:
+                    self._map.erase(mit)
+                self._hash[b] = 0
+                self.evictions += 1
+            self._ref[b] = 1
+            blocks.push_back(b)
+        return True
+
+    def cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_full_blocks):
+        """Register the hashes of ``rid``'s blocks up to ``num_full_blocks``."""
+        if not self.enable_caching:
+            return 0
+        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        if it == self._req.end():
+            return 0
+        cdef vector[int32_t]* blocks = &deref(it).second
+        cdef Py_ssize_t start = self._req_cached[rid]
+        cdef Py_ssize_t end = min(num_full_blocks, <Py_ssize_t>blocks.size(), hashes.shape[0])
+        cdef Py_ssize_t i, added = 0
+        cdef int32_t b
+        cdef uint64_t h
+        for i in range(start, end):
+            b = deref(blocks)[i]
+            if self._hash[b] != 0:
+                continue
+            h = hashes[i]
+            if self._map.find(h) != self._map.end():
+                continue
+            self._map[h] = b
+            self._hash[b] = h
+            added += 1
+        if end > start:
+            self._req_cached[rid] = end
+        return added
+
+    def free(self, int64_t rid):
+        """Release ``rid``'s blocks, tail block first; returns the count."""
+        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        if it == self._req.end():
+            return 0
+        cdef vector[int32_t] blocks = deref(it).second
+        self._req.erase(it)
+        self._req_cached.erase(rid)
+        cdef vector[int32_t] front
+        cdef Py_ssize_t i
+        cdef int32_t b
+        for i in range(<Py_ssize_t>blocks.size() - 1, -1, -1):
+            b = blocks[i]
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                if self._hash[b] != 0:
+                    self._push_back(b)
+                else:
+                    front.push_back(b)
+        for i in range(<Py_ssize_t>front.size() - 1, -1, -1):
+            self._push_front(front[i])
+        return blocks.size()
+
+    def free_queue(self):
+        out = []
+        cdef int32_t b = self._head
+        while b >= 0:
+            out.append(b)
+            b = self._next[b]
+        return out
+
+    def state(self):
+        reqs = {}
+        for p in self._req:
+            reqs[int(p.first)] = [int(x) for x in p.second]
+        cached = {}
+        for q in self._req_cached:
+            cached[int(q.first)] = int(q.second)
+        return {
+            "free_queue": self.free_queue(),
+            "ref": [int(x) for x in self._ref],
+            "hash": [int(x) for x in self._hash],
+            "map": sorted((int(m.first), int(m.second)) for m in self._map),
+            "requests": dict(sorted(reqs.items())),
+            "req_cached": dict(sorted(cached.items())),
+            "num_free": self.num_free,
+            "evictions": self.evictions,
+        }
+
+
+cdef class ChunkStore:
+    """One offload tier (see :mod:`blis_sim.kv._core_py`)."""
+
+    cdef public int64_t capacity, evictions, target_t1
+    cdef public bint arc
+    cdef vector[uint64_t] _key
+    cdef vector[double] _ready, _busy
+    cdef vector[int64_t] _prev, _next
+    cdef vector[int] _list
+    cdef vector[int64_t] _free_slots
+    cdef unordered_map[uint64_t, int64_t] _map
+    cdef int64_t _head[4]
+    cdef int64_t _tail[4]
+    cdef int64_t _size[4]
+
+    def __init__(self, int64_t capacity, str policy="lru"):
+        if policy not in ("lru", "arc"):
+            raise ValueError(f"unknown eviction policy {policy!r}")
+        if capacity == 0:
+            raise ValueError("capacity must be > 0 (or < 0 for unbounded)")
+        self.capacity = capacity
+        self.arc = policy == "arc"
+        self.target_t1 = 0
+        self.evictions = 0
+        cdef int i
+        for i in range(4):
+            self._head[i] = -1
+            self._tail[i] = -1
+            self._size[i] = 0
+
+    cdef int64_t _new_slot(self, uint64_t key, int lst, double ready, double busy):
+        cdef int64_t s
+        if self._free_slots.size():
+            s = self._free_slots.back()
+            self._free_slots.pop_back()
+            self._key[s] = key
+            self._ready[s] = ready
+            self._busy[s] = busy
+        else:
+            s = self._key.size()
+            self._key.push_back(key)
+            self._ready.push_back(ready)
+            self._busy.push_back(busy)
+            self._prev.push_back(-1)
+            self._next.push_back(-1)
+            self._list.push_back(lst)
+        self._map[key] = s
+        self._append(s, lst)
+        return s
+
+    cdef void _drop_slot(self, int64_t s) noexcept:
+        self._unlink(s)
+        self._map.erase(self._key[s])
+        self._free_slots.push_back(s)
+
+    cdef inline void _append(self, int64_t s, int lst) noexcept:
+        self._list[s] = lst
+        cdef int64_t t = self._tail[lst]
+        self._prev[s] = t
+        self._next[s] = -1
+        if t >= 0:
+            self._next[t] = s
+        else:
+            self._head[lst] = s
+        self._tail[lst] = s
+        self._size[lst] += 1
+
+    cdef inline void _unlink(self, int64_t s) noexcept:
+        cdef int lst = self._list[s]
+        cdef int64_t p = self._prev[s]
+        cdef int64_t nx = self._next[s]
+        if p >= 0:
+            self._next[p] = nx
+        else:
+            self._head[lst] = nx
+        if nx >= 0:
+            self._prev[nx] = p
+        else:
+            self._tail[lst] = p
+        self._size[lst] -= 1
+
+    cdef inline int64_t _resident(self, uint64_t key) noexcept:
+        cdef unordered_map[uint64_t, int64_t].iterator it = self._map.find(key)
+        if it == self._map.end():
+            return -1
+        cdef int64_t s = deref(it).second
+        if self._list[s] <= 1:
+            return s
+        return -1
+
+    def __len__(self):
+        return self._size[0] + self._size[1]
+
+    def state_of(self, key, double now):
+        cdef int64_t s = self._resident(<uint64_t>int(key))
+        if s < 0:
+            return ABSENT
+        return READY if self._ready[s] <= now else PENDING
+
+    def ready_prefix(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end, double now):
+        cdef Py_ssize_t i, n = 0
+        cdef int64_t s
+        end = min(end, keys.shape[0])
+        for i in range(start, end):
+            s = self._resident(keys[i])
+            if s < 0 or self._ready[s] > now:
+                break
+            n += 1
+        return n
+
+    def ready_time(self, key):
+        cdef int64_t s = self._resident(<uint64_t>int(key))
+        return self._ready[s] if s >= 0 else -1.0
+
+    def touch(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end):
+        cdef Py_ssize_t i
+        cdef int64_t s, b1, b2, delta
+        cdef int lst
+        cdef unordered_map[uint64_t, int64_t].iterator it
+        end = min(end, keys.shape[0])
+        for i in range(end - 1, start - 1, -1):
+            it = self._map.find(keys[i])
+            if it == self._map.end():
+                continue
+            s = deref(it).second
+            lst = self._list[s]
+            if not self.arc:
+                self._unlink(s)
+                self._append(s, 0)
+            elif lst == 0 or lst == 1:
+                self._unlink(s)
+                self._append(s, 1)
+            elif lst == 2:
+                b1 = self._size[2]
+                b2 = self._size[3]
+                delta = max(1, b2 // b1) if b1 > 0 else 1
+                self.target_t1 = min(self.target_t1 + delta, self.capacity)
+            else:
+                b1 = self._size[2]
+                b2 = self._size[3]
+                delta = max(1, b1 // b2) if b2 > 0 else 1
+                self.target_t1 = max(self.target_t1 - delta, 0)
+
+    def pin(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end, double until):
+        cdef Py_ssize_t i
+        cdef int64_t s
+        end = min(end, keys.shape[0])
+        for i in range(start, end):
+            s = self._resident(keys[i])
+            if s >= 0 and self._busy[s] < until:
+                self._busy[s] = until
+
+    def set_ready(self, const uint64_t[::1] keys, double ready):
+        cdef Py_ssize_t i
+        cdef int64_t s
+        for i in range(keys.shape[0]):
+            s = self._resident(keys[i])
+            if s >= 0:
+                self._ready[s] = ready
+                if self._busy[s] < ready or self._busy[s] == INF:
+                    self._busy[s] = ready
+
+    cdef inline bint _evictable(self, int64_t s, double now) noexcept:
+        return self._ready[s] <= now and self._busy[s] <= now
+
+    cdef int64_t _first_evictable(self, int lst, double now) noexcept:
+        cdef int64_t s = self._head[lst]
+        while s >= 0 and not self._evictable(s, now):
+            s = self._next[s]
+        return s
+
+    cdef bint _evict_lru(self, int64_t count, double now):
+        cdef vector[int64_t] victims
+        cdef int64_t s = self._head[0]
+        while s >= 0 and <int64_t>victims.size() < count:
+            if self._evictable(s, now):
+                victims.push_back(s)
+            s = self._next[s]
+        if <int64_t>victims.size() < count:
+            return False
+        cdef size_t i
+        for i in range(victims.size()):
+            self._drop_slot(victims[i])
+        self.evictions += count
+        return True
+
+    cdef bint _evict_arc(self, int64_t count, double now):
+        cdef int64_t k, s, t1, t2
+        cdef bint from_t1
+        cdef int src, ghost
+        for k in range(count):
+            t1 = self._size[0]
+            t2 = self._size[1]
+            from_t1 = t1 > 0 and (t2 == 0 or t1 >= self.target_t1)
+            src = 0 if from_t1 else 1
+            s = self._first_evictable(src, now)
+            if s < 0:
+                return False
+            self._unlink(s)
+            self._append(s, 2 if from_t1 else 3)
+            self.evictions += 1
+            for ghost in range(2, 4):
+                while self._size[ghost] > self.capacity:
+                    self._drop_slot(self._head[ghost])
+        return True
+
+    def prepare_store(self, const uint64_t[::1] keys, double now, double ready):
+        cdef vector[uint64_t] todo
+        cdef unordered_set[uint64_t] seen
+        cdef Py_ssize_t i
+        cdef uint64_t k
+        cdef int64_t need, s
+        cdef bint ok
+        for i in range(keys.shape[0]):
+            k = keys[i]
+            if seen.find(k) == seen.end() and self._resident(k) < 0:
+                todo.push_back(k)
+                seen.insert(k)
+        if todo.size() == 0:
+            return np.empty(0, dtype=np.uint64)
+        if self.capacity > 0:
+            need = <int64_t>todo.size() - (self.capacity - self._size[0] - self._size[1])
+            if need > 0:
+                ok = self._evict_arc(need, now) if self.arc else self._evict_lru(need, now)
+                if not ok:
+                    return None
+        cdef unordered_map[uint64_t, int64_t].iterator it
+        out = np.empty(todo.size(), dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        for i in range(<Py_ssize_t>todo.size()):
+            k = todo[i]
+            it = self._map.find(k)
+            if it != self._map.end():
+                self._drop_slot(deref(it).second)
+            self._new_slot(k, 0, ready, ready)
+            o[i] = k
+        return out
+
+    def _walk(self, int lst):
+        out = []
+        cdef int64_t s = self._head[lst]
+        while s >= 0:
+            out.append((int(self._key[s]), float(self._ready[s]), float(self._busy[s])))
+            s = self._next[s]
+        return out
+
+    def state(self):
+        return {
+            "t1": self._walk(0),
+            "t2": self._walk(1),
+            "b1": [k for k, _, _ in self._walk(2)],
+            "b2": [k for k, _, _ in self._walk(3)],
+            "target_t1": self.target_t1,
+            "evictions": self.evictions,
+        }
+
+    def keys(self):
+        return [k for k, _, _ in self._walk(0) + self._walk(1)]
