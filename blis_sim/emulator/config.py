@@ -25,17 +25,6 @@ from blis_sim.errors import ConfigError
 METRICS_PROFILES = ("vllm-0.33", "vllm-pr48798", "vllm-0.11", "none")
 METRICS_FAULTS = ("ok", "http500", "drop", "hang")
 
-# Device classes of the reference's defaults.yaml (bytes/us, bytes/us, us), used when the formats
-# package is not there to resolve them.
-_DEVICE_CLASSES = {
-    "nvme_gen4": (7000.0, 5000.0, 80.0),
-    "nvme_gen3": (3500.0, 3000.0, 100.0),
-    "sata_ssd": (550.0, 500.0, 150.0),
-    "cpu_dram": (20000.0, 20000.0, 1.0),
-    "s3": (1000.0, 1000.0, 30000.0),
-}
-
-
 @dataclass(frozen=True)
 class TierSpec:
     """One secondary offload tier (``fs``)."""
@@ -228,8 +217,8 @@ class EmulatorConfig:
 def load_offload_spec(path: str | Path, *, block_size: int, kv_bytes_per_token: int) -> OffloadSpec:
     """Read the simulator's offload YAML into an :class:`OffloadSpec` (strict; ConfigError/FormatError).
 
-    The file format belongs to ``blis_sim.formats.offload`` (``load_offload_config``); this is the
-    one place the emulator turns it into its own spec, so the emulator shares no KV logic with the
+    The file is read by ``blis_sim.formats.offload.load_offload_config`` (the shared reader); this is
+    the one place the emulator turns it into its own spec, so the emulator shares no KV logic with the
     simulator, only the file reader.
     """
     from blis_sim.emulator import _offload_file
