@@ -190,9 +190,30 @@ def test_unsupported_sources_are_refused_clearly() -> None:
             "shared_prefix: {num_unique_system_prompts: 1, num_users_per_system_prompt: 1}}\n")
     with pytest.raises(ConfigError, match="inference_perf workloads are not supported"):
         generate_workload(parse_workload_spec(text))
-    with pytest.raises(ConfigError, match="per-window overrides"):
-        spec("aggregate_rate: 10\nnum_requests: 20\n",
-             client("a", lifecycle="{windows: [{start_us: 0, end_us: 100, trace_rate: 3}]}"))
+    with pytest.raises(ConfigError, match="servegen_data workloads are not supported"):
+        generate_workload(parse_workload_spec("aggregate_rate: 1\nnum_requests: 2\nservegen_data: {path: x}\n"))
+
+
+def test_absolute_rate_windows_follow_the_reference_time_varying_path() -> None:
+    # ceil(rate x duration) IATs rescaled to the window: the last lands on the window end and is dropped
+    plan = spec("aggregate_rate: 0\nhorizon: 10000000\n", client(
+        "a", lifecycle="{windows: [{start_us: 0, end_us: 1000000, trace_rate: 10}, "
+                       "{start_us: 2000000, end_us: 3000000, trace_rate: 50, "
+                       "input_distribution: {type: constant, params: {value: 999}}}]}"))
+    reqs = plan.phases[0].requests
+    first = [r for r in reqs if r.arrival_us < 1_000_000]
+    second = [r for r in reqs if 2_000_000 <= r.arrival_us < 3_000_000]
+    assert (len(first), len(second), len(reqs)) == (9, 49, 58)
+    assert {r.new_input_tokens for r in first} == {10} and {r.new_input_tokens for r in second} == {999}
+
+
+def test_proportional_windows_share_the_aggregate_with_always_on_clients() -> None:
+    plan = spec("aggregate_rate: 100\nhorizon: 2000000\n",
+                client("a", lifecycle="{windows: [{start_us: 0, end_us: 1000000, trace_rate: 1}]}"),
+                client("b", rate_fraction=1))
+    n = Counter(r.client_id for r in plan.phases[0].requests)
+    assert n["a"] == 49                      # 100 x 1/(1+1) req/s over 1 s, last one dropped
+    assert n["b"] == pytest.approx(100, rel=0.3)  # always-on b keeps generating (the reference drops it)
 
 
 # --- phases --------------------------------------------------------------------------------------------------

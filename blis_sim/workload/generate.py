@@ -28,9 +28,14 @@ Semantics follow the reference generator (``sim/workload/generator.go``) where i
   ``think_time_us`` after the previous completes; no context growth; until horizon / budget.
 * Deadlines: ``timeout`` unset gives none for open-loop clients and arrival + 300 s for session clients.
 
-Not supported (a :class:`~blis_sim.errors.ConfigError` naming the field): ``servegen_data``, ``inference_perf``,
-per-window overrides in ``lifecycle.windows`` (``trace_rate``/``arrival``/distributions, incl. cohort
-``spike.trace_rate``), ``aggregate_rate: 0`` absolute-rate mode.
+* Lifecycle windows with overrides (``trace_rate``, ``arrival``, distributions; cohort ``spike.trace_rate``) follow
+  the reference's time-varying path for the clients that have windows: per window, ``ceil(rate × duration)``
+  inter-arrival times rescaled to the window, the rate being the aggregate split by ``trace_rate`` (or
+  ``rate_fraction``) over the clients active in the window, or ``trace_rate`` itself when ``aggregate_rate`` is 0
+  (absolute mode). Unlike the reference, clients without windows keep generating (it drops them with a warning)
+  and grouped requests keep their prefix (it drops it on that path).
+
+Not supported (a :class:`~blis_sim.errors.ConfigError`): ``servegen_data`` and ``inference_perf`` sources.
 """
 from __future__ import annotations
 
@@ -160,16 +165,7 @@ class _Item:
 def _plan_phase(seed: int, ph: ResolvedPhase, clients: list[ClientSpec], lengths: dict[str, int],
                 named: bool) -> PhasePlan:
     where = ".".join(str(p) for p in ph.path) or None
-    for i, c in enumerate(clients):
-        for w in (c.lifecycle.windows if c.lifecycle else []):
-            if w.trace_rate is not None or w.arrival is not None or w.input_distribution is not None \
-                    or w.output_distribution is not None:
-                raise ConfigError("per-window overrides (trace_rate, arrival, input/output_distribution in "
-                                  "lifecycle windows or cohort spike.trace_rate) are not supported",
-                                  field=f"{where + '.' if where else ''}clients.{i}.lifecycle" if i < len(ph.clients)
-                                  else where)
-    if any(c.concurrency == 0 for c in clients) and ph.aggregate_rate <= 0:
-        raise ConfigError("aggregate_rate 0 (absolute rate mode) is not supported", field="aggregate_rate")
+    time_varying = any(_has_overrides(c) for c in clients)
     if ph.num_requests <= 0 and ph.horizon <= 0:
         raise ConfigError("workload requires either num_requests, --num-requests, or --horizon to bound generation"
                           + (f" (phase {ph.name!r})" if ph.name else ""), field=where)
@@ -182,9 +178,12 @@ def _plan_phase(seed: int, ph: ResolvedPhase, clients: list[ClientSpec], lengths
     heap: list[tuple[int, int, int, _Item]] = []
     stream_of: dict[int, Iterator[_Item]] = {}
     for ci, (c, rate) in enumerate(zip(clients, rates)):
-        if c.concurrency > 0 or rate <= 0:
+        windowed = time_varying and c.lifecycle is not None and bool(c.lifecycle.windows)
+        if c.concurrency > 0 or (rate <= 0 and not windowed):
             continue
-        stream_of[ci] = _client_stream(seed, ph, ci, c, rate, horizon, lengths, session_names)
+        times = _window_arrivals(seed, ph, ci, c, clients, horizon) if windowed \
+            else _steady_arrivals(seed, ph, ci, c, rate, horizon)
+        stream_of[ci] = _client_stream(seed, ph, ci, c, times, horizon, lengths, session_names)
         _push_next(heap, stream_of[ci], ci, 0)
 
     kept: list[_Item] = []
@@ -297,30 +296,97 @@ def _round_request(sp: SessionPlan, rng: random.Random, arrival: int, rnd: int,
         slo_target_us=sp.slo_target_us, think_time_us=sp.think_time_us if rnd > 0 else 0, reason_ratio=ratio)
 
 
-def _client_stream(seed: int, ph: ResolvedPhase, ci: int, c: ClientSpec, rate: float, horizon: float,
-                   lengths: dict[str, int], names: _Names) -> Iterator[_Item]:
-    """The client's requests (or session starts) in arrival order, until the horizon / its last window."""
-    arr_rng = random.Random(tokens.key_hash(seed, "arrival", ph.index, ci, c.id))
-    len_rng = random.Random(tokens.key_hash(seed, "content", ph.index, ci, c.id))
+def _has_overrides(c: ClientSpec) -> bool:
+    return any(w.trace_rate is not None or w.arrival is not None or w.input_distribution is not None
+               or w.output_distribution is not None for w in (c.lifecycle.windows if c.lifecycle else []))
+
+
+def _steady_arrivals(seed: int, ph: ResolvedPhase, ci: int, c: ClientSpec, rate: float,
+                     horizon: float) -> Iterator[tuple[int, ClientSpec]]:
+    """Arrivals of a client at a fixed rate, gated by its lifecycle windows, until the horizon."""
+    rng = random.Random(tokens.key_hash(seed, "arrival", ph.index, ci, c.id))
     iat = arrival_sampler(c.arrival, rate)
     windows = c.lifecycle.windows if c.lifecycle and c.lifecycle.windows else None
     last_end = max(w.end_us for w in windows) if windows else 0
-    mt = c.multi_turn
-    prefix_len = lengths.get(c.prefix_group, 0) if c.prefix_group else 0
-    in_s, out_s = length_sampler(c.input_distribution), length_sampler(c.output_distribution)
+    single = c.multi_turn is not None and c.multi_turn.single_session
     t = 0
     while True:
-        t += iat.sample(arr_rng)
-        if mt is not None and mt.single_session and windows:
-            t = windows[0].start_us + t
+        t += iat.sample(rng)
+        if single and windows:
+            t = windows[0].start_us + t  # the reference offsets a single session into the first window
         if t >= horizon:
             return
         if windows is not None and not any(w.start_us <= t < w.end_us for w in windows):
-            if t >= last_end or (mt is not None and mt.single_session):
+            if t >= last_end or single:
                 return
             continue
+        yield t, c
+
+
+def _window_arrivals(seed: int, ph: ResolvedPhase, ci: int, c: ClientSpec, clients: list[ClientSpec],
+                     horizon: float) -> Iterator[tuple[int, ClientSpec]]:
+    """The reference's time-varying path: per window, ceil(rate × duration) inter-arrival times rescaled to the
+    window's duration, with the window's arrival / length overrides and its proportional (or absolute) rate."""
+    rng = random.Random(tokens.key_hash(seed, "arrival", ph.index, ci, c.id))
+    events: list[tuple[int, ClientSpec]] = []
+    for w in c.lifecycle.windows if c.lifecycle else []:
+        if w.start_us >= horizon:
+            continue
+        end = int(min(w.end_us, horizon))
+        cw = c.model_copy(update={k: v for k, v in (("arrival", w.arrival), ("input_distribution",
+                                  w.input_distribution), ("output_distribution", w.output_distribution))
+                                  if v is not None})
+        rate = _window_rate(c, w, end, clients, ph.aggregate_rate)
+        n = math.ceil(rate * (end - w.start_us) / 1e6)
+        if rate <= 0 or n <= 0:
+            continue
+        sampler = arrival_sampler(cw.arrival, rate / 1e6)
+        iats = [sampler.sample(rng) for _ in range(n)]
+        scale = (end - w.start_us) / sum(iats)
+        scaled = [int(x * scale) for x in iats]
+        scaled[-1] += (end - w.start_us) - sum(scaled)
+        t = w.start_us
+        for x in scaled:
+            t += x
+            if t >= end:
+                break
+            events.append((t, cw))
+    events.sort(key=lambda e: e[0])
+    yield from events
+
+
+def _window_rate(c: ClientSpec, w: ActiveWindow, end: int, clients: list[ClientSpec], aggregate: float) -> float:
+    """Requests per second in a window: absolute ``trace_rate`` when aggregate_rate is 0, else the aggregate
+    split by trace_rate (or rate_fraction) over the clients active during the window."""
+    own = w.trace_rate if w.trace_rate is not None else c.rate_fraction
+    if aggregate == 0:
+        return own if w.trace_rate is not None else 0.0
+    total = 0.0
+    for o in clients:
+        if o.lifecycle is None or not o.lifecycle.windows:
+            total += o.rate_fraction
+            continue
+        for ow in o.lifecycle.windows:
+            if ow.start_us < end and w.start_us < ow.end_us:
+                total += ow.trace_rate if ow.trace_rate is not None else o.rate_fraction
+                break
+    return aggregate * own / total if total > 0 else 0.0
+
+
+def _client_stream(seed: int, ph: ResolvedPhase, ci: int, client: ClientSpec,
+                   times: Iterator[tuple[int, ClientSpec]], horizon: float, lengths: dict[str, int],
+                   names: _Names) -> Iterator[_Item]:
+    """The client's requests (or session starts) in arrival order."""
+    len_rng = random.Random(tokens.key_hash(seed, "content", ph.index, ci, client.id))
+    prefix_len = lengths.get(client.prefix_group, 0) if client.prefix_group else 0
+    samplers: dict[int, tuple[LengthSampler, LengthSampler]] = {}
+    for t, c in times:
+        mt = c.multi_turn
         if mt is None:
-            yield _Item(_open_request(ph, c, t, in_s, out_s, len_rng, prefix_len))
+            key = id(c)
+            if key not in samplers:
+                samplers[key] = (length_sampler(c.input_distribution), length_sampler(c.output_distribution))
+            yield _Item(_open_request(ph, c, t, *samplers[key], len_rng, prefix_len))
             continue
         sid = names.next_session(c.id)
         accumulate = mt.context_growth == "accumulate"
@@ -330,6 +396,7 @@ def _client_stream(seed: int, ph: ResolvedPhase, ci: int, c: ClientSpec, rate: f
             rng = random.Random(tokens.key_hash(seed, "round", ph.index, sid, 0))
             yield _Item(_round_request(sp, rng, t, 0, ()), session=sp)
         else:
+            windows = c.lifecycle.windows if c.lifecycle and c.lifecycle.windows else None
             yield _open_session(seed, ph, c, sid, t, mt.max_rounds, mt.think_time_us, accumulate, lengths,
                                 horizon, windows)
         if mt.single_session:
