@@ -2,8 +2,9 @@
 
 ``register(subparsers)`` adds the subcommand. Flags: the reference's (blis-pipeline.md §5.1: --trace-header,
 --trace-data, --sim-results, --report, --warmup-requests, --network-rtt-us, --network-bandwidth-mbps,
---itl-data, --sim-metrics, --hit-rate-tolerance-pp, --ttft-mape-threshold). Exit codes: 0 every verdict
-within, 1 a verdict out of tolerance (the reference always exits 0), 2 usage or input error (one line).
+--itl-data, --sim-metrics, --hit-rate-tolerance-pp, --ttft-mape-threshold, --slo-ttft/-itl/-e2e; not the
+LoRA digital-twin mode). Exit codes: 0 every verdict within, 1 a verdict out of tolerance (the reference
+always exits 0), 2 usage or input error (one line).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from blis_sim.calibrate.core import (DEFAULT_HIT_RATE_TOLERANCE_PP, DEFAULT_TTFT_MAPE_THRESHOLD, CalibrateOptions,
                                      InputPaths, calibrate_detailed)
+from blis_sim.calibrate.goodput import parse_slo_flag
 from blis_sim.calibrate.summary import print_summary
 from blis_sim.calibrate.verdict import exit_code
 from blis_sim.errors import InputError, UsageError
@@ -44,6 +46,11 @@ def register(subparsers: Any) -> None:
                    help="hit-rate verdict band, percentage points (default 5)")
     p.add_argument("--ttft-mape-threshold", type=float, default=DEFAULT_TTFT_MAPE_THRESHOLD,
                    help="TTFT MAPE verdict threshold, a fraction (default 0.15)")
+    for dim, example in (("ttft", "critical=100ms,standard=500ms"), ("itl", "critical=20ms"),
+                         ("e2e", "critical=5s,standard=30s")):
+        p.add_argument(f"--slo-{dim}", default="",
+                       help=f"per-class {dim.upper()} goodput thresholds, Go durations (e.g. \"{example}\"); "
+                            "beat the trace header's goodput_slo_targets")
     p.set_defaults(func=run)
 
 
@@ -62,7 +69,9 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
         warmup_requests=None if args.warmup_requests == -1 else args.warmup_requests,
         network_rtt_us=None if args.network_rtt_us == -1 else args.network_rtt_us,
         network_bandwidth_mbps=args.network_bandwidth_mbps, hit_rate_tolerance_pp=args.hit_rate_tolerance_pp,
-        ttft_mape_threshold=args.ttft_mape_threshold)
+        ttft_mape_threshold=args.ttft_mape_threshold,
+        slo_ttft_ms=parse_slo_flag(args.slo_ttft, "--slo-ttft"), slo_itl_ms=parse_slo_flag(args.slo_itl, "--slo-itl"),
+        slo_e2e_ms=parse_slo_flag(args.slo_e2e, "--slo-e2e"))
     options.validate()
     return options
 

@@ -16,19 +16,20 @@ for unusable inputs or options; never raises for a failed verdict: read ``report
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from blis_sim import __version__
+from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
 from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry, compare_definitions,
                                         compare_hit_rate, request_hit_agreement, simulated_primary)
 from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
 from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
-from blis_sim.formats.report import (CalibrationReport, ConfigMatch, MetricComparison, Provenance,
-                                     ToleranceVerdict, TraceInfo)
+from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, MetricComparison,
+                                     Provenance, ToleranceVerdict, TraceInfo)
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -43,6 +44,10 @@ class CalibrateOptions:
     network_bandwidth_mbps: float = 0.0
     hit_rate_tolerance_pp: float = DEFAULT_HIT_RATE_TOLERANCE_PP
     ttft_mape_threshold: float = DEFAULT_TTFT_MAPE_THRESHOLD
+    # Goodput SLO targets per class, ms (the reference's --slo-ttft/-itl/-e2e); they beat the header's.
+    slo_ttft_ms: Mapping[str, float] | None = None
+    slo_itl_ms: Mapping[str, float] | None = None
+    slo_e2e_ms: Mapping[str, float] | None = None
 
     def validate(self) -> None:
         """The reference's checks, as UsageErrors naming the flag."""
@@ -124,6 +129,11 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     if pairs.itl.real:
         metrics["itl"] = compute_calibration(pairs.itl.real, pairs.itl.sim, "itl")
 
+    goodput = _goodput(trace, sim_results, pairs, options, itl)
+    if goodput is not None and goodput.skipped_itl:
+        warnings.append("calibrate goodput: ITL gating skipped — ITL data missing on real or sim side; TTFT/E2E "
+                        "rows still computed.")
+
     hit_rate, hr_warnings, hr_notes = _primary_hit_rate(header, sim_metrics, options, inputs)
     warnings += hr_warnings
     notes += hr_notes
@@ -148,7 +158,8 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
                              matched_pairs=pairs.matched, token_mismatches=pairs.token_mismatches,
                              itl_dropped=pairs.itl_dropped, unmatched_real=pairs.unmatched_real,
                              unmatched_sim=pairs.unmatched_sim),
-        metrics=metrics, config_match=ConfigMatch(), hit_rate=hit_rate, ttft_tolerance=ttft_tolerance,
+        metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit_rate,
+        ttft_tolerance=ttft_tolerance,
         kv_hit_rates=kv_rates or None, kv_hit_rates_unpaired=unpaired or None,
         request_hit_agreement=request_hit_agreement(pairs.matched_records), notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
@@ -159,6 +170,18 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
                               ttft_mape_threshold=options.ttft_mape_threshold))
     report = report.model_copy(update={"verdict": summarize_verdict(report.verdicts())})
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
+
+
+def _goodput(trace: Any, sim_results: Sequence[Any], pairs: CalibrationPairs, options: CalibrateOptions,
+             itl: list[Any] | None) -> GoodputComparison | None:
+    targets = merge_targets(options.slo_ttft_ms, options.slo_itl_ms, options.slo_e2e_ms,
+                            getattr(trace.header, "goodput_slo_targets", None))
+    if not targets:
+        return None
+    matched = {rec.request_id for rec, _sr in pairs.matched_records}
+    sim_by_id = {sr.request_id: sr for sr in sim_results}
+    return goodput_comparison(trace.records, sim_by_id, matched, itl, targets,
+                              runtime_seconds(trace.records, matched))
 
 
 def _observed_entries(header: Any) -> list[Any]:

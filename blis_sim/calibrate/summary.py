@@ -89,6 +89,13 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                               f"({a.match_share * 100:.1f}%), mean |diff|={a.mean_abs_diff_tokens:.1f} tokens "
                               f"({a.not_reported} not reported)"))
     lines += _breakdown_lines("Per-SLO-class calibration:", "SLO", pairs.by_slo)
+    if r.goodput is not None and r.goodput.per_class:
+        lines.append(("info", "Per-SLO-class goodput (real vs sim):"))
+        for cls in sorted(r.goodput.per_class):
+            g = r.goodput.per_class[cls]
+            lines.append(("info", f"  {cls}: count={g.count} real_attain={g.real_slo_attainment:.3f} "
+                                  f"sim_attain={g.sim_slo_attainment:.3f} real_rps={g.real_goodput_rps:.3f} "
+                                  f"sim_rps={g.sim_goodput_rps:.3f}"))
     lines += _breakdown_lines("Per-model calibration:", "model", pairs.by_model)
     lines += [("info", f"Note: {n}") for n in r.notes or ()]
     rows = r.verdicts()
