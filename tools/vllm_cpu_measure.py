@@ -1,0 +1,196 @@
+"""Measure a real vLLM server's prefix-cache counters and timing for docs/vllm-cpu-measurements.md.
+
+    python tools/vllm_cpu_measure.py [--url URL] [--json out.json] [--markdown out.md] [--seed N]
+
+Without ``--url`` it uses the server recorded by ``tools/vllm_cpu.py start``. Every sequence uses token-id
+prompts (exact lengths) drawn from a seeded RNG mixed with a per-run nonce, so nothing is cached beforehand
+even on a server that has already served this script. Each step is bracketed by ``/metrics`` scrapes with a
+settle wait (the engine publishes its stats every 0.1-1 s), and records the counter deltas, each request's
+``usage.prompt_tokens_details.cached_tokens``, the server-side TTFT histogram delta and the client TTFT.
+
+Sequences (vllm-cpu.md): a 1024-token prompt twice; its 1024 tokens + a new 50-token suffix; 1025, 1000 and 20
+tokens each twice; a repeat of a cached prompt with ``prompt_logprobs``; the eviction curve with the small GPU
+cache (prompt A, then k distinct 1024-token prompts, then A again, for several k); then timing of a short
+request (64 prompt tokens, 8 output tokens) at concurrency 1 and 4.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+client = _load("vllm_cpu_client")
+SETTLE_S = 1.2  # > the engine's stats interval, so the closing scrape holds every request of the step
+
+
+async def step(session: aiohttp.ClientSession, url: str, name: str, prompts: list[list[int]], *,
+               max_tokens: int = 1, expect: list[int] | None = None, **body: Any) -> dict[str, Any]:
+    """Send ``prompts`` one after another inside one counter window."""
+    before = await client.scrape(session, url)
+    done = [await client.complete(session, url, p, max_tokens, **body) for p in prompts]
+    await asyncio.sleep(SETTLE_S)
+    after = await client.scrape(session, url)
+    for c in done:
+        assert c.status == 200 and c.done, f"{name}: status {c.status}: {c.raw_lines[-1:]}"
+    n, ttft_sum = after.ttft_delta(before)
+    return {"step": name, "prompt_lens": [len(p) for p in prompts], "expected_hits": expect,
+            "cached_tokens": [c.cached_tokens for c in done],
+            "prompt_tokens": [c.usage["prompt_tokens"] for c in done],
+            "client_ttft_ms": [round(c.ttft * 1e3, 2) for c in done],
+            "server_ttft_requests": n, "server_ttft_mean_ms": round(ttft_sum / n * 1e3, 2) if n else None,
+            "deltas": after.kv_deltas(before)}
+
+
+async def counter_sequences(session: aiohttp.ClientSession, url: str, rng: random.Random) -> list[dict[str, Any]]:
+    hits = client.expected_hits
+    out = []
+    a = client.unique_prompt(rng, 1024)
+    out.append(await step(session, url, "1024 twice", [a, a], expect=[0, hits(1024, 1024)]))
+    suffix = a + client.unique_prompt(rng, 50)
+    out.append(await step(session, url, "1024 cached + new 50-token suffix", [suffix], expect=[hits(1074, 1024)]))
+    for n in (1025, 1000, 20):
+        p = client.unique_prompt(rng, n)
+        out.append(await step(session, url, f"{n} twice", [p, p], expect=[0, hits(n, n)]))
+    out.append(await step(session, url, "cached 1024 with prompt_logprobs=1", [a], expect=[0], prompt_logprobs=1))
+    out.append(await step(session, url, "cached 1024 again, plain", [a], expect=[hits(1024, 1024)]))
+    return out
+
+
+async def eviction_curve(session: aiohttp.ClientSession, url: str, rng: random.Random,
+                         fills: tuple[int, ...]) -> list[dict[str, Any]]:
+    """A, then k distinct 1024-token prompts, then A: how much of A is still cached, per k."""
+    out = []
+    for k in fills:
+        a = client.unique_prompt(rng, 1024)
+        await step(session, url, "A", [a])
+        fill = [client.unique_prompt(rng, 1024) for _ in range(k)]
+        await step(session, url, f"{k} fills", fill)
+        result = await step(session, url, f"A after {k} distinct 1024-token prompts", [a])
+        result["fills"] = k
+        out.append(result)
+    return out
+
+
+async def timing(session: aiohttp.ClientSession, url: str, rng: random.Random, concurrency: int,
+                 requests: int, prompt_len: int = 64, max_tokens: int = 8) -> dict[str, Any]:
+    prompts = [client.unique_prompt(rng, prompt_len) for _ in range(requests)]
+    queue: asyncio.Queue[list[int]] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    results: list[Any] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            p = queue.get_nowait()
+            results.append(await client.complete(session, url, p, max_tokens, ignore_eos=True))
+
+    before = await client.scrape(session, url)
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - began
+    await asyncio.sleep(SETTLE_S)
+    after = await client.scrape(session, url)
+    n, ttft_sum = after.ttft_delta(before)
+    ttft = sorted(c.ttft * 1e3 for c in results)
+    e2e = sorted(c.e2e * 1e3 for c in results)
+    itl = [(c.e2e - c.ttft) * 1e3 / (max_tokens - 1) for c in results]
+    out_tokens = {c.usage["completion_tokens"] for c in results}
+    return {"concurrency": concurrency, "requests": requests, "prompt_tokens": prompt_len,
+            "output_tokens": sorted(out_tokens), "wall_s": round(wall, 3), "req_per_s": round(requests / wall, 1),
+            "client_ttft_ms": {"median": round(statistics.median(ttft), 2), "p10": round(ttft[len(ttft) // 10], 2),
+                               "p90": round(ttft[len(ttft) * 9 // 10], 2)},
+            "client_e2e_ms": {"median": round(statistics.median(e2e), 2), "p90": round(e2e[len(e2e) * 9 // 10], 2)},
+            "client_itl_ms_median": round(statistics.median(itl), 2),
+            "server_ttft_mean_ms": round(ttft_sum / n * 1e3, 2) if n else None, "server_ttft_requests": n}
+
+
+async def measure(url: str, seed: int, fills: tuple[int, ...]) -> dict[str, Any]:
+    rng = random.Random(f"{seed}-{time.time_ns()}")
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.get(url + "/version") as resp:
+            version = (await resp.json())["version"]
+        snap = await client.scrape(session, url)
+        config = snap.labels_of("vllm:cache_config_info")[0]
+        await client.complete(session, url, client.unique_prompt(rng, 16), 2)  # warm the path once
+        sequences = await counter_sequences(session, url, rng)
+        curve = await eviction_curve(session, url, rng, fills)
+        timings = [await timing(session, url, rng, 1, 40), await timing(session, url, rng, 4, 80)]
+    return {"url": url, "vllm_version": version,
+            "cache_config": {k: config[k] for k in ("block_size", "num_gpu_blocks", "enable_prefix_caching")
+                             if k in config},
+            "sequences": sequences, "eviction": curve, "timing": timings}
+
+
+def render_markdown(m: dict[str, Any]) -> str:
+    lines = [f"vLLM {m['vllm_version']}, cache_config_info {m['cache_config']}", "",
+             "| step | prompt lens | expected hits | cached_tokens | prefix queries | prefix hits | "
+             "cached_by_source[device] | by_source local_compute / local_cache_hit | server TTFT mean (n) | client TTFT |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in [*m["sequences"], *m["eviction"]]:
+        d = s["deltas"]
+        lines.append(
+            f"| {s['step']} | {s['prompt_lens']} | {s['expected_hits']} | {s['cached_tokens']} | "
+            f"{d['prefix_cache_queries']} | {d['prefix_cache_hits']} | {d['prompt_tokens_cached_by_source[device]']} | "
+            f"{d['prompt_tokens_by_source[local_compute]']} / {d['prompt_tokens_by_source[local_cache_hit]']} | "
+            f"{s['server_ttft_mean_ms']} ms ({s['server_ttft_requests']}) | {s['client_ttft_ms']} ms |")
+    lines += ["", "| concurrency | requests | req/s | client TTFT median (p10-p90) | client E2E median | "
+              "ITL median | server TTFT mean |", "|---|---|---|---|---|---|---|"]
+    for t in m["timing"]:
+        c = t["client_ttft_ms"]
+        lines.append(f"| {t['concurrency']} | {t['requests']} | {t['req_per_s']} | {c['median']} ms "
+                     f"({c['p10']}-{c['p90']}) | {t['client_e2e_ms']['median']} ms | {t['client_itl_ms_median']} ms | "
+                     f"{t['server_ttft_mean_ms']} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="default: the server recorded by tools/vllm_cpu.py start")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fills", default="10,13,14,15,16,17", help="eviction curve: fill counts k")
+    parser.add_argument("--json", type=Path, help="write the raw measurements here")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    args = parser.parse_args(argv)
+    url = args.url
+    if url is None:
+        lane = _load("vllm_cpu")
+        state, healthy = lane.server_status()
+        if not healthy:
+            print("no healthy server recorded: run `python tools/vllm_cpu.py start` or pass --url", file=sys.stderr)
+            return 2
+        url = state.url
+    fills = tuple(int(k) for k in args.fills.split(","))
+    result = asyncio.run(measure(url.rstrip("/"), args.seed, fills))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    md = render_markdown(result)
+    if args.markdown:
+        args.markdown.write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
