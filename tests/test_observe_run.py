@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +39,8 @@ class FakeVllm:
     metrics_status: int = 200
     metrics_body: str | None = None  # fixed body instead of the counters
     reset_after: int = -1  # after this many requests the counters restart from zero (a server restart)
+    delay_s: float = 0.0  # before the first token of every request
+    closing: bool = False
     queries: int = 0
     hits: int = 0
     created: float = 1795972159.0
@@ -95,6 +102,9 @@ class FakeVllm:
             return web.json_response({"choices": [{"text": "x" * n_out, "finish_reason": "length"}], "usage": usage})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        until = time.monotonic() + self.delay_s
+        while time.monotonic() < until and not self.closing:  # short steps: teardown must not wait
+            await asyncio.sleep(0.02)
         for i in range(n_out):
             chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n_out - 1 else None}]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
@@ -141,6 +151,7 @@ def fake() -> Iterator[tuple[FakeVllm, str]]:
     thread.start()
     assert ready.wait(10)
     yield server, f"http://127.0.0.1:{state['port']}"
+    server.closing = True
     state["loop"].call_soon_threadsafe(state["stop"].set)
     thread.join(10)
 
@@ -320,3 +331,103 @@ def test_cli_unreachable_server_writes_the_trace_and_exits_3(tmp_path: Path,
     trace = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
     assert [r.status for r in trace.records] == ["error"] * 3
     assert trace.header.observed_kv_metrics is None
+
+
+SESSIONS = """
+version: "2"
+seed: 11
+aggregate_rate: 100
+num_requests: 6
+clients:
+  - id: chat
+    rate_fraction: 1
+    streaming: true
+    arrival: {process: constant}
+    input_distribution: {type: constant, params: {value: 8}}
+    output_distribution: {type: constant, params: {value: 4}}
+    reasoning:
+      multi_turn: {max_rounds: 3, think_time_us: 2000, context_growth: accumulate}
+"""
+
+
+def test_accumulating_sessions_are_released_on_completion_and_share_context(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    result = observe(url, parse_workload_spec(SESSIONS), _opts(max_concurrency=8))
+    rows = sorted(result.trace.records, key=lambda r: r.request_id)
+    assert all(r.status == "ok" for r in rows)
+    by_session: dict[str, list[Any]] = {}
+    for r in rows:
+        by_session.setdefault(r.session_id, []).append(r)
+    assert len(by_session) == 2 and all(len(v) == 3 for v in by_session.values())
+    for rounds in by_session.values():
+        rounds.sort(key=lambda r: r.round_index)
+        assert [r.round_index for r in rounds] == [0, 1, 2]
+        for prev, nxt in zip(rounds, rounds[1:]):
+            # Released by the completion, after the think time; exact server lengths; the whole
+            # previous prompt is a cached prefix, to the block (the output a next prompt embeds is the
+            # workload's synthetic one, not what the server generated).
+            assert nxt.send_time_us - prev.last_chunk_time_us >= 2000
+            assert nxt.server_input_tokens == prev.server_input_tokens + 4 + 8
+            assert nxt.cached_tokens == prev.server_input_tokens // BLOCK * BLOCK
+
+
+CLOSED = """
+version: "2"
+seed: 5
+num_requests: 9
+clients:
+  - id: users
+    concurrency: 3
+    think_time_us: 1000
+    streaming: false
+    input_distribution: {type: constant, params: {value: 8}}
+    output_distribution: {type: constant, params: {value: 2}}
+"""
+
+
+def test_closed_loop_users_never_exceed_their_concurrency(fake: tuple[FakeVllm, str]) -> None:
+    _server, url = fake
+    result = observe(url, parse_workload_spec(CLOSED), _opts(max_concurrency=64, scrape_kv_metrics=False))
+    rows = result.trace.records
+    assert len(rows) == 9 and all(r.status == "ok" and r.num_chunks == 1 for r in rows)
+    events = sorted([(r.send_time_us, 1) for r in rows] + [(r.last_chunk_time_us, -1) for r in rows])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak <= 3
+    geometry = result.trace.header.pytest_blis.kv_geometry  # type: ignore[union-attr]
+    assert geometry is not None and geometry.block_size == 4  # recorded even without --scrape-kv-metrics
+
+
+def test_sigint_writes_a_partial_trace_and_exits_130(fake: tuple[FakeVllm, str], tmp_path: Path) -> None:
+    server, url = fake
+    server.delay_s = 30.0  # every request is still in flight when the signal comes
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("aggregate_rate: 200", "aggregate_rate: 4"))
+    header, data = tmp_path / "t.yaml", tmp_path / "t.csv"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blis_sim", "observe", "--server-url", url, "--model", "m", "--workload-spec",
+         str(spec), "--trace-header", str(header), "--trace-data", str(data), "--scrape-kv-metrics",
+         "--settle", "0", "--grace", "0.3", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 2 and time.monotonic() < deadline:  # two sent (0.25 s apart), both stuck
+            time.sleep(0.05)
+        assert len(server.requests) >= 2
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    trace = load_trace(header, data)
+    extra = trace.header.pytest_blis
+    assert extra is not None and extra.partial and "SIGINT" in extra.partial_reason
+    assert trace.header.observed_kv_metrics is None
+    assert 2 <= len(trace.records) < 4
+    assert all(r.status == "error" and r.error_message == "cancelled: observe interrupted" for r in trace.records)
+    assert all(r.send_time_us > 0 and r.first_byte_time_us > 0 for r in trace.records)  # partial timings kept
+    assert "interrupted" in err and "Traceback" not in err
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes left no temp files
