@@ -263,3 +263,20 @@ def test_unparseable_flag_value_is_a_usage_error(capsys: pytest.CaptureFixture[s
         main(["calibrate", *REF_ARGS, "--report", "x.json", "--warmup-requests", "many"])
     assert exc.value.code == EXIT_INPUT_ERROR
     assert "invalid int value: 'many'" in capsys.readouterr().err
+
+
+def test_observation_without_sim_metrics_warns_and_skips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [a for a in REF_ARGS]
+    i = args.index("--sim-metrics")
+    del args[i:i + 2]
+    code, err = run([*args, "--report", str(tmp_path / "c.json")], capsys)
+    assert code == EXIT_OK
+    assert "--sim-metrics was not provided; skipping the hit-rate comparison" in err
+    assert "hit_rate" not in json.loads((tmp_path / "c.json").read_text())
+
+
+def test_sim_metrics_without_cache_hit_rate_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_metrics_output(MetricsOutput(completed_requests=200), tmp_path / "m.json")
+    code, err = run([*_swap("--sim-metrics", str(tmp_path / "m.json")), "--report", str(tmp_path / "c.json")],
+                    capsys)
+    assert code == EXIT_OK and "has no cache_hit_rate; skipping the hit-rate comparison" in err
