@@ -1,0 +1,151 @@
+"""One calibration cell, end to end: plan → observe → replay → calibrate → verdicts.
+
+Failures are :class:`~pytest_blis._render.CellFailure` (rendered as a compact table); a server that
+cannot show what the cell needs is a skip with its reason; a cell whose measured window shows no
+sign of the cache path it is about is an error ("not elicited"), never a pass.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blis_sim.calibrate import CalibrateOptions, CalibrationReport, VerdictRow
+from blis_sim.formats.trace import Trace
+from blis_sim.observe.run import ObserveOptions
+from pytest_blis import _allure
+from pytest_blis._options import BlisOptions
+from pytest_blis._phases import build_plan, measured_phase_names
+from pytest_blis._render import CellFailure
+from pytest_blis._scenario import SweepPoint
+from pytest_blis._server import ServerTarget
+from pytest_blis._session import SUMMARY_PROPERTY, CellSummary
+from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
+
+# vLLM's prompt_tokens_cached_by_source labels for each cache path.
+PATH_SOURCES = {"gpu": ("device",), "cpu": ("host",), "storage": ("disk",)}
+SETTLE_EMBEDDED_S = 0.3
+SETTLE_EXTERNAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class CellContext:
+    point: SweepPoint
+    target: ServerTarget
+    options: BlisOptions
+    latency: Any  # fitted latency coefficients for this server (engine type)
+    paths: CellPaths
+
+
+def cell_id(point: SweepPoint) -> str:
+    return f"{Path(point.file).name}::{point.scenario_name}::{point.name}"
+
+
+def _skip_if_unable(ctx: CellContext) -> None:
+    path = ctx.point.spec.expect.path
+    need = {"cpu": "cpu", "storage": "storage"}.get(path)
+    if need and need not in ctx.target.capabilities:
+        where = "the embedded emulator's offload config" if ctx.target.embedded else \
+            "--blis-kv-offload-config (the server's offload tiers)"
+        pytest.skip(f"a {path}-hit cell needs a {need} offload tier, and {where} has none")
+
+
+def source_hits(trace: Trace) -> dict[str, int] | None:
+    """Cached prompt tokens by source over the counter window, or None if the server does not say."""
+    extra = trace.header.pytest_blis
+    entries = [e for e in (extra.kv_hit_rates if extra else []) if e.definition == "by_source" and e.tier]
+    return {e.tier: e.hits for e in entries} if entries else None
+
+
+def _prefix_hits(trace: Trace) -> int | None:
+    extra = trace.header.pytest_blis
+    for e in (extra.kv_hit_rates if extra else []):
+        if e.definition in ("prefix_cache", "gpu_prefix_cache"):
+            return e.hits
+    return None
+
+
+def path_problem(path: str, trace: Trace) -> str | None:
+    """Why the measured window does not show ``path`` (None when it does, or cannot be told)."""
+    if path == "any":
+        return None
+    by_source = source_hits(trace)
+    if path == "miss":
+        hits = sum(by_source.values()) if by_source is not None else _prefix_hits(trace)
+        return None if not hits else f"a miss cell saw {hits} cached tokens in its window"
+    if by_source is None:
+        if path == "gpu":
+            hits = _prefix_hits(trace)
+            return None if hits else "no prefix-cache hits in the window: the GPU-hit path was not elicited"
+        return f"the server exposes no per-source cached-token counters, so the {path}-hit path cannot be verified"
+    wanted = sum(by_source.get(s, 0) for s in PATH_SOURCES[path])
+    if wanted == 0:
+        seen = ", ".join(f"{k}={v}" for k, v in sorted(by_source.items())) or "none"
+        return f"the {path}-hit path was not elicited: no {'/'.join(PATH_SOURCES[path])} hits in the window ({seen})"
+    return None
+
+
+def _summary(nodeid: str, report: CalibrationReport | None, note: str = "") -> CellSummary:
+    cell = CellSummary(nodeid=nodeid, outcome="", note=note)
+    if report is not None and report.hit_rate is not None:
+        cell.source = report.hit_rate.source
+        cell.real_hit_rate = report.hit_rate.real_hit_rate
+        cell.sim_hit_rate = report.hit_rate.sim_hit_rate
+        cell.abs_error_pp = report.hit_rate.abs_error_pp
+    if report is not None and report.ttft_tolerance is not None:
+        cell.ttft_mape = report.ttft_tolerance.mape
+    return cell
+
+
+def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: Any) -> CalibrationReport:
+    point, target, opts = ctx.point, ctx.target, ctx.options
+    spec = point.spec
+    item = request.node
+    _skip_if_unable(ctx)
+    cid = cell_id(point)
+    _allure.describe(request.config, title=f"{point.scenario_name} / {point.name}", scenario=point.scenario_name,
+                     parameters=dict(point.values), volatile={"server": target.url})
+    plan = build_plan(spec, cell_id=cid, capacity=target.capacity(), base_dir=Path(point.file).parent)
+    window = measured_phase_names(spec, plan)
+    obs_opts = ObserveOptions(
+        model=target.model, scrape_kv_metrics=True, max_concurrency=spec.concurrency, window_phases=window,
+        vllm_commit=opts.vllm_commit or "", progress=False,
+        settle_s=SETTLE_EMBEDDED_S if target.embedded else SETTLE_EXTERNAL_S, workload_label=cid)
+    with _allure.step("observe"), target.exclusive():
+        result = observe_step(target.url, plan, obs_opts, ctx.paths)
+    trace = result.trace
+    with _allure.step("replay"):
+        sim_results, sim_metrics = replay_step(trace, replay_options, ctx.paths)
+    tol = spec.expect.hit_rate_tolerance_pp
+    thr = spec.expect.ttft_mape_threshold
+    cal_opts = CalibrateOptions(
+        hit_rate_tolerance_pp=opts.hit_rate_tolerance_pp if tol is None else tol,
+        ttft_mape_threshold=opts.ttft_mape_threshold if thr is None else thr)
+    with _allure.step("calibrate"):
+        report = calibrate_step(trace, sim_results, sim_metrics, cal_opts, ctx.paths)
+    for path, name in ((ctx.paths.trace_header, "trace header"), (ctx.paths.trace_data, "trace data"),
+                       (ctx.paths.sim_results, "sim results"), (ctx.paths.sim_metrics, "sim metrics"),
+                       (ctx.paths.report, "calibration report")):
+        _allure.attach_file(request.config, path, name)
+
+    rows: list[VerdictRow] = [r for r in report.verdicts() if spec.expect.check_ttft or r.unit != "mape"]
+    problem = path_problem(spec.expect.path, trace)
+    notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
+    summary = _summary(cid, report, note=problem or "")
+    item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
+    if report.hit_rate is not None:
+        item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))
+    if report.ttft_tolerance is not None:
+        item.user_properties.append(("ttft_mape", report.ttft_tolerance.mape))
+    if problem:
+        raise CellFailure(f"{cid}: {problem}", rows, notes)
+    failed = [r for r in rows if not r.within]
+    if failed:
+        raise CellFailure(f"{cid}: {len(failed)} verdict(s) out of tolerance", rows, notes)
+    if report.hit_rate is None:
+        raise CellFailure(f"{cid}: no hit-rate comparison (the server's counters were not scraped)", rows,
+                          notes + [f"warning: {w}" for w in report.notes or []])
+    return report

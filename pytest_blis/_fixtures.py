@@ -1,0 +1,106 @@
+"""Fixtures: the server target, the latency model fitted on a probe, the three calibration steps,
+per-item artifacts, and ``blis_run_cell`` which the scenario items call.
+
+User tests can use them directly::
+
+    def test_my_cell(blis_server, blis_observe, blis_replay, blis_calibrate, blis_artifacts): ...
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_blis import _session
+from pytest_blis._cell import CellContext, cell_id, run_cell
+from pytest_blis._options import BlisOptions
+from pytest_blis._probe import run_probe
+from pytest_blis._scenario import ServerSpec, SweepPoint
+from pytest_blis._server import ServerPool, ServerTarget
+from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
+
+_POOL = pytest.StashKey[ServerPool]()
+_LATENCY = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def blis_options(pytestconfig: pytest.Config) -> BlisOptions:
+    """The resolved ``--blis-*`` options."""
+    return pytestconfig.stash[_session.OPTIONS]
+
+
+def _pool(config: pytest.Config) -> ServerPool:
+    if _POOL not in config.stash:
+        config.stash[_POOL] = ServerPool(config.stash[_session.OPTIONS], config.stash[_session.STATE])
+    return config.stash[_POOL]
+
+
+@pytest.fixture(scope="session")
+def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
+    """``blis_server(server_spec=ServerSpec(), base_dir=Path.cwd()) -> ServerTarget``: the external
+    server, or an embedded emulator for that spec (started once per worker, stopped at the end)."""
+    def get(server_spec: ServerSpec | None = None, base_dir: Path | None = None) -> ServerTarget:
+        return _pool(pytestconfig).target(server_spec or ServerSpec(), base_dir or Path.cwd())
+    return get
+
+
+@pytest.fixture(scope="session")
+def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[[ServerTarget], Any]:
+    """``blis_latency_model(target)``: coefficients fitted on a probe of that server (once per worker)."""
+    cache = pytestconfig.stash.setdefault(_LATENCY, {})
+
+    def get(target: ServerTarget) -> Any:
+        if target.url not in cache:
+            cache[target.url] = run_probe(target, blis_options.artifacts_dir)
+        return cache[target.url]
+    return get
+
+
+@pytest.fixture
+def blis_artifacts(request: pytest.FixtureRequest, blis_options: BlisOptions) -> Path:
+    """A directory for this test's artifacts, named after its node id, under ``--blis-artifacts-dir``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid).strip("_")
+    path = blis_options.artifacts_dir / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def blis_observe() -> Callable[..., Any]:
+    """``blis_observe(url, plan, ObserveOptions, CellPaths) -> ObserveResult`` (writes the trace)."""
+    return observe_step
+
+
+@pytest.fixture(scope="session")
+def blis_replay() -> Callable[..., Any]:
+    """``blis_replay(trace, ReplayOptions, CellPaths) -> (sim results, MetricsOutput)``."""
+    return replay_step
+
+
+@pytest.fixture(scope="session")
+def blis_calibrate() -> Callable[..., Any]:
+    """``blis_calibrate(trace, results, metrics, CalibrateOptions, CellPaths) -> CalibrationReport``."""
+    return calibrate_step
+
+
+@pytest.fixture
+def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
+                  blis_server: Callable[..., ServerTarget], blis_latency_model: Callable[[ServerTarget], Any],
+                  blis_artifacts: Path) -> Callable[[SweepPoint], Any]:
+    """What a scenario item calls: run one sweep point end to end and assert its verdicts."""
+    from pytest_blis._replay import replay_options
+
+    def run(point: SweepPoint) -> Any:
+        target = blis_server(point.spec.server, Path(point.file).parent)
+        latency = blis_latency_model(target)
+        ctx = CellContext(point=point, target=target, options=blis_options, latency=latency,
+                          paths=CellPaths(blis_artifacts))
+        return run_cell(ctx, request, replay_options(ctx))
+    return run
+
+
+__all__ = ["blis_artifacts", "blis_calibrate", "blis_latency_model", "blis_observe", "blis_options",
+           "blis_replay", "blis_run_cell", "blis_server", "cell_id"]

@@ -1,0 +1,32 @@
+"""Compact rendering of a failed calibration cell: a title, the verdict table, notes.
+
+The table itself is the calibrate library's (:func:`blis_sim.calibrate.render_table`), so the CLI and
+the plugin print verdicts the same way.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from blis_sim.calibrate import VerdictRow, render_table
+
+
+@dataclass
+class CellFailure(Exception):
+    """Raised by a calibration item whose verdicts failed, or whose cache path was not elicited."""
+
+    title: str
+    rows: Sequence[VerdictRow] = field(default_factory=list)
+    notes: Sequence[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return render_failure(self)
+
+
+def render_failure(failure: CellFailure) -> str:
+    parts = [failure.title]
+    table = render_table(failure.rows)
+    if table:
+        parts.append(table)
+    parts.extend(failure.notes)
+    return "\n".join(parts)

@@ -1,0 +1,153 @@
+"""Server targets: an external vLLM URL, or an embedded emulator spawned for the scenario's server.
+
+Embedded emulators run as subprocesses (so the client measuring TTFT never shares a GIL with the
+server it measures), one per distinct server spec per worker, started on a free loopback port when
+first needed and stopped by PID at the end of the session. External servers are shared out among
+xdist workers round-robin; a lock file per URL keeps two workers' traffic out of one counter window.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from blis_sim.errors import ServerError
+from blis_sim.formats.offload import OffloadConfig, load_offload_config
+from pytest_blis._options import BlisOptions
+from pytest_blis._scenario import Capacity, ServerSpec
+from pytest_blis._session import SessionState, worker_index
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """A server a cell runs against, and what the simulator must know to replay it."""
+
+    url: str
+    model: str
+    embedded: bool
+    block_size: int
+    num_gpu_blocks: int
+    offload: OffloadConfig | None  # the offload config replay uses (None: GPU only)
+    offload_path: Path | None
+    lock_dir: Path
+    capabilities: frozenset[str] = field(default_factory=frozenset)  # "cpu", "storage"
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha1(self.url.encode()).hexdigest()[:12]
+
+    def capacity(self) -> Capacity:
+        cpu = None
+        if self.offload is not None:
+            cpu = self.offload.cpu_capacity_chunks * self.offload.block_size
+        return Capacity(gpu_tokens=self.block_size * self.num_gpu_blocks, cpu_tokens=cpu)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the server for one counter window (no-op cost for a per-worker emulator)."""
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_dir / f"server-{self.key}.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _get_json(url: str, timeout: float = 10.0) -> object:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - user-given server
+            return json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise ServerError(f"cannot read {url}: {exc}") from None
+
+
+def _geometry(url: str) -> tuple[int, int]:
+    """Block size and GPU blocks from ``vllm:cache_config_info`` (0, 0 when the server hides them)."""
+    from blis_sim.observe.metrics import kv_geometry, parse_exposition  # heavy import, only when needed
+
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:  # noqa: S310
+            text = resp.read().decode()
+    except OSError as exc:
+        raise ServerError(f"cannot read /metrics: {exc}", url=url) from None
+    geo = kv_geometry(parse_exposition(text)) or {}
+    return int(geo.get("block_size") or 0), int(geo.get("num_gpu_blocks") or 0)
+
+
+def _offload_for(spec: ServerSpec, base_dir: Path) -> tuple[OffloadConfig | None, Path | None]:
+    if spec.offload is None:
+        return None, None
+    path = (base_dir / spec.offload).resolve()
+    return load_offload_config(path, gpu_block_size=spec.block_size,
+                               kv_bytes_per_token=spec.kv_bytes_per_token), path
+
+
+def _capabilities(offload: OffloadConfig | None) -> frozenset[str]:
+    if offload is None:
+        return frozenset()
+    return frozenset({"cpu"} | ({"storage"} if offload.secondary_tiers else set()))
+
+
+class ServerPool:
+    """The targets of one worker: embedded emulators by server spec, or the external URLs."""
+
+    def __init__(self, options: BlisOptions, state: SessionState) -> None:
+        self.options = options
+        self.state = state
+        self._embedded: dict[tuple[ServerSpec, Path], ServerTarget] = {}
+        self._external: ServerTarget | None = None
+
+    def target(self, spec: ServerSpec, base_dir: Path) -> ServerTarget:
+        if self.options.embedded:
+            key = (spec, base_dir)
+            if key not in self._embedded:
+                self._embedded[key] = self._spawn(spec, base_dir)
+            return self._embedded[key]
+        if self._external is None:
+            self._external = self._connect()
+        return self._external
+
+    def _spawn(self, spec: ServerSpec, base_dir: Path) -> ServerTarget:
+        from blis_sim.emulator import EmulatorConfig, spawn_emulator
+
+        offload, path = _offload_for(spec, base_dir)
+        config = EmulatorConfig(
+            profile=self.options.emulator_profile or spec.profile, block_size=spec.block_size,
+            num_gpu_blocks=spec.num_gpu_blocks, kv_bytes_per_token=spec.kv_bytes_per_token,
+            max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+            kv_offload_config=str(path) if path else None, metrics_profile=spec.metrics_profile,
+            enable_prompt_tokens_details=True, seed=self.options.emulator_seed)
+        proc = spawn_emulator(config)
+        self.state.closers.append(proc.stop)
+        return ServerTarget(url=proc.url, model=config.model, embedded=True, block_size=spec.block_size,
+                            num_gpu_blocks=spec.num_gpu_blocks, offload=offload, offload_path=path,
+                            lock_dir=self.options.artifacts_dir / ".locks",
+                            capabilities=_capabilities(offload))
+
+    def _connect(self) -> ServerTarget:
+        urls = self.options.server_urls
+        url = urls[worker_index() % len(urls)]
+        model = self.options.model
+        if not model:
+            data = _get_json(f"{url}/v1/models")
+            try:
+                model = data["data"][0]["id"]  # type: ignore[index]
+            except (KeyError, IndexError, TypeError):
+                raise ServerError("/v1/models lists no model; pass --blis-model", url=url) from None
+        block_size, blocks = _geometry(url)
+        if not block_size or not blocks:
+            raise ServerError("vllm:cache_config_info does not give block_size and num_gpu_blocks", url=url)
+        offload = path = None
+        if self.options.kv_offload_config is not None:
+            path = self.options.kv_offload_config.resolve()
+            offload = load_offload_config(path, gpu_block_size=block_size,
+                                          kv_bytes_per_token=self.options.kv_bytes_per_token)
+        return ServerTarget(url=url, model=str(model), embedded=False, block_size=block_size,
+                            num_gpu_blocks=blocks, offload=offload, offload_path=path,
+                            lock_dir=self.options.artifacts_dir / ".locks", capabilities=_capabilities(offload))

@@ -1,0 +1,123 @@
+"""Session-wide state: resolved options, servers started for the run, cell summaries, and the
+terminal summary / JSON summary file written at the end.
+
+Under xdist each worker is its own session: it starts its own embedded emulators, and its cell
+summaries reach the controller through ``report.user_properties`` (key ``blis_cell``), which is
+how the controller prints one summary for the whole run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_blis._options import BlisOptions
+
+OPTIONS = pytest.StashKey[BlisOptions]()
+STATE = pytest.StashKey["SessionState"]()
+SUMMARY_PROPERTY = "blis_cell"
+
+
+@dataclass
+class CellSummary:
+    """What the terminal summary prints for one cell (JSON-serialisable)."""
+
+    nodeid: str
+    outcome: str
+    source: str | None = None
+    real_hit_rate: float | None = None
+    sim_hit_rate: float | None = None
+    abs_error_pp: float | None = None
+    ttft_mape: float | None = None
+    note: str = ""
+
+
+@dataclass
+class SessionState:
+    """Things this process started and must stop; closed in ``pytest_unconfigure``."""
+
+    closers: list[Any] = field(default_factory=list)
+    cells: list[CellSummary] = field(default_factory=list)
+
+    def close(self) -> None:
+        while self.closers:
+            closer = self.closers.pop()
+            try:
+                closer()
+            except Exception:  # stopping one server must not keep the others running
+                pass
+
+
+def worker_id() -> str:
+    # Not the `worker_id` fixture: the plugin must work with `-p no:xdist` too.
+    return os.environ.get("PYTEST_XDIST_WORKER", "master")
+
+
+def worker_index() -> int:
+    wid = worker_id()
+    return int(wid[2:]) if wid.startswith("gw") and wid[2:].isdigit() else 0
+
+
+class XdistHooks:
+    """Registered only when xdist is present."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:  # pragma: no cover - runs in the controller
+        node.workerinput["blis_artifacts_dir"] = str(node.config.stash[OPTIONS].artifacts_dir)
+
+
+def report_header(config: pytest.Config) -> list[str]:
+    opts = config.stash[OPTIONS]
+    target = ", ".join(opts.server_urls) if opts.server_urls else "embedded emulator (one per worker)"
+    try:
+        from blis_sim.kv import BACKEND  # type: ignore[attr-defined]
+    except Exception:
+        BACKEND = "unknown"
+    return [
+        f"blis: server {target}; simulator backend {BACKEND}; "
+        f"tolerances {opts.hit_rate_tolerance_pp:g} pp hit-rate, {opts.ttft_mape_threshold:g} TTFT MAPE",
+        f"blis: artifacts in {opts.artifacts_dir}",
+    ]
+
+
+def collect_cells(terminalreporter: pytest.TerminalReporter) -> list[CellSummary]:
+    cells = []
+    for key in ("passed", "failed", "error", "skipped"):
+        for rep in terminalreporter.stats.get(key, []):
+            if getattr(rep, "when", "call") not in ("call", "setup"):
+                continue
+            for name, value in getattr(rep, "user_properties", []):
+                if name == SUMMARY_PROPERTY:
+                    cell = CellSummary(**json.loads(value))
+                    cell.outcome = rep.outcome
+                    cells.append(cell)
+    return sorted(cells, key=lambda c: c.nodeid)
+
+
+def _pct(v: float | None) -> str:
+    return "   -   " if v is None else f"{v * 100:6.2f}%"
+
+
+def terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    cells = collect_cells(terminalreporter)
+    if not cells:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "blis calibration summary")
+    width = max(len(c.nodeid) for c in cells)
+    tr.write_line(f"{'cell'.ljust(width)}  outcome  real-hit  sim-hit   err(pp)  ttft-mape  source")
+    for c in cells:
+        err = "   -  " if c.abs_error_pp is None else f"{c.abs_error_pp:6.2f}"
+        mape = "    -    " if c.ttft_mape is None else f"{c.ttft_mape * 100:8.1f}%"
+        tr.write_line(f"{c.nodeid.ljust(width)}  {c.outcome:7}  {_pct(c.real_hit_rate)}  {_pct(c.sim_hit_rate)}  "
+                      f"{err}  {mape}  {c.source or '-'}{('  ' + c.note) if c.note else ''}")
+    opts = config.stash[OPTIONS]
+    opts.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    path = opts.artifacts_dir / "summary.json"
+    path.write_text(json.dumps({"cells": [asdict(c) for c in cells]}, indent=2) + "\n")
+    tr.write_line(f"blis: summary written to {path}")

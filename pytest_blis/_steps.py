@@ -1,0 +1,75 @@
+"""The three steps of a calibration, as plain functions over files in an artifacts directory.
+
+The fixtures ``blis_observe``, ``blis_replay`` and ``blis_calibrate`` hand these to user tests; the
+scenario items compose them in :mod:`pytest_blis._cell`. Each step writes its outputs under the
+cell's directory, so a failing cell leaves everything needed to reproduce it with the CLI::
+
+    <artifacts>/<cell>/trace.yaml, trace.csv      observe
+    <artifacts>/<cell>/sim.json, simagg.json      replay
+    <artifacts>/<cell>/calibration.json           calibrate
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blis_sim.calibrate import CalibrateOptions, CalibrationReport, calibrate, write_report
+from blis_sim.errors import ServerError
+from blis_sim.formats.results import MetricsOutput, SimResult, write_metrics_output, write_sim_results
+from blis_sim.formats.trace import Trace
+from blis_sim.observe.run import ObserveOptions, ObserveResult, observe, write_result
+from blis_sim.workload import WorkloadPlan
+
+
+@dataclass(frozen=True)
+class CellPaths:
+    root: Path
+
+    @property
+    def trace_header(self) -> Path:
+        return self.root / "trace.yaml"
+
+    @property
+    def trace_data(self) -> Path:
+        return self.root / "trace.csv"
+
+    @property
+    def sim_results(self) -> Path:
+        return self.root / "sim.json"
+
+    @property
+    def sim_metrics(self) -> Path:
+        return self.root / "simagg.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "calibration.json"
+
+
+def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: CellPaths) -> ObserveResult:
+    """Dispatch ``plan`` to ``url``, write the trace; a run where no request succeeded is a ServerError."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    result = observe(url, plan, options)
+    write_result(result, paths.trace_header, paths.trace_data)
+    if result.ok_requests == 0:
+        statuses = sorted({f"{r.status}: {r.error_message}" for r in result.trace.records})[:3]
+        raise ServerError(f"no request succeeded ({'; '.join(statuses) or 'nothing sent'})", url=url)
+    return result
+
+
+def replay_step(trace: Trace, replay_options: Any, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
+    """Replay a trace through the simulator and write SimResult + MetricsOutput."""
+    from blis_sim.engine import replay  # the engine is only imported when a cell replays
+
+    results, metrics = replay(trace, replay_options)
+    write_sim_results(results, paths.sim_results)
+    write_metrics_output(metrics, paths.sim_metrics)
+    return list(results), metrics
+
+
+def calibrate_step(trace: Trace, results: list[SimResult], metrics: MetricsOutput,
+                   options: CalibrateOptions, paths: CellPaths) -> CalibrationReport:
+    report = calibrate(trace, results, metrics, options=options)
+    write_report(report, paths.report)
+    return report
