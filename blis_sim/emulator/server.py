@@ -24,7 +24,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -309,11 +309,11 @@ class Handlers:
         stall = bool(f.stall_rate) and r.random() < f.stall_rate
         return status, cut, delay, stall
 
-    def completions(self, request: web.Request) -> Awaitable[web.StreamResponse]:
-        return self._generate(request, chat=False)
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
 
-    def chat_completions(self, request: web.Request) -> Awaitable[web.StreamResponse]:
-        return self._generate(request, chat=True)
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         route = "/v1/chat/completions" if chat else "/v1/completions"

@@ -9,7 +9,7 @@ API::
     tok.output_token(seed)                       # a "word" token the model emits (canonical: re-encodes to itself)
 
 Scheme (about 1.5 tokens per English word, like a small BPE): text is split into runs of letters
-(optionally with one leading space), and every run into pieces of at most three letters; the first
+(optionally with one leading space), and every run into pieces of at most four letters; the first
 letter of a run may be upper-case. Each piece has an arithmetic id, so no table is stored. Anything
 else (digits, punctuation, other whitespace, non-ASCII) falls back to one token per UTF-8 byte.
 
@@ -24,7 +24,7 @@ from functools import lru_cache
 UNK, BOS, EOS, PAD = 0, 1, 2, 3
 _BYTE_BASE = 4
 _PIECE_BASE = _BYTE_BASE + 256
-MAX_PIECE = 3  # letters per piece: sets the tokens-per-word ratio
+MAX_PIECE = 4  # letters per piece: sets the tokens-per-word ratio
 _ALPHA = 26
 # Offsets of the length-k letter strings within one (space, capital) variant.
 _LEN_OFFSET = [0]
