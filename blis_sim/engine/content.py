@@ -1,0 +1,127 @@
+"""Token content of simulated requests, as the KV cache sees it: chained block hashes.
+
+The cache only needs *which blocks are equal*, so content is built at the level the sharing
+happens, all derived from the seed:
+
+* a **prefix group** shares its first ``shared_prefix`` tokens: the group's token stream is made
+  once per group and hashed once (:func:`blis_sim.kv.hash_blocks`); a request takes the group's
+  hashes for the prefix's *full* blocks (the block straddling the prefix end holds the request's
+  own tokens, so it is not shared — as on vLLM) and unique chained hashes for the rest
+  (``extend_hashes``: no token array per request);
+* an **accumulating session** round r's prompt is ``prefix ‖ in_0 ‖ out_0 ‖ … ‖ in_r`` and its
+  output ``out_r``: real token streams are built (segment by segment, each segment's ids a
+  function of (seed, session, round, in/out)) and hashed over prompt + output, so round r+1 hits
+  the blocks round r computed, including its decode blocks;
+* everything else is distinct.
+
+Token ids of a segment are ``key · 2^24 + position`` with a 39-bit key hashed from the seed and the
+segment's name: distinct segments never collide in practice, and building one is an ``arange``.
+:class:`ContentPlan` holds the per-request structure as numpy columns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from blis_sim.workload.tokens import key_hash
+
+_KEY_MASK = (1 << 39) - 1
+
+
+def segment_tokens(seed: int, *key: str | int, length: int) -> np.ndarray:
+    """``length`` int64 token ids unique to (seed, key); prefix-stable in ``length``."""
+    base = (key_hash(seed, *key) & _KEY_MASK) << 24
+    return np.arange(base, base + max(length, 0), dtype=np.int64)
+
+
+@dataclass
+class ContentPlan:
+    """Per-request content structure (arrays indexed like the workload).
+
+    ``group[i]``: index into ``group_names`` (-1: none); ``shared_prefix[i]``: tokens of the group
+    prefix at the start of the prompt; ``prev_round[i]``: the previous round of an accumulating
+    session (-1: none); ``session[i]``: index into ``session_names`` (-1: not accumulating);
+    ``new_input[i]``: tokens this round adds; ``key[i]``: a name unique to the request.
+    """
+
+    seed: int
+    block_size: int
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    group: np.ndarray
+    shared_prefix: np.ndarray
+    session: np.ndarray
+    prev_round: np.ndarray
+    new_input: np.ndarray
+    keys: list[str]
+    group_names: list[str]
+    session_names: list[str]
+    core: Any = None
+    _group_hashes: dict[int, np.ndarray] = field(default_factory=dict)
+    _streams: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.core is None:
+            from blis_sim.kv import core
+
+            self.core = core
+
+    # -- groups -------------------------------------------------------------------------------
+    def _group_prefix_hashes(self, g: int) -> np.ndarray:
+        h = self._group_hashes.get(g)
+        if h is None:
+            longest = int(self.shared_prefix[self.group == g].max())
+            toks = segment_tokens(self.seed, "prefix", self.group_names[g], length=longest)
+            h = self.core.hash_blocks(toks, self.block_size)
+            self._group_hashes[g] = h
+        return h
+
+    # -- sessions -----------------------------------------------------------------------------
+    def _prefix_tokens(self, i: int) -> np.ndarray:
+        g = int(self.group[i])
+        if g < 0 or self.shared_prefix[i] <= 0:
+            return np.zeros(0, dtype=np.int64)
+        return segment_tokens(self.seed, "prefix", self.group_names[g],
+                              length=int(self.shared_prefix[i]))
+
+    def _round_stream(self, i: int) -> np.ndarray:
+        """Prompt + output tokens of accumulating round ``i`` (cached for the next round)."""
+        s = int(self.session[i])
+        cached = self._streams.get(i)
+        if cached is not None:
+            return cached
+        p = int(self.prev_round[i])
+        head = self._round_stream(p) if p >= 0 else self._prefix_tokens(i)
+        name = self.session_names[s]
+        new_in = segment_tokens(self.seed, "session-in", name, i, length=int(self.new_input[i]))
+        out = segment_tokens(self.seed, "session-out", name, i, length=int(self.output_len[i]))
+        stream = np.concatenate([head, new_in, out])
+        self._streams[i] = stream
+        if p >= 0:
+            self._streams.pop(p, None)  # the next round only needs the latest stream
+        return stream
+
+    # -- the KV port's call -------------------------------------------------------------------
+    def block_hashes(self, i: int) -> np.ndarray:
+        """Hashes covering at least the prompt's full blocks (prompt + output for sessions)."""
+        bs = self.block_size
+        need = int(self.prompt_len[i]) // bs
+        if self.session[i] >= 0:
+            stream = self._round_stream(i)
+            return self.core.hash_blocks(stream, bs)
+        g = int(self.group[i])
+        pfull = 0
+        if g >= 0:
+            prefix = self._group_prefix_hashes(g)
+            pfull = min(int(self.shared_prefix[i]) // bs, need, prefix.shape[0])
+        parent = int(prefix[pfull - 1]) if pfull else int(self.core.root_hash(0))
+        seed = key_hash(self.seed, "request", self.keys[i])
+        tail = self.core.extend_hashes(parent, seed, pfull, need - pfull)
+        if not pfull:
+            return tail
+        return np.concatenate([prefix[:pfull], tail])
+
+    def __len__(self) -> int:
+        return int(self.prompt_len.shape[0])

@@ -1,0 +1,59 @@
+"""The step loop's view of the KV cache (:class:`blis_sim.kv.KVCache`).
+
+The loop calls, per request index ``i`` (times in µs):
+
+* ``lookup(i, now)`` → ``(gpu_tokens, external_tokens, ...)`` at each admission attempt of a
+  waiting request with nothing computed; registers the request's block hashes on first sight;
+* ``admit(i, num_new_tokens, now)`` → ``None`` (no room) or ``(num_computed_tokens, ...,
+  load_ready_time)``: blocks for the hit, the load and ``num_new_tokens``;
+* ``grow(i, num_new_tokens)`` → bool: a scheduled request's next chunk or decode token;
+* ``computed(i, now)``: a step completed an offloadable chunk (write-through stores);
+* ``preempt(i)``, ``finish(i)``.
+
+:class:`KVPort` forwards them to the cache, with bound methods for the per-step calls (no extra
+Python frame), and records per request what the first admission found (``cached[i] = (device,
+host, disk)`` tokens) so that hit-rates can be computed over any window of requests. It also takes a
+counter snapshot just before the first request of the comparison window is registered.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.content import ContentPlan
+
+
+class KVPort:
+    def __init__(self, kv: Any, content: ContentPlan, window_first: int = -1) -> None:
+        self.kv = kv
+        self.content = content
+        n = len(content)
+        self.prompt_len = content.prompt_len
+        self.registered = np.zeros(n, dtype=bool)
+        self.admitted = np.zeros(n, dtype=bool)
+        self.cached = np.zeros((n, 3), dtype=np.int64)
+        self.window_first = window_first
+        self.window_snapshot: dict[str, Any] | None = None
+        # the per-step calls go straight to the cache
+        self.grow = kv.allocate
+        self.computed = kv.computed
+        self.preempt = kv.preempt
+        self.finish = kv.free
+
+    def lookup(self, i: int, now: float) -> Any:
+        if not self.registered[i]:
+            if i == self.window_first and self.window_snapshot is None:
+                self.window_snapshot = self.kv.snapshot()
+            self.kv.add_request(i, self.content.block_hashes(i), int(self.prompt_len[i]))
+            self.registered[i] = True
+        return self.kv.lookup(i, now)
+
+    def admit(self, i: int, num_new_tokens: int, now: float) -> Any:
+        res = self.kv.admit(i, num_new_tokens, now)
+        if res is not None and not self.admitted[i]:
+            self.admitted[i] = True
+            self.cached[i, 0] = res.gpu_tokens
+            self.cached[i, 1] = res.host_tokens
+            self.cached[i, 2] = res.disk_tokens
+        return res

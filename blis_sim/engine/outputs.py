@@ -1,0 +1,175 @@
+"""A :class:`SimOutcome` as the reference's outputs: SimResult list, MetricsOutput, trace records.
+
+* :func:`sim_results` — one :class:`~blis_sim.formats.SimResult` per completed request, sorted by
+  request id: TTFT/E2E in µs (frontend term included), ``itl_mean_us`` = Σ gaps / (outputs − 1),
+  plus ``cached_tokens`` and ``cached_tokens_by_source`` (device/host/disk at first admission).
+* :func:`metrics_output` — the aggregate :class:`~blis_sim.formats.MetricsOutput`: the reference's
+  fields (percentiles by linear interpolation at rank p/100·(n−1); ITL percentiles over every
+  inter-token gap), its block-based ``cache_hit_rate`` (compatibility only), and ``kv_hit_rates``:
+  every definition of design D2 over the comparison window.
+* :func:`trace_records` — the simulated requests as TraceV2 rows (``--trace-output``): integer µs
+  times, ``first_chunk = arrival + TTFT``, ``last_chunk = arrival + E2E``, status ``ok`` or
+  ``incomplete`` (did not finish before the horizon).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.simulate import SOURCES, SimOutcome
+from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
+from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimResult
+
+
+def percentile(values: np.ndarray, p: float) -> float:
+    if values.size == 0:
+        return 0.0
+    return float(np.percentile(values, p))
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, p: float) -> float:
+    """Percentile of the multiset where ``values[k]`` appears ``weights[k]`` times (linear interp.)."""
+    total = int(weights.sum())
+    if total == 0:
+        return 0.0
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    cum = np.cumsum(weights[order])
+    rank = p / 100.0 * (total - 1)
+    lo = int(np.floor(rank))
+    hi = min(lo + 1, total - 1)
+    vlo = v[np.searchsorted(cum, lo, side="right")]
+    vhi = v[np.searchsorted(cum, hi, side="right")]
+    return float(vlo + (vhi - vlo) * (rank - lo))
+
+
+def _itl_mean(o: SimOutcome) -> np.ndarray:
+    n_out = o.loop.num_out
+    return np.where(n_out > 1, o.loop.itl_sum_us / np.maximum(n_out - 1, 1), 0.0)
+
+
+def sim_results(o: SimOutcome) -> list[SimResult]:
+    done = np.flatnonzero(o.completed)
+    ttft, e2e, itl = o.ttft_us, o.e2e_us, _itl_mean(o)
+    construct = SimResult.model_construct
+    out = []
+    for i in done[np.argsort(o.table.request_id[done], kind="stable")].tolist():
+        src = o.table.source[i] if o.table.source else None
+        c = o.cached[i]
+        out.append(construct(
+            request_id=int(o.table.request_id[i]), ttft_us=float(ttft[i]), e2e_us=float(e2e[i]),
+            input_tokens=int(o.table.prompt_len[i]), output_tokens=int(o.loop.num_out[i]),
+            slo_class=getattr(src, "slo_class", "") or "", model=getattr(src, "model", "") or "",
+            itl_mean_us=float(itl[i]), cached_tokens=int(c.sum()),
+            cached_tokens_by_source={s: int(c[k]) for k, s in enumerate(SOURCES)}))
+    return out
+
+
+def metrics_output(o: SimOutcome, *, include_requests: bool = True) -> MetricsOutput:
+    lp = o.loop
+    done = o.completed
+    status = lp.status
+    n_done = int(done.sum())
+    ttft_ms = o.ttft_us[done] / 1e3
+    e2e_ms = o.e2e_us[done] / 1e3
+    sched_ms = (lp.first_sched_us[done] - lp.arrival_us[done]) / 1e3
+    itl_v, itl_w = lp.itl_values / 1e3, lp.itl_weights
+    n_itl = int(itl_w.sum())
+    duration_s = lp.end_us / 1e6
+    total_in = int(o.table.prompt_len[done].sum())
+    total_out = int(lp.num_out[done].sum())
+    queued = int(np.isin(status, (WAITING, LOADING)).sum())
+    running = int((status == RUNNING).sum())
+    dropped = int(o.dropped.sum())
+    not_arrived = int((status == NOT_ARRIVED).sum())
+    requests: list[RequestMetrics] = []
+    if include_requests:
+        itl = _itl_mean(o) / 1e3
+        ttft_all, e2e_all = o.ttft_us / 1e3, o.e2e_us / 1e3
+        idx = np.flatnonzero(done)
+        idx = idx[np.lexsort((o.table.request_id[idx], lp.arrival_us[idx]))]
+        construct = RequestMetrics.model_construct
+        for i in idx.tolist():
+            src = o.table.source[i] if o.table.source else None
+            requests.append(construct(
+                arrived_at=float(lp.arrival_us[i]) / 1e6, request_id=f"request_{o.table.request_id[i]}",
+                num_prefill_tokens=int(o.table.prompt_len[i]), num_decode_tokens=int(lp.num_out[i]),
+                ttft_ms=float(ttft_all[i]), itl_ms=float(itl[i]), e2e_ms=float(e2e_all[i]),
+                scheduling_delay_ms=float(lp.first_sched_us[i] - lp.arrival_us[i]) / 1e3,
+                slo_class=getattr(src, "slo_class", "") or "",
+                tenant_id=getattr(src, "tenant_id", "") or "", handled_by="instance_0",
+                model=getattr(src, "model", "") or "", adapter=getattr(src, "adapter", "") or "",
+                length_capped=False, gateway_queue_delay_ms=0.0,
+                session_id=getattr(src, "session_id", "") or "",
+                round_index=int(getattr(src, "round_index", 0) or 0)))
+    return MetricsOutput(
+        completed_requests=n_done, still_queued=queued, still_running=running,
+        injected_requests=len(o.table) - not_arrived,
+        total_input_tokens=total_in, total_output_tokens=total_out,
+        vllm_estimated_duration_s=duration_s,
+        responses_per_sec=n_done / duration_s if duration_s > 0 else 0.0,
+        tokens_per_sec=total_out / duration_s if duration_s > 0 else 0.0,
+        e2e_mean_ms=float(e2e_ms.mean()) if n_done else 0.0,
+        e2e_p90_ms=percentile(e2e_ms, 90), e2e_p95_ms=percentile(e2e_ms, 95),
+        e2e_p99_ms=percentile(e2e_ms, 99),
+        ttft_mean_ms=float(ttft_ms.mean()) if n_done else 0.0,
+        ttft_p90_ms=percentile(ttft_ms, 90), ttft_p95_ms=percentile(ttft_ms, 95),
+        ttft_p99_ms=percentile(ttft_ms, 99),
+        itl_mean_ms=float((itl_v * itl_w).sum() / n_itl) if n_itl else 0.0,
+        itl_p90_ms=weighted_percentile(itl_v, itl_w, 90),
+        itl_p95_ms=weighted_percentile(itl_v, itl_w, 95),
+        itl_p99_ms=weighted_percentile(itl_v, itl_w, 99),
+        scheduling_delay_p99_ms=percentile(sched_ms, 99),
+        preemption_count=int(lp.preemption_count),
+        cache_hit_rate=float(o.kv_counters.get("cache_hit_rate", 0.0)),
+        dropped_unservable=dropped, requests=requests,
+        kv_hit_rates=[KVHitRate(**e) for e in o.hit_rates],
+    )
+
+
+def _int_us(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
+    """TraceV2 rows for the simulated requests (``base``: one dict of the non-timing columns per
+    table row; default: taken from the table's source records)."""
+    from blis_sim.formats import TraceRecord
+
+    lp = o.loop
+    out = []
+    for i in range(len(o.table)):
+        if lp.status[i] == NOT_ARRIVED or o.dropped[i]:
+            continue
+        fields = dict(base[i]) if base is not None else _fields_of(o.table.source[i])
+        arrival = _int_us(lp.arrival_us[i])
+        done = not np.isnan(lp.finish_us[i])
+        first = _int_us(lp.arrival_us[i] + o.ttft_us[i]) if not np.isnan(lp.first_token_us[i]) else 0
+        last = _int_us(lp.arrival_us[i] + o.e2e_us[i]) if done else 0
+        fields.update(request_id=int(o.table.request_id[i]), arrival_time_us=arrival,
+                      send_time_us=arrival, first_chunk_time_us=first, last_chunk_time_us=last,
+                      num_chunks=0, status="ok" if done else "incomplete", error_message="",
+                      finish_reason="", server_input_tokens=0,
+                      cached_tokens=int(o.cached[i].sum()) if o.admitted[i] else -1,
+                      first_byte_time_us=0, first_content_time_us=0)
+        out.append(TraceRecord.model_construct(**{**_DEFAULT_FIELDS(), **fields}))
+    return out
+
+
+def _DEFAULT_FIELDS() -> dict[str, Any]:  # noqa: N802 - a constant built lazily
+    from blis_sim.formats import TraceRecord
+
+    return {name: f.get_default(call_default_factory=True)
+            for name, f in TraceRecord.model_fields.items() if name != "request_id"}
+
+
+_KEEP = ("client_id", "tenant_id", "slo_class", "vllm_priority", "session_id", "round_index",
+         "prefix_group", "prefix_length", "streaming", "input_tokens", "output_tokens",
+         "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio", "model",
+         "deadline_us", "slo_target_us", "adapter", "think_time_us", "phase", "warmup",
+         "x_request_id")
+
+
+def _fields_of(record: Any) -> dict[str, Any]:
+    return {k: getattr(record, k) for k in _KEEP if hasattr(record, k)}

@@ -1,0 +1,69 @@
+"""Provenance of a simulation (design D7): what goes into the header of a trace the engine writes.
+
+``sim_header(outcome, options, mode, base=None)`` → :class:`~blis_sim.formats.TraceHeader` with
+the resolved ``kv_offload`` block (INV-13), and in ``pytest_blis``: tool version, KV geometry,
+the simulated per-definition hit-rates, offload extensions, and the latency model with its
+coefficients (flattened to ``"step.base_us"``-style keys) and seed. ``base`` (replay) keeps the
+original header's observation blocks verbatim.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from blis_sim import __version__
+from blis_sim.formats import KVGeometry, KVHitRate, LatencyModelInfo, PytestBlisHeader, TraceHeader
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested dict as ``{"a.b": float}``; sequences as ``a.0``, ``a.1``."""
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            out.update(flatten({str(i): v for i, v in enumerate(value)}, name + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def latency_info(options: Any) -> LatencyModelInfo:
+    desc = options.latency.describe()
+    name = desc.get("model", "linear")
+    if name == "roofline":
+        name = f"roofline:{desc.get('hardware')}:tp{desc.get('tp')}"
+    coeffs = flatten({k: v for k, v in desc.items() if k != "model"})
+    coeffs["seed"] = float(options.seed)
+    return LatencyModelInfo(name=name, coefficients=coeffs, source=options.latency_source)
+
+
+def sim_header(outcome: Any, options: Any, *, mode: str, base: Any = None,
+               workload_seed: int | None = None, workload_spec: str = "",
+               accumulate: bool = False) -> TraceHeader:
+    ext = PytestBlisHeader(
+        tool_version=__version__,
+        kv_geometry=KVGeometry(block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
+        kv_hit_rates=[KVHitRate(**e) for e in outcome.hit_rates],
+        offload=outcome.offload.extensions() if outcome.offload is not None else None,
+        latency_model=latency_info(options),
+    )
+    kv_offload = outcome.offload.to_header() if outcome.offload is not None else None
+    if base is not None:
+        return base.model_copy(update={
+            "mode": mode, "time_unit": "microseconds", "kv_offload": kv_offload,
+            "pytest_blis": _merge(base.pytest_blis, ext)})
+    return TraceHeader(mode=mode, time_unit="microseconds", workload_seed=workload_seed,
+                       workload_spec=workload_spec,
+                       session_context_growth="accumulate" if accumulate else "",
+                       kv_offload=kv_offload, pytest_blis=ext)
+
+
+def _merge(original: PytestBlisHeader | None, ours: PytestBlisHeader) -> PytestBlisHeader:
+    """A replay keeps the observation verbatim (server versions, observed hit-rates, scrape,
+    phases) and states its own geometry, offload extensions and latency model."""
+    if original is None:
+        return ours.model_copy(update={"kv_hit_rates": []})
+    return original.model_copy(update={
+        "tool_version": ours.tool_version, "kv_geometry": ours.kv_geometry,
+        "offload": ours.offload, "latency_model": ours.latency_model})

@@ -1,0 +1,172 @@
+"""``replay``: a TraceV2 through the simulator, the way the server would have served it.
+
+API::
+
+    results, metrics = replay(trace, options)          # list[SimResult], MetricsOutput
+    outcome = replay_outcome(trace, options)            # ReplayOutcome: + SimOutcome, resolved config
+    records = outcome.trace()                           # the re-export (--trace-output), mode "replayed"
+
+Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs fixed):
+
+* **KV-offload config.** A header ``kv_offload`` block (sim-generated traces) is authoritative: a
+  ``--kv-offload-config`` that resolves differently is an error (INV-13). Without a header block the
+  flag may add a config only to an observe trace (``mode: real``). Neither: GPU prefix cache only.
+* **The hard error (BC-10):** a trace whose observation came from the offload tiers
+  (``observed_kv_metrics.source: tiered``, or non-zero ``external`` / ``tiered`` / host / disk
+  entries in ``pytest_blis.kv_hit_rates``) replayed without an offload config.
+* **Geometry:** block size and GPU blocks from the options, else the header's recorded server
+  geometry (``pytest_blis.kv_geometry``, ``server.block_size``, the offload block), else 16 tokens
+  and the model's capacity on its hardware (:mod:`blis_sim.engine.models`) or 1,000,000 blocks.
+* **Time origin:** observe traces are replayed from their first send (relative µs); the horizon
+  defaults to twice the last arrival (the reference's rule), unbounded when arrivals are all 0.
+* **Warm-up:** every replayable row is simulated (warm-up rows fill the cache as on the server);
+  the hit-rates are computed over the rows inside the server's counter window
+  (:func:`blis_sim.engine.requests.trace_window`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.outputs import metrics_output, sim_results, trace_records
+from blis_sim.engine.requests import table_from_trace, trace_window
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, simulate_table
+from blis_sim.errors import ConfigError, UsageError
+
+BC10_MESSAGE = (
+    "the trace's observed_kv_metrics were captured from the tiered KV-offload counters "
+    '(source="tiered") but this replay has no offload config; replay would produce a GPU-only '
+    "hit-rate that calibrate cannot compare against the tiered observation — pass "
+    "--kv-offload-config <file> matching the observed deployment (INV-13, never silent degradation)")
+
+
+@dataclass
+class ReplayOutcome:
+    outcome: SimOutcome
+    header: Any
+    options: EngineOptions
+
+    @property
+    def results(self) -> list[Any]:
+        return sim_results(self.outcome)
+
+    def metrics(self, include_requests: bool = True) -> Any:
+        return metrics_output(self.outcome, include_requests=include_requests)
+
+    def trace(self) -> Any:
+        """The replay re-exported as a TraceV2 (``mode: replayed``; observations kept verbatim)."""
+        from blis_sim.engine.provenance import sim_header
+        from blis_sim.formats import Trace
+
+        header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
+        return Trace.model_construct(header=header, records=trace_records(self.outcome))
+
+
+def resolve_offload(header: Any, flag_cfg: Any, *, kv_bytes_per_token: float | None) -> Any:
+    """The offload config this replay uses (blis-pipeline.md §4.3), or None."""
+    from blis_sim.formats.offload import OffloadConfig
+
+    recorded = None
+    if header.kv_offload is not None:
+        ext = header.pytest_blis.offload if header.pytest_blis is not None else None
+        try:
+            recorded = OffloadConfig.from_header(header.kv_offload, ext,
+                                                 kv_bytes_per_token=kv_bytes_per_token)
+        except ConfigError as exc:
+            raise ConfigError(f"blis replay cannot reproduce the trace's kv_offload config: "
+                              f"{exc.reason} (INV-13: never silent degradation)",
+                              field=exc.location.field) from None
+    if recorded is not None:
+        if flag_cfg is not None and not flag_cfg.equivalent(recorded):
+            raise UsageError("--kv-offload-config conflicts with the kv_offload config recorded in "
+                             "the trace header; on replay the header is authoritative — omit the "
+                             "flag or pass the identical config")
+        return recorded
+    if flag_cfg is not None:
+        if header.mode != "real":
+            raise UsageError(
+                "the trace was captured without a kv_offload config; --kv-offload-config cannot "
+                "add one on replay of a sim-generated trace (INV-13). Only observe traces (mode "
+                '"real") may have an offload config supplied on replay to model the observed '
+                "deployment")
+        return flag_cfg
+    return None
+
+
+def observed_from_tiers(header: Any) -> bool:
+    """Whether the trace's observed hit-rate came from the offload tiers (BC-10 and ours)."""
+    obs = header.observed_kv_metrics
+    if obs is not None and obs.source == "tiered":
+        return True
+    ext = header.pytest_blis
+    if ext is None:
+        return False
+    for e in ext.kv_hit_rates:
+        if e.definition in ("external", "tiered") and e.queries > 0:
+            return True
+        if e.definition == "by_source" and e.tier not in ("device", None) and e.hits > 0:
+            return True
+    return False
+
+
+def geometry(header: Any, options: EngineOptions, offload: Any) -> tuple[int, int]:
+    """(block_size, num_gpu_blocks): options, else the header's server geometry, else defaults."""
+    from blis_sim.engine.models import default_num_gpu_blocks
+
+    ext = header.pytest_blis.kv_geometry if header.pytest_blis is not None else None
+    bs = options.block_size
+    if bs is None and ext is not None and ext.block_size:
+        bs = ext.block_size
+    if bs is None and header.server is not None and header.server.block_size:
+        bs = header.server.block_size
+    if bs is None and offload is not None:
+        bs = offload.gpu_block_size
+    bs = bs or 16
+    blocks = options.num_gpu_blocks
+    if blocks is None and ext is not None and ext.num_gpu_blocks:
+        blocks = ext.num_gpu_blocks
+    if blocks is None:
+        blocks = default_num_gpu_blocks(options.model, bs)
+    return int(bs), int(blocks)
+
+
+def default_horizon(arrival_us: np.ndarray) -> float | None:
+    """The reference's ``computeHorizonFromMaxArrival``: 2 × the last arrival (None: unbounded)."""
+    if arrival_us.size == 0:
+        return None
+    top = float(arrival_us.max())
+    if top <= 0:
+        return 600_000_000.0
+    return 2.0 * top
+
+
+def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
+                   log_steps: bool = False) -> ReplayOutcome:
+    """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`); see the module docstring."""
+    options = options or EngineOptions()
+    header = trace.header
+    offload = resolve_offload(header, options.kv_offload,
+                              kv_bytes_per_token=options.kv_bytes_per_token)
+    if offload is None and observed_from_tiers(header):
+        raise ConfigError(BC10_MESSAGE)
+    if not trace.records:
+        raise ConfigError("Failed to build requests from trace: empty trace")
+    window = trace_window(header, trace.records)
+    table = table_from_trace(header, trace.records, window)
+    if len(table) == 0:
+        raise ConfigError("Failed to build requests from trace: every row has status 'error'")
+    block_size, num_blocks = geometry(header, options, offload)
+    kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
+    outcome = simulate_table(table, kv, options, block_size=block_size, num_gpu_blocks=num_blocks,
+                             offload=offload, content_seed=options.seed,
+                             horizon_us=default_horizon(table.arrival_us), log_steps=log_steps)
+    return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
+
+
+def replay(trace: Any, options: EngineOptions | None = None) -> tuple[list[Any], Any]:
+    """Replay a trace: ``(SimResult list, MetricsOutput)`` (what ``--results-path`` /
+    ``--metrics-path`` hold)."""
+    out = replay_outcome(trace, options)
+    return out.results, out.metrics()

@@ -1,0 +1,166 @@
+"""One simulation: a :class:`RequestTable` through the step loop and a :class:`blis_sim.kv.KVCache`.
+
+:class:`EngineOptions` holds every knob (the reference's simulator flags plus ours);
+:func:`build_kv` makes the cache from the resolved geometry and offload config;
+:func:`simulate_table` runs the loop and returns a :class:`SimOutcome`: the loop's per-request
+arrays, the frontend term, the KV counters, and the hit-rates of design D2 over the comparison
+window (per request for the token definitions, from counter snapshots for the per-tier chunks).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.kvport import KVPort
+from blis_sim.engine.latency import DEFAULT_COEFFICIENTS, StepModel
+from blis_sim.engine.requests import RequestTable
+from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
+from blis_sim.errors import ConfigError
+
+SOURCES = ("device", "host", "disk")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Simulator knobs. ``None`` geometry is taken from the trace header, else defaults."""
+
+    model: str = ""
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
+    seed: int = 42
+    horizon_us: float | None = None
+    latency: StepModel = field(default_factory=DEFAULT_COEFFICIENTS.to_step_model)
+    latency_source: str = "default"
+    kv_offload: Any = None              # OffloadConfig given on the command line (replay/run)
+    kv_bytes_per_token: float | None = None
+    kv_backend: str | None = None       # "cython" | "python" | None (tests)
+    loop_backend: Any = None            # a loop module (tests)
+
+    def scheduler(self, horizon_us: float | None = None) -> SchedulerConfig:
+        h = self.horizon_us if self.horizon_us is not None else horizon_us
+        return SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens,
+                               long_prefill_token_threshold=self.long_prefill_token_threshold,
+                               horizon_us=float(h) if h is not None else math.inf)
+
+
+@dataclass
+class SimOutcome:
+    table: RequestTable
+    loop: LoopResult
+    cached: np.ndarray            # (n, 3) device/host/disk tokens at first admission
+    admitted: np.ndarray          # bool
+    frontend_us: np.ndarray
+    kv_counters: dict[str, Any]
+    hit_rates: list[dict[str, Any]]
+    block_size: int
+    num_gpu_blocks: int
+    offload: Any
+    dropped: np.ndarray
+
+    @property
+    def completed(self) -> np.ndarray:
+        return ~np.isnan(self.loop.finish_us)
+
+    @property
+    def ttft_us(self) -> np.ndarray:
+        return self.loop.first_token_us - self.loop.arrival_us + self.frontend_us
+
+    @property
+    def e2e_us(self) -> np.ndarray:
+        return self.loop.finish_us - self.loop.arrival_us + self.frontend_us
+
+
+def build_kv(num_gpu_blocks: int, block_size: int, offload: Any, seed: int,
+             backend: str | None = None) -> Any:
+    from blis_sim.kv import KVCache, from_offload_config
+
+    bytes_per_block = 0
+    if offload is not None:
+        bytes_per_block = int(offload.bytes_per_chunk // offload.blocks_per_chunk)
+        if offload.gpu_block_size != block_size:
+            raise ConfigError(f"the offload config was resolved for GPU block size "
+                              f"{offload.gpu_block_size}, the simulation uses {block_size}",
+                              field="kv_offload.block_size")
+    cfg = from_offload_config(offload, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                              bytes_per_block=bytes_per_block, seed=seed)
+    return KVCache(cfg, backend=backend)
+
+
+def inflight_at_arrival(arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
+    """Requests in the system when each one arrives (arrived earlier, not finished by then)."""
+    arr_sorted = np.sort(arrival)
+    fin = np.where(np.isnan(finish), np.inf, finish)
+    fin_sorted = np.sort(fin)
+    return (np.searchsorted(arr_sorted, arrival, side="left")
+            - np.searchsorted(fin_sorted, arrival, side="right")).clip(min=0)
+
+
+def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, block_size: int,
+                   num_gpu_blocks: int, offload: Any, content_seed: int,
+                   horizon_us: float | None = None, log_steps: bool = False) -> SimOutcome:
+    """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases)."""
+    n = len(table)
+    capacity = (num_gpu_blocks - 1) * block_size  # vLLM's null block is never handed out
+    olen = np.maximum(table.output_len, 1)
+    dropped = (table.prompt_len + olen - 1) > capacity
+    window_idx = np.flatnonzero(table.in_window & ~dropped)
+    first = -1
+    if window_idx.size and window_idx.size < n:
+        first = int(window_idx[np.argmin(table.arrival_us[window_idx], kind="stable")])
+    port = KVPort(kv, table.content(content_seed, block_size), window_first=first)
+    workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
+                        output_len=table.output_len, next_round=table.next_round,
+                        think_us=table.think_us, dropped=dropped)
+    store_chunk = 0
+    prompt_only = True
+    if offload is not None:
+        store_chunk = int(offload.block_size)
+        prompt_only = bool(offload.offload_prompt_only)
+    loop = simulate(workload, port, options.latency, options.scheduler(horizon_us),
+                    store_chunk_tokens=store_chunk, store_prompt_only=prompt_only,
+                    log_steps=log_steps, backend=options.loop_backend)
+    frontend = options.latency.frontend_us(inflight_at_arrival(loop.arrival_us, loop.finish_us))
+    counters = kv.snapshot()
+    rates = hit_rates(table, port, counters, port.window_snapshot if first >= 0 else None,
+                      tiers=offload is not None)
+    return SimOutcome(table=table, loop=loop, cached=port.cached, admitted=port.admitted,
+                      frontend_us=frontend, kv_counters=counters, hit_rates=rates,
+                      block_size=block_size, num_gpu_blocks=num_gpu_blocks, offload=offload,
+                      dropped=dropped)
+
+
+def _entry(definition: str, tier: str | None, unit: str, hits: int, queries: int) -> dict[str, Any]:
+    return {"definition": definition, "tier": tier, "unit": unit, "hits": int(hits),
+            "queries": int(queries), "hit_rate": hits / queries if queries else 0.0, "metric": None}
+
+
+def hit_rates(table: RequestTable, port: KVPort, end: dict[str, Any],
+              start: dict[str, Any] | None, *, tiers: bool) -> list[dict[str, Any]]:
+    """Design D2's definitions over the window: token ones summed per request at first admission
+    (exactly vLLM's counting), per-tier chunk ones from counter deltas."""
+    sel = table.in_window & port.admitted
+    prompt = table.prompt_len[sel]
+    cached = port.cached[sel]
+    queries = int(prompt.sum())
+    device = int(cached[:, 0].sum())
+    out = [_entry("prefix_cache", None, "tokens", device, queries)]
+    if tiers:
+        ext_q = int(np.maximum(prompt - cached[:, 0], 0).sum())
+        out.append(_entry("external", None, "tokens", int(cached[:, 1:].sum()), ext_q))
+    for k, src in enumerate(SOURCES):
+        if k == 0 or tiers:
+            out.append(_entry("by_source", src, "tokens", int(cached[:, k].sum()), queries))
+    for label, t in end.get("tiers", {}).items():
+        hits, qs = int(t["chunk_hits"]), int(t["chunk_queries"])
+        if start is not None and label in start.get("tiers", {}):
+            hits -= int(start["tiers"][label]["chunk_hits"])
+            qs -= int(start["tiers"][label]["chunk_queries"])
+        out.append(_entry("tiered", label, "chunks", hits, qs))
+    return out
