@@ -61,7 +61,7 @@ def _compact(phase: Phase, pi: int, name: str, cap: Capacity, groups: list[tuple
 
 
 def _reindex(phase: PhasePlan, index: int, name: str) -> PhasePlan:
-    reqs = tuple(dataclasses.replace(r, phase=name, phase_index=index) for r in phase.requests)
+    reqs = tuple(r._replace(phase=name, phase_index=index) for r in phase.requests)
     sessions = {k: dataclasses.replace(v, phase=name, phase_index=index) for k, v in phase.sessions.items()}
     return dataclasses.replace(phase, index=index, name=name, requests=reqs, sessions=sessions)
 
