@@ -30,7 +30,7 @@ from blis_sim.formats import (
     write_itl,
     write_trace,
 )
-from blis_sim.formats.trace import columns_for, data_text, default_itl_path, header_text
+from blis_sim.formats.trace import BASE_COLUMNS, columns_for, data_text, default_itl_path, header_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 BLIS = SHARED / "samples" / "blis"
@@ -255,3 +255,32 @@ def test_empty_data_file_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "t.csv").write_text("")
     with pytest.raises(FormatError, match="reading CSV header: EOF"):
         read_trace_data(tmp_path / "t.csv")
+
+
+def _one_row(tmp_path: Path, column: int, cell: str) -> Path:
+    row = ["0"] * 27
+    row[8], row[24] = "false", "ok"
+    row[column] = cell
+    path = tmp_path / "t.csv"
+    path.write_text(",".join(BASE) + "\n" + ",".join(row) + "\n")
+    return path
+
+
+BASE = BASE_COLUMNS
+
+
+@pytest.mark.parametrize("cell", [" 12", "12 ", "1_000", "\u0661\u0662", "0x10", "1e3", "", "1.0"])
+def test_integers_parse_like_go_parseint(tmp_path: Path, cell: str) -> None:
+    with pytest.raises(FormatError, match="field 'input_tokens'"):
+        read_trace_data(_one_row(tmp_path, 9, cell))
+
+
+def test_integer_sign_forms(tmp_path: Path) -> None:
+    assert read_trace_data(_one_row(tmp_path, 9, "+12"))[0].input_tokens == 12
+    assert read_trace_data(_one_row(tmp_path, 20, "-5"))[0].send_time_us == -5  # timestamps may be negative
+
+
+@pytest.mark.parametrize("cell", ["false", "nan", "-0.5", "2"])
+def test_reason_ratio_rejects(tmp_path: Path, cell: str) -> None:
+    with pytest.raises(FormatError, match="field 'reason_ratio'"):
+        read_trace_data(_one_row(tmp_path, 15, cell))

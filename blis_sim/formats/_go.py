@@ -142,11 +142,12 @@ def format_bool(b: bool) -> str:
     return "true" if b else "false"
 
 
+_NEEDS_QUOTES = re.compile(r'[,"\r\n]|\A[\s\x85\xa0]|\A\\\.\Z')
+
+
 def csv_field(s: str) -> str:
     """One field quoted the way Go's csv.Writer quotes it (minimal quoting, ``"`` doubled)."""
-    if s == "":
-        return s
-    if s == "\\." or any(c in s for c in ',"\r\n') or s[0].isspace() or s[0] in "\x85\xa0":
+    if s and _NEEDS_QUOTES.search(s):
         return '"' + s.replace('"', '""') + '"'
     return s
 
