@@ -135,3 +135,19 @@ def test_report_model_is_strict_and_frozen(sample_inputs: tuple) -> None:
     with pytest.raises(Exception):
         report.trace_info.matched_pairs = 1  # type: ignore[misc]
     assert isinstance(CalibrationReport.model_validate(report.model_dump()), CalibrationReport)
+
+
+def test_window_notes_follow_the_recorded_phases(sample_inputs: tuple) -> None:
+    from blis_sim.formats.trace import PhaseInfo, PytestBlisHeader
+    trace, sims, metrics = sample_inputs
+
+    def notes_for(*phases: PhaseInfo) -> list[str]:
+        header = trace.header.model_copy(update={"pytest_blis": PytestBlisHeader(phases=list(phases))})
+        return calibrate(trace.model_copy(update={"header": header}), sims, metrics).notes or []
+
+    before = notes_for(PhaseInfo(name="prewarm", warmup=True, measured=False, requests=8),
+                       PhaseInfo(name="main", requests=200))
+    assert any("'prewarm' (8 request(s)) ran before the observed counter window" in n for n in before)
+    inside = notes_for(PhaseInfo(name="warm", warmup=True, measured=True, requests=3))
+    assert any("window includes warm-up phase(s) 'warm' (3 request(s))" in n for n in inside)
+    assert not any("warm-up" in n for n in notes_for(PhaseInfo(name="main", requests=200)))

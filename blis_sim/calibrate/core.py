@@ -28,8 +28,9 @@ from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pair
 from blis_sim.calibrate.stats import compute_calibration
 from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
-from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, MetricComparison,
-                                     Provenance, ToleranceVerdict, TraceInfo)
+from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, HitRateComparison,
+                                     HitRateDefinitionComparison, MetricComparison, Provenance, ToleranceVerdict,
+                                     TraceInfo, UnpairedHitRate)
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -95,27 +96,14 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     """:func:`calibrate` plus the pairs and warnings the CLI logs."""
     options.validate()
     inputs = inputs or InputPaths()
-    header = trace.header
     if not sim_results:
         raise InputError("No sim results found — cannot calibrate with empty data", file=inputs.sim_results)
-    warmup = options.warmup_requests
-    if warmup is None or warmup == -1:
-        warmup = int(getattr(header, "warm_up_requests", 0) or 0)
-    rtt_us = options.network_rtt_us
-    if rtt_us is None:
-        rtt_ms = getattr(getattr(header, "network", None), "measured_rtt_ms", None) or 0.0
-        rtt_us = int(rtt_ms * 1000) if rtt_ms > 0 else 0  # int() truncates, like Go's int64()
+    warmup, rtt_us = _header_defaults(trace.header, options)
     itl = list(itl_records) if itl_records is not None else None
     pairs = prepare_pairs(trace.records, sim_results, warmup_requests=warmup,
                           honour_warmup_column=options.warmup_requests != 0, network_rtt_us=rtt_us,
                           bandwidth_mbps=options.network_bandwidth_mbps, itl_records=itl or None)
-    where = " and ".join(p for p in (inputs.trace_data, inputs.sim_results) if p)
-    if pairs.matched == 0:
-        raise InputError("No matching request IDs found between trace and sim results — check that both files "
-                         "use the same request ID numbering" + (f" ({where})" if where else ""))
-    if not pairs.ttft.real:
-        raise InputError("No valid latency pairs after filtering — all matched requests may have corrupt timing "
-                         "data (negative latencies)" + (f" ({inputs.trace_data})" if inputs.trace_data else ""))
+    _check_pairs(pairs, inputs)
     warnings = list(pairs.warnings)
     notes: list[str] = []
     if pairs.duplicate_sim_ids:
@@ -128,39 +116,26 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     }
     if pairs.itl.real:
         metrics["itl"] = compute_calibration(pairs.itl.real, pairs.itl.sim, "itl")
+    ttft = metrics["ttft"].request_level
+    ttft_tolerance = ToleranceVerdict(mape=ttft.mape, threshold=options.ttft_mape_threshold,
+                                      within=ttft.mape <= options.ttft_mape_threshold)
 
     goodput = _goodput(trace, sim_results, pairs, options, itl)
     if goodput is not None and goodput.skipped_itl:
         warnings.append("calibrate goodput: ITL gating skipped — ITL data missing on real or sim side; TTFT/E2E "
                         "rows still computed.")
+    hit = _hit_rates(trace, sim_metrics, options, inputs)
+    warnings += hit.warnings
+    notes += hit.notes
 
-    hit_rate, hr_warnings, hr_notes = _primary_hit_rate(header, sim_metrics, options, inputs)
-    warnings += hr_warnings
-    notes += hr_notes
-    observed = [HitRateEntry.of(e) for e in _observed_entries(header)]
-    simulated = [HitRateEntry.of(e) for e in (getattr(sim_metrics, "kv_hit_rates", None) or ())]
-    kv_rates, unpaired = (compare_definitions(observed, simulated, options.hit_rate_tolerance_pp)
-                          if observed and simulated else ([], []))
-    if sim_metrics is not None and not observed and getattr(header, "observed_kv_metrics", None) is None:
-        notes.append("simulated metrics were given but the trace header carries no observed hit-rate "
-                     "(observe ran without a /metrics scrape, or the scrape missed): no hit-rate was compared")
-    if observed and sim_metrics is not None and not simulated:
-        notes.append("the trace header carries per-definition observed hit-rates but the simulated metrics "
-                     "carry no kv_hit_rates; only the primary hit_rate block was compared")
-    if hit_rate is not None or kv_rates:
-        notes += _window_notes(header, trace.records)
-
-    ttft = metrics["ttft"]
-    ttft_tolerance = ToleranceVerdict(mape=ttft.request_level.mape, threshold=options.ttft_mape_threshold,
-                                      within=ttft.request_level.mape <= options.ttft_mape_threshold)
     report = CalibrationReport(
         trace_info=TraceInfo(num_requests=pairs.num_requests, warm_up_excluded=pairs.excluded_warmup,
                              matched_pairs=pairs.matched, token_mismatches=pairs.token_mismatches,
                              itl_dropped=pairs.itl_dropped, unmatched_real=pairs.unmatched_real,
                              unmatched_sim=pairs.unmatched_sim),
-        metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit_rate,
-        ttft_tolerance=ttft_tolerance,
-        kv_hit_rates=kv_rates or None, kv_hit_rates_unpaired=unpaired or None,
+        metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit.primary,
+        ttft_tolerance=ttft_tolerance, kv_hit_rates=hit.definitions or None,
+        kv_hit_rates_unpaired=hit.unpaired or None,
         request_hit_agreement=request_hit_agreement(pairs.matched_records), notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
                               trace_data=inputs.trace_data, sim_results=inputs.sim_results,
@@ -170,6 +145,58 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
                               ttft_mape_threshold=options.ttft_mape_threshold))
     report = report.model_copy(update={"verdict": summarize_verdict(report.verdicts())})
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
+
+
+def _header_defaults(header: Any, options: CalibrateOptions) -> tuple[int, int]:
+    """Effective warm-up count and RTT (µs): the option, else the trace header (the reference's -1)."""
+    warmup = options.warmup_requests
+    if warmup is None or warmup == -1:
+        warmup = int(getattr(header, "warm_up_requests", 0) or 0)
+    rtt_us = options.network_rtt_us
+    if rtt_us is None:
+        rtt_ms = getattr(getattr(header, "network", None), "measured_rtt_ms", None) or 0.0
+        rtt_us = int(rtt_ms * 1000) if rtt_ms > 0 else 0  # int() truncates, like Go's int64()
+    return warmup, rtt_us
+
+
+def _check_pairs(pairs: CalibrationPairs, inputs: InputPaths) -> None:
+    """The reference's two fatal pairing outcomes, as input errors naming the files."""
+    where = " and ".join(p for p in (inputs.trace_data, inputs.sim_results) if p)
+    if pairs.matched == 0:
+        raise InputError("No matching request IDs found between trace and sim results — check that both files "
+                         "use the same request ID numbering" + (f" ({where})" if where else ""))
+    if not pairs.ttft.real:
+        raise InputError("No valid latency pairs after filtering — all matched requests may have corrupt timing "
+                         "data (negative latencies)" + (f" ({inputs.trace_data})" if inputs.trace_data else ""))
+
+
+@dataclass
+class _HitRates:
+    primary: HitRateComparison | None = None
+    definitions: list[HitRateDefinitionComparison] = field(default_factory=list)
+    unpaired: list[UnpairedHitRate] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _hit_rates(trace: Any, sim_metrics: Any | None, options: CalibrateOptions, inputs: InputPaths) -> _HitRates:
+    """The guide's primary block, every like-for-like definition, and the caveats that go with them."""
+    header = trace.header
+    out = _HitRates()
+    out.primary, out.warnings, out.notes = _primary_hit_rate(header, sim_metrics, options, inputs)
+    observed = [HitRateEntry.of(e) for e in _observed_entries(header)]
+    simulated = [HitRateEntry.of(e) for e in (getattr(sim_metrics, "kv_hit_rates", None) or ())]
+    if observed and simulated:
+        out.definitions, out.unpaired = compare_definitions(observed, simulated, options.hit_rate_tolerance_pp)
+    if sim_metrics is not None and not observed and getattr(header, "observed_kv_metrics", None) is None:
+        out.notes.append("simulated metrics were given but the trace header carries no observed hit-rate "
+                         "(observe ran without a /metrics scrape, or the scrape missed): no hit-rate was compared")
+    if observed and sim_metrics is not None and not simulated:
+        out.notes.append("the trace header carries per-definition observed hit-rates but the simulated metrics "
+                         "carry no kv_hit_rates; only the primary hit_rate block was compared")
+    if out.primary is not None or out.definitions:
+        out.notes += _window_notes(header, trace.records)
+    return out
 
 
 def _goodput(trace: Any, sim_results: Sequence[Any], pairs: CalibrationPairs, options: CalibrateOptions,
@@ -190,20 +217,39 @@ def _observed_entries(header: Any) -> list[Any]:
 
 
 def _window_notes(header: Any, records: Sequence[Any]) -> list[str]:
-    """The guide's caveat: the counter window includes warm-up requests."""
-    header_warmup = int(getattr(header, "warm_up_requests", 0) or 0)
+    """The guide's caveat: warm-up traffic and the counter window (phases say which side of it they ran)."""
+    phases = list(getattr(getattr(header, "pytest_blis", None), "phases", None) or ())
+    warm = [p for p in phases if getattr(p, "warmup", False)]
+    if warm:
+        notes = []
+        inside = [p for p in warm if p.measured]
+        outside = [p for p in warm if not p.measured]
+        if inside:
+            notes.append(f"the observed counter window includes warm-up phase(s) {_names(inside)} "
+                         f"({sum(p.requests for p in inside)} request(s)); they are kept in the trace (marked), so "
+                         "a replay of the whole trace counts them too")
+        if outside:
+            notes.append(f"warm-up phase(s) {_names(outside)} ({sum(p.requests for p in outside)} request(s)) ran "
+                         "before the observed counter window: the simulated hit-rates are like-for-like only if "
+                         "the replay counts over the same window")
+        return notes
     marked = sum(1 for r in records if getattr(r, "warmup", False))
     if marked:
-        return [f"the observed counter window includes {marked} warm-up request(s); they are kept in the trace "
-                "(marked), so a replay of the whole trace sees them too"]
+        return [f"the trace marks {marked} warm-up request(s) and records no phases: they are assumed to be inside "
+                "the observed counter window, and a replay of the whole trace counts them too"]
+    header_warmup = int(getattr(header, "warm_up_requests", 0) or 0)
     if header_warmup > 0:
         return [f"the observed counter window includes {header_warmup} warm-up request(s) that are not in the "
                 "trace (a reference observe drops them): the simulated hit-rate does not see their traffic"]
     return []
 
 
+def _names(phases: Sequence[Any]) -> str:
+    return ", ".join(repr(p.name) for p in phases)
+
+
 def _primary_hit_rate(header: Any, sim_metrics: Any | None, options: CalibrateOptions,
-                      inputs: InputPaths) -> tuple[Any, list[str], list[str]]:
+                      inputs: InputPaths) -> tuple[HitRateComparison | None, list[str], list[str]]:
     """The guide's hit_rate block (or None), with the reference's warnings and our notes."""
     obs = getattr(header, "observed_kv_metrics", None)
     if obs is None:
