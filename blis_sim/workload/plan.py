@@ -83,6 +83,12 @@ class PlannedRequest:
     audio_tokens: int = 0
     video_tokens: int = 0
 
+    def replace(self, **changes: object) -> PlannedRequest:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    _replace = replace  # NamedTuple spelling, kept because callers adopted it
+
     @property
     def suffix_tokens(self) -> int:
         """Input tokens after the group prefix."""
