@@ -12,7 +12,7 @@ from libcpp.deque cimport deque
 from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
 from libcpp.utility cimport pair
-from libc.math cimport isnan
+from libc.math cimport isnan, ceil
 
 cnp.import_array()
 
@@ -306,7 +306,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     finished_any = True
                     j = nxt_round[i]
                     if j >= 0:
-                        arr[j] = t_end + think[j]
+                        arr[j] = ceil(t_end + think[j])
                         heap.push(HeapItem(-arr[j], -j))
         if regular:
             itl_values.push_back(t_end - t)

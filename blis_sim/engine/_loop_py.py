@@ -23,6 +23,7 @@ tuple (num_computed_tokens, ..., load_ready_us); ``grow(i, num_new_tokens)`` →
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 import numpy as np
@@ -267,7 +268,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     finished_any = True
                     j = int(next_round[i])
                     if j >= 0:
-                        arr[j] = t_end + think_us[j]
+                        # whole µs, so a trace records the arrival exactly (INV-13)
+                        arr[j] = math.ceil(t_end + think_us[j])
                         heapq.heappush(heap, (float(arr[j]), j))
         if regular:
             itl_values.append(t_end - t)

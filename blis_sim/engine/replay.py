@@ -17,8 +17,9 @@ Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs 
 * **Geometry:** block size and GPU blocks from the options, else the header's recorded server
   geometry (``pytest_blis.kv_geometry``, ``server.block_size``, the offload block), else 16 tokens
   and the model's capacity on its hardware (:mod:`blis_sim.engine.models`) or 1,000,000 blocks.
-* **Time origin:** observe traces are replayed from their first send (relative µs); the horizon
-  defaults to twice the last arrival (the reference's rule), unbounded when arrivals are all 0.
+* **Time origin:** observe traces are replayed from their first send (relative µs). Without
+  ``--horizon`` the replay runs until every request has finished (the reference stops at twice the
+  last arrival, which drops requests still running then from the comparison).
 * **Warm-up:** every replayable row is simulated (warm-up rows fill the cache as on the server);
   the hit-rates are computed over the rows inside the server's counter window
   (:func:`blis_sim.engine.requests.trace_window`).
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
-
-import numpy as np
 
 from blis_sim.engine.outputs import metrics_output, sim_results, trace_records
 from blis_sim.engine.requests import table_from_trace, trace_window
@@ -132,14 +131,6 @@ def geometry(header: Any, options: EngineOptions, offload: Any) -> tuple[int, in
     return int(bs), int(blocks)
 
 
-def default_horizon(arrival_us: np.ndarray) -> float | None:
-    """The reference's ``computeHorizonFromMaxArrival``: 2 × the last arrival (None: unbounded)."""
-    if arrival_us.size == 0:
-        return None
-    top = float(arrival_us.max())
-    if top <= 0:
-        return 600_000_000.0
-    return 2.0 * top
 
 
 def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
@@ -161,7 +152,7 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     outcome = simulate_table(table, kv, options, block_size=block_size, num_gpu_blocks=num_blocks,
                              offload=offload, content_seed=options.seed,
-                             horizon_us=default_horizon(table.arrival_us), log_steps=log_steps)
+                             horizon_us=None, log_steps=log_steps)
     return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
 
 
