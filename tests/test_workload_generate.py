@@ -316,7 +316,11 @@ def test_accumulation_uses_the_reported_output_length() -> None:
 
 
 def test_sessions_without_growth_restart_from_the_prefix() -> None:
-    phase = generate_workload(parse_workload_spec(SESSIONS.format(n=8, growth='""'))).phases[0]
+    plan = generate_workload(parse_workload_spec(SESSIONS.format(n=8, growth='""')))
+    assert plan.session_context_growth == ""
+    assert generate_workload(parse_workload_spec(SESSIONS.format(n=8, growth="accumulate"))) \
+        .session_context_growth == "accumulate"
+    phase = plan.phases[0]
     for _, _, r in simulate(phase, 1000):
         assert r.input_tokens == 32 + r.new_input_tokens and r.history == ()
 

@@ -179,6 +179,14 @@ class WorkloadPlan:
     def all_initial(self) -> list[PlannedRequest]:
         return [r for p in self.phases for r in p.requests]
 
+    @property
+    def session_context_growth(self) -> str:
+        """``"accumulate"`` when some session carries its context forward, else ``""``: the value of the trace
+        header's ``session_context_growth`` (the reference's key, which its replay reads)."""
+        acc = any(s.accumulate for p in self.phases for s in p.sessions.values()) or \
+            any(r.accumulate for r in self.all_initial())
+        return "accumulate" if acc else ""
+
 
 class PhaseRun:
     """The follow-up state of one execution of a phase. Deterministic: a follow-up depends only on the seed,
