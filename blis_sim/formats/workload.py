@@ -295,9 +295,9 @@ class WorkloadSpec(_Model):
             base = by_name[ph.repeat] if ph.repeat is not None else None
             r = ResolvedPhase(
                 index=i, name=ph.name,
-                aggregate_rate=_first(ph.aggregate_rate, base and base.aggregate_rate, self.aggregate_rate),
-                num_requests=_first(ph.num_requests, base and base.num_requests, self.num_requests),
-                horizon=_first(ph.horizon, base and base.horizon, self.horizon),
+                aggregate_rate=_own_or(ph.aggregate_rate, base.aggregate_rate if base else self.aggregate_rate),
+                num_requests=_own_or(ph.num_requests, base.num_requests if base else self.num_requests),
+                horizon=_own_or(ph.horizon, base.horizon if base else self.horizon),
                 gap_us=ph.gap_us,
                 clients=tuple(ph.clients or ()) if base is None else base.clients,
                 cohorts=tuple(ph.cohorts or ()) if base is None else base.cohorts,
@@ -330,11 +330,8 @@ class WorkloadSpec(_Model):
         return self.model_copy(update=upd)
 
 
-def _first(*values: Any) -> Any:
-    for v in values:
-        if v is not None and v is not False:
-            return v
-    return values[-1]
+def _own_or(own: Any, inherited: Any) -> Any:
+    return inherited if own is None else own
 
 
 # ---------------------------------------------------------------------------------------------------------------
