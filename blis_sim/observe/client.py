@@ -29,6 +29,7 @@ from blis_sim.observe.sse import LineSplitter, classify, interpret, usage_number
 
 API_FORMATS = ("completions", "chat")
 _ERROR_BODY_LIMIT = 2048
+_DRAIN_TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, cloc
                 _take_usage(record, info.usage)
         if saw_done:
             break
+    if saw_done:
+        await _drain_after_done(resp)
     if first_problem:
         extra = f" ({malformed} malformed events)" if malformed > 1 else ""
         record.fail(STATUS_ERROR, f"streaming error: {first_problem}{extra}")
@@ -158,6 +161,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, cloc
                                   f"[DONE] after {record.num_chunks} events")
     else:
         record.status = STATUS_OK
+
+
+async def _drain_after_done(resp: aiohttp.ClientResponse) -> None:
+    """Read the stream's tail so aiohttp can reuse the connection; never wait long for it."""
+    try:
+        await asyncio.wait_for(resp.content.read(), timeout=_DRAIN_TIMEOUT_S)
+    except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+        pass  # the connection is then closed on release instead of reused: harmless
 
 
 async def _read_body(resp: aiohttp.ClientResponse, record: RequestRecord, clock: RunClock) -> None:

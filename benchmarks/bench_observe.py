@@ -1,0 +1,96 @@
+"""Client overhead and send lateness of `blis observe` against the emulator (design D6 targets).
+
+Run:  python benchmarks/bench_observe.py [--quick]
+
+1. Overhead: the emulator (a separate process, ``zero`` step profile, so the engine itself is almost
+   free) holds every first token back by a fixed delay (20 ms). Per request,
+   ``overhead = client TTFT − delay − server TTFT``, where the server TTFT is the mean of
+   ``vllm:time_to_first_token_seconds`` over the window (the emulator's engine time, a fraction of a
+   millisecond; it has no per-request export, so its mean stands in). Closed-loop users at
+   concurrency 1, 16 and 64; the first 10 % of requests (connection set-up) are marked warm-up and
+   left out. Targets at concurrency 64: p50 ≤ 3 ms, p99 ≤ 15 ms.
+2. Lateness: open-loop constant arrivals at 200 req/s; ``actual send − scheduled send`` per request.
+   Target: p99 ≤ 5 ms.
+
+Prints wall time and peak RSS of this (client) process. On 2 shared cores the emulator and the client
+compete for the CPU, so figures vary run to run by tens of percent: read them as an upper bound of
+what the client adds.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import time
+from typing import Any
+
+from blis_sim.emulator import EmulatorConfig, FaultConfig, spawn_emulator
+from blis_sim.formats.workload import WorkloadSpec
+from blis_sim.observe.capture import percentile
+from blis_sim.observe.run import ObserveOptions, observe
+
+DELAY_S = 0.020
+
+
+def _spec(clients: list[dict[str, Any]], num_requests: int, rate: float = 0.0) -> WorkloadSpec:
+    return WorkloadSpec.model_validate({"version": "2", "seed": 1, "aggregate_rate": rate,
+                                        "num_requests": num_requests, "clients": clients})
+
+
+def _lengths() -> dict[str, Any]:
+    return {"streaming": True, "input_distribution": {"type": "constant", "params": {"value": 64}},
+            "output_distribution": {"type": "constant", "params": {"value": 4}}}
+
+
+def overhead(url: str, concurrency: int, n: int) -> dict[str, float]:
+    spec = _spec([{"id": "users", "concurrency": concurrency, "think_time_us": 0, **_lengths()}], n)
+    warm = max(concurrency, n // 10)
+    opts = ObserveOptions(model="tiny-llama", max_concurrency=concurrency, warmup_requests=warm,
+                          scrape_kv_metrics=True, settle_s=0.2, progress=False, timeout_s=60)
+    result = observe(url, spec, opts)
+    window = result.window
+    server_ms = window.server_ttft["mean_ms"] if window and window.server_ttft else 0.0
+    ttft = [(r.first_content_time_us - r.send_time_us) / 1000 for r in result.trace.records
+            if r.status == "ok" and not r.warmup and r.first_content_time_us]
+    over = [t - DELAY_S * 1000 - server_ms for t in ttft]
+    return {"n": len(over), "server_ttft_mean_ms": server_ms, "ttft_p50_ms": percentile(ttft, 50),
+            "overhead_p50_ms": percentile(over, 50), "overhead_p99_ms": percentile(over, 99),
+            "failed": sum(1 for r in result.trace.records if r.status != "ok")}
+
+
+def lateness(url: str, rate: float, n: int) -> dict[str, float]:
+    spec = _spec([{"id": "open", "rate_fraction": 1, "arrival": {"process": "constant"}, **_lengths()}], n, rate)
+    opts = ObserveOptions(model="tiny-llama", max_concurrency=256, progress=False, timeout_s=60)
+    result = observe(url, spec, opts)
+    late = result.lateness_ms
+    return {"n": len(late), "lateness_p50_ms": percentile(late, 50), "lateness_p99_ms": percentile(late, 99),
+            "lateness_max_ms": max(late) if late else float("nan"),
+            "failed": sum(1 for r in result.trace.records if r.status != "ok")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    scale = 0.25 if args.quick else 1.0
+    cfg = EmulatorConfig(profile="zero", block_size=32, num_gpu_blocks=4096,
+                         faults=FaultConfig(first_token_delay_s=DELAY_S), stats_interval_s=0.05)
+    t0 = time.perf_counter()
+    with spawn_emulator(cfg) as emu:
+        print(f"emulator pid {emu.pid} at {emu.url}; fixed first-token delay {DELAY_S * 1000:.0f} ms")
+        for conc, n in ((1, 200), (16, 800), (64, 2000)):
+            r = overhead(emu.url, conc, max(int(n * scale), 4 * conc))
+            print(f"overhead  concurrency={conc:<3d} n={r['n']:<5.0f} server TTFT mean {r['server_ttft_mean_ms']:.2f} ms"
+                  f"  client TTFT p50 {r['ttft_p50_ms']:.2f} ms  overhead p50 {r['overhead_p50_ms']:.2f} ms"
+                  f"  p99 {r['overhead_p99_ms']:.2f} ms  failed {r['failed']:.0f}")
+        r = lateness(emu.url, 200.0, max(int(2000 * scale), 200))
+        print(f"lateness  200 req/s       n={r['n']:<5.0f} p50 {r['lateness_p50_ms']:.2f} ms  p99 "
+              f"{r['lateness_p99_ms']:.2f} ms  max {r['lateness_max_ms']:.2f} ms  failed {r['failed']:.0f}")
+    wall = time.perf_counter() - t0
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"wall {wall:.1f} s, client peak RSS {rss_mib:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
