@@ -10,7 +10,7 @@ import pytest
 from blis_sim.errors import ConfigError, FormatError, InputError
 from blis_sim.formats._strict import parse_yaml
 from blis_sim.formats.workload import (
-    load_workload_spec, parse_workload_spec, workload_spec_from_doc,
+    load_workload_spec, parse_workload_spec, workload_spec_from_data, workload_spec_from_doc,
 )
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -295,3 +295,15 @@ def test_overrides() -> None:
     assert all(p.num_requests == 99 and p.horizon == 5 for p in spec.resolved_phases())
     same = parse_workload_spec(BASE).with_overrides(seed=None, num_requests=0, horizon=0)
     assert same.num_requests == 10 and same.horizon == 0
+
+
+def test_spec_built_in_code_gets_the_same_checks() -> None:
+    data = {"version": "2", "aggregate_rate": 2, "num_requests": 3,
+            "clients": [{"id": "distribution", "rate_fraction": 1, "arrival": {"process": "constant"},
+                         "input_distribution": {"type": "gaussian",
+                                                "params": {"mean": 512, "std_dev": 256, "min": 2, "max": 7000}},
+                         "output_distribution": {"type": "constant", "params": {"value": 8}}}]}
+    assert workload_spec_from_data(data, "<flags>").clients[0].id == "distribution"
+    data["clients"][0]["input_distribution"]["params"]["min"] = 9000
+    with pytest.raises(ConfigError, match=r"<flags>: field 'clients\.0\.input_distribution\.params\.min': min"):
+        workload_spec_from_data(data, "<flags>")

@@ -5,6 +5,7 @@ API::
     spec = load_workload_spec("spec.yaml")          # WorkloadSpec, or FormatError/ConfigError "file:line: field 'x': why"
     spec = workload_spec_from_doc(doc, at=("workload",))   # a spec embedded in another YAML file (e.g. a scenario)
     spec = parse_workload_spec(text, file="<inline>")
+    spec = workload_spec_from_data({"aggregate_rate": 4, ...}, source="<flags>")   # built in code
     for phase in spec.resolved_phases(): ...         # ResolvedPhase: name, clients, aggregate_rate, num_requests, ...
 
 Every key of the reference spec is accepted with the reference's meaning (blis-pipeline.md §2 and the Go
@@ -52,7 +53,7 @@ __all__ = [
     "ArrivalSpec", "ClientSpec", "CohortSpec", "DistSpec", "LifecycleSpec", "ActiveWindow", "MultiTurnSpec",
     "ReasoningSpec", "MultimodalSpec", "NetworkSpec", "PhaseSpec", "ResolvedPhase", "WorkloadSpec",
     "DEFAULT_PREFIX_LENGTH", "DEFAULT_SESSION_TIMEOUT_US", "DIST_PARAMS", "SLO_CLASSES",
-    "load_workload_spec", "parse_workload_spec", "workload_spec_from_doc",
+    "load_workload_spec", "parse_workload_spec", "workload_spec_from_doc", "workload_spec_from_data",
 ]
 
 log = logging.getLogger("blis_sim.workload")
@@ -345,6 +346,12 @@ def load_workload_spec(path: str | Path) -> WorkloadSpec:
 
 def parse_workload_spec(text: str, file: str = "<string>") -> WorkloadSpec:
     return workload_spec_from_doc(parse_yaml(text, file))
+
+
+def workload_spec_from_data(data: Any, source: str = "<data>") -> WorkloadSpec:
+    """Validate a spec built in code (e.g. from CLI flags) with the same rules; errors name ``source`` and the
+    field (no line)."""
+    return workload_spec_from_doc(YamlDoc(data=data, file=source))
 
 
 def workload_spec_from_doc(doc: YamlDoc, at: tuple[str | int, ...] = ()) -> WorkloadSpec:
