@@ -63,14 +63,26 @@ def test_definitions_paired_on_definition_and_tier() -> None:
                 entry("by_source", "device", 500, 1000), entry("by_source", "host", 100, 1000),
                 entry("by_source", "p2p", 0, 1000), entry("external", None, 100, 400)]
     simulated = [entry("prefix_cache", None, 620, 1000), entry("by_source", "device", 450, 1000),
-                 entry("by_source", "host", 100, 1000), entry("by_source", "disk", 50, 1000)]
+                 entry("by_source", "host", 100, 1000), entry("by_source", "disk", 80, 1000),
+                 entry("tiered", "1:fs", 3, 4, "chunks")]
     comps, unpaired = compare_definitions(observed, simulated, 5.0)
     got = {(c.definition, c.tier): (round(c.abs_error_pp, 9), c.within) for c in comps}
+    # a source only one side lists is 0 hits on the other (both report the by-source split)
     assert got == {("prefix_cache", None): (2.0, True), ("by_source", "device"): (5.0, True),
-                   ("by_source", "host"): (0.0, True)}
+                   ("by_source", "host"): (0.0, True), ("by_source", "p2p"): (0.0, True),
+                   ("by_source", "disk"): (8.0, False)}
     assert comps[0].metric == "vllm:prefix_cache_hits_total" and comps[0].real_hits == 600
+    disk = next(c for c in comps if c.tier == "disk")
+    assert (disk.real_hits, disk.real_queries, disk.sim_hits) == (0, 1000, 80)
     assert {(u.definition, u.tier, u.side) for u in unpaired} == {
-        ("by_source", "p2p", "observed"), ("external", None, "observed"), ("by_source", "disk", "simulated")}
+        ("external", None, "observed"), ("tiered", "1:fs", "simulated")}
+
+
+def test_by_source_is_not_invented_for_a_side_without_the_split() -> None:
+    comps, unpaired = compare_definitions([entry("by_source", "device", 5, 10)], [entry("prefix_cache", None, 5, 10)],
+                                          5.0)
+    assert comps == [] and {(u.definition, u.side) for u in unpaired} == {("by_source", "observed"),
+                                                                           ("prefix_cache", "simulated")}
 
 
 def test_out_of_band_definition_fails_its_own_verdict() -> None:

@@ -11,8 +11,9 @@ API::
 
 Design D2: a hit-rate is only compared with the same hit-rate. Entries are matched on (definition, tier)
 and must carry the same unit; the legacy ``gpu_prefix_cache`` counters count the same tokens as
-``prefix_cache`` and pair with it when the other side has no entry of the same name. For the guide's
-primary ``hit_rate`` block the simulated side is, when the sim carries it, the like-for-like aggregate
+``prefix_cache`` and pair with it when the other side has no entry of the same name. A ``by_source``
+source that only one side lists counts as 0 hits on the other side when that side reports the split at all.
+For the guide's primary ``hit_rate`` block the simulated side is, when the sim carries it, the like-for-like aggregate
 (``tiered``: Σ chunk hits / Σ chunk queries over tiers, as the observed block sums its label series;
 ``gpu-prefix-cache-fallback``: ``prefix_cache`` tokens); otherwise the reference's ``cache_hit_rate``
 (block-based, decode blocks counted as misses), which the report then flags in ``notes``.
@@ -93,11 +94,27 @@ def simulated_primary(source: str, sim_entries: Sequence[HitRateEntry],
     return None
 
 
+def _zero_fill_sources(entries: list[HitRateEntry], other: Iterable[HitRateEntry]) -> list[HitRateEntry]:
+    """``by_source`` entries for sources only ``other`` lists, as 0 hits over this side's queries.
+
+    A side that reports the by-source split at all has served 0 tokens from a source it does not list
+    (vLLM lists every source; a simulator may list only those it models), so 0 vs 0 is compared, not dropped.
+    """
+    mine = [e for e in entries if e.definition == "by_source"]
+    if not mine:
+        return entries
+    have = {e.tier for e in mine}
+    missing = sorted({e.tier for e in other if e.definition == "by_source" and e.tier not in have}, key=str)
+    return entries + [HitRateEntry("by_source", tier, mine[0].unit, 0, mine[0].queries, 0.0, mine[0].metric)
+                      for tier in missing]
+
+
 def compare_definitions(observed: Iterable[HitRateEntry], simulated: Iterable[HitRateEntry],
                         tolerance_pp: float) -> tuple[list[HitRateDefinitionComparison], list[UnpairedHitRate]]:
     """Pair entries on (definition, tier) and compare each pair; list what could not be paired, and why."""
-    obs = list(observed)
-    sims = {e.key: e for e in simulated}
+    obs_in, sim_in = list(observed), list(simulated)
+    obs = _zero_fill_sources(obs_in, sim_in)
+    sims = {e.key: e for e in _zero_fill_sources(sim_in, obs_in)}
     used: set[tuple[str, str | None]] = set()
     pairs: list[tuple[HitRateEntry, HitRateEntry]] = []
     later: list[HitRateEntry] = []
