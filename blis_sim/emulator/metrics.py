@@ -149,6 +149,13 @@ class VllmCollector(Collector):
         profile = self.profile
         legacy = profile == "vllm-0.11"
         kv = profile != "none"
+        if profile == "vllm-0.33":
+            for what in ("flops", "read_bytes", "write_bytes"):
+                noun = "floating point operations" if what == "flops" else \
+                    f"bytes {'read from' if what == 'read_bytes' else 'written to'} memory"
+                yield self._counter(f"vllm:estimated_{what}_per_gpu",
+                                    f"Estimated number of {noun} per GPU (for Model Flops Utilization "
+                                    "calculations).", 0, c)
         yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                           pub.running)
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
@@ -161,6 +168,14 @@ class VllmCollector(Collector):
             labels=list(BASE) + ["reason"])
         fam.add_metric(self.base_values + ["capacity"], pub.waiting - pub.waiting_deferred)
         fam.add_metric(self.base_values + ["deferred"], pub.waiting_deferred)
+        yield fam
+        fam = GaugeMetricFamily(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+            "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            labels=list(BASE) + ["sleep_state"])
+        for state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
+            fam.add_metric(self.base_values + [state], value)
         yield fam
         if legacy:
             yield self._gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
@@ -277,7 +292,8 @@ class VllmCollector(Collector):
         fam = CounterMetricFamily("http_requests", "Total number of requests by method, status and handler.",
                                   labels=["handler", "method", "status"])
         for (handler, method, status), n in sorted(pub.http.items()):
-            fam.add_metric([handler, method, status], n)
+            fam.add_metric([handler, method, status], n,
+                           created=pub.stats.created if self.created_series else None)
         yield fam
 
 

@@ -475,9 +475,11 @@ class Handlers:
                     break
                 await resp.write("".join(parts).encode())
             await resp.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             self.engine.abort(req)
             raise
+        except ConnectionResetError:  # the client went away: free the request, nothing to answer
+            self.engine.abort(req)
         return resp
 
 
