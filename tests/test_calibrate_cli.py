@@ -280,3 +280,16 @@ def test_sim_metrics_without_cache_hit_rate_warns(tmp_path: Path, capsys: pytest
     code, err = run([*_swap("--sim-metrics", str(tmp_path / "m.json")), "--report", str(tmp_path / "c.json")],
                     capsys)
     assert code == EXIT_OK and "has no cache_hit_rate; skipping the hit-rate comparison" in err
+
+
+def test_itl_data_adds_itl_metric(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from blis_sim.formats.trace import ITLRecord, write_itl
+    chunks = [ITLRecord(request_id=rid, chunk_index=i, timestamp_us=10_000 * rid + 13_000 * i)
+              for rid in (0, 1, 2) for i in range(5)]
+    write_itl(chunks, tmp_path / "t.itl.csv")
+    code, err = run([*REF_ARGS, "--report", str(tmp_path / "c.json"), "--itl-data", str(tmp_path / "t.itl.csv")],
+                    capsys)
+    assert code == EXIT_OK
+    itl = json.loads((tmp_path / "c.json").read_text())["metrics"]["itl"]
+    assert itl["count"] == 3 and itl["workload_level"]["real_mean"] == 13_000
+    assert "ITL:  Real mean=13000µs" in err
