@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import heapq
+import os
 import statistics
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -119,6 +122,17 @@ def test_deterministic_for_a_seed() -> None:
     assert one.phases[0].requests == two.phases[0].requests
     other = generate_workload(parse_workload_spec(text), seed=43)
     assert [r.arrival_us for r in other.phases[0].requests] != [r.arrival_us for r in one.phases[0].requests]
+
+
+def test_deterministic_across_processes() -> None:
+    """Nothing depends on Python's per-process hash seed: two interpreters produce the same plan."""
+    code = ("import hashlib,sys; from blis_sim.formats.workload import load_workload_spec as L; "
+            "from blis_sim.workload import generate_workload as G; "
+            "p=G(L(sys.argv[1])); print(hashlib.sha256(repr(p.all_initial()).encode()).hexdigest())")
+    path = str(SHARED / "samples/blis/workload.yaml")
+    outs = {subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outs) == 1
 
 
 def test_constant_arrivals_are_exact() -> None:

@@ -14,9 +14,8 @@ from blis_sim.workload.tokens import (
 
 def test_values_are_pinned() -> None:
     # Changing the hash changes every replayed cache key; make that a deliberate decision.
-    assert prefix_tokens(42, "sys-0", 4).tolist() == token_ids(42, "prefix", "sys-0", length=4).tolist()
-    assert token_ids(0, "k", length=3).tolist() == token_ids(0, "k", length=3).tolist()
     assert prefix_tokens(1, "g", 5).tolist() == [117968, 13894, 18255, 52578, 94436]
+    assert prefix_tokens(42, "sys-0", 4).tolist() == token_ids(42, "prefix", "sys-0", length=4).tolist()
 
 
 def test_range_dtype_and_spread() -> None:
