@@ -94,12 +94,36 @@ def build_kv(num_gpu_blocks: int, block_size: int, offload: Any, seed: int,
 
 
 def inflight_at_arrival(arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
-    """Requests in the system when each one arrives (arrived earlier, not finished by then)."""
+    """Requests in flight when each one arrives: arrived earlier, not finished by then (a
+    never-finished request stays in flight)."""
     arr_sorted = np.sort(arrival)
     fin = np.where(np.isnan(finish), np.inf, finish)
     fin_sorted = np.sort(fin)
     return (np.searchsorted(arr_sorted, arrival, side="left")
             - np.searchsorted(fin_sorted, arrival, side="right")).clip(min=0)
+
+
+def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
+    """Each request's frontend time. Its load is what a client sees: requests sent earlier whose
+    response (engine finish + their own frontend time) has not ended yet — the same count ``fit``
+    takes from an observed trace's send and last-chunk times. Computed in arrival order."""
+    base, per = model.frontend_base_us, model.frontend_per_inflight_us
+    if per == 0.0:
+        return np.full(arrival.shape[0], base)
+    import heapq
+
+    out = np.empty(arrival.shape[0])
+    ends: list[float] = []
+    order = np.lexsort((np.arange(arrival.shape[0]), arrival))
+    fin = np.where(np.isnan(finish), np.inf, finish)
+    for i in order.tolist():
+        a = arrival[i]
+        while ends and ends[0] <= a:
+            heapq.heappop(ends)
+        f = base + per * len(ends)
+        out[i] = f
+        heapq.heappush(ends, fin[i] + f)
+    return out
 
 
 def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, block_size: int,
@@ -126,7 +150,7 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
     loop = simulate(workload, port, options.latency, options.scheduler(horizon_us),
                     store_chunk_tokens=store_chunk, store_prompt_only=prompt_only,
                     log_steps=log_steps, backend=options.loop_backend)
-    frontend = options.latency.frontend_us(inflight_at_arrival(loop.arrival_us, loop.finish_us))
+    frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
     rates = hit_rates(table, port, counters, port.window_snapshot if first >= 0 else None,
                       tiers=offload is not None)

@@ -1,0 +1,236 @@
+"""``fit``: the linear latency model's coefficients from an observed trace, by least squares.
+
+API::
+
+    coeffs = fit(trace, options)        # LatencyCoefficients, with .fit = FitReport (its own error)
+    report = evaluate(trace, options)   # FitReport of any model on any trace (validate on another)
+
+Each request's observed TTFT and mean ITL are linear in the coefficients *for a given schedule*:
+replaying the trace with the current coefficients logs every step (start, duration, features F),
+and a request's TTFT is the sum, over the steps between its arrival and its first token, of the
+part of each step it waited through (a fraction for the step in progress when it arrived) times
+``w · F``, plus idle time (e.g. a load with nothing running), plus the frontend term
+``base + per_inflight · load`` (load: requests in flight at its send, from the trace's send and
+last-chunk times, as the simulator counts them); its mean ITL is the same sum between its first and last token over
+(outputs − 1). Rows are weighted by 1/observed (relative errors, like the MAPE verdict), solved
+with non-negative coefficients (outliers set aside), and the replay is redone with the new
+coefficients (the schedule depends on them): a fixed-point iteration that recovers the
+coefficients of a trace the engine generated itself to well under 1 %.
+
+Which requests: ``status ok`` rows with a first token; TTFT = first content (else first chunk) −
+send; ITL mean = (last chunk − first chunk) / (output tokens − 1) for rows with ≥ 2 outputs.
+Rows outside the comparison window (warm-up) are simulated but not fitted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.latency import (FitReport, FrontendCoefficients, LatencyCoefficients,
+                                     StepCoefficients)
+from blis_sim.engine.replay import replay_outcome
+from blis_sim.engine.simulate import EngineOptions, SimOutcome
+from blis_sim.errors import ConfigError
+
+#: which of the loop's six features each linear step coefficient multiplies
+_LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
+                                  [0, 1, 0, 0, 0, 0],   # per prefill token
+                                  [0, 0, 1, 0, 0, 0],   # per decode sequence
+                                  [0, 0, 0, 1, 1, 0]],  # per context token (decode + prefill)
+                                 dtype=np.float64).T
+
+
+@dataclass
+class Observed:
+    """Observed per-request latencies aligned with the replay's table rows."""
+
+    ttft_us: np.ndarray   # NaN where not usable
+    itl_us: np.ndarray    # NaN where not usable
+    load: np.ndarray      # requests in flight (sent earlier, last chunk not yet seen) at each send
+
+
+def observed(outcome: SimOutcome) -> Observed:
+    n = len(outcome.table)
+    ttft = np.full(n, np.nan)
+    itl = np.full(n, np.nan)
+    send = np.array([float(r.send_time_us or r.arrival_time_us) for r in outcome.table.source])
+    last = np.array([float(r.last_chunk_time_us) if r.last_chunk_time_us > 0 else np.nan
+                     for r in outcome.table.source])
+    from blis_sim.engine.simulate import inflight_at_arrival
+
+    load = inflight_at_arrival(send, last).astype(np.float64)
+    for i, r in enumerate(outcome.table.source):
+        if r.status != "ok" or not outcome.table.in_window[i] or r.send_time_us <= 0:
+            continue
+        first = r.first_content_time_us or r.first_chunk_time_us
+        if first > 0:
+            ttft[i] = first - r.send_time_us
+        if r.output_tokens >= 2 and r.last_chunk_time_us > r.first_chunk_time_us > 0:
+            itl[i] = (r.last_chunk_time_us - r.first_chunk_time_us) / (r.output_tokens - 1)
+    return Observed(ttft, itl, load)
+
+
+class _StepIntegral:
+    """G(t) = features accumulated by the steps up to time t (partial steps pro rata), B(t) =
+    busy time up to t."""
+
+    def __init__(self, start: np.ndarray, dur: np.ndarray, feats: np.ndarray) -> None:
+        self.start, self.dur, self.feats = start, dur, feats
+        self.cum = np.vstack([np.zeros((1, feats.shape[1])), np.cumsum(feats, axis=0)])
+        self.cum_busy = np.concatenate([[0.0], np.cumsum(dur)])
+
+    def __call__(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = np.searchsorted(self.start, t, side="right") - 1  # the step that started last before t
+        k_safe = np.maximum(k, 0)
+        frac = np.clip((t - self.start[k_safe]) / self.dur[k_safe], 0.0, 1.0)
+        frac = np.where(k >= 0, frac, 0.0)
+        g = self.cum[k_safe] + self.feats[k_safe] * frac[:, None]
+        b = self.cum_busy[k_safe] + self.dur[k_safe] * frac
+        g = np.where((k >= 0)[:, None], g, 0.0)
+        b = np.where(k >= 0, b, 0.0)
+        return g, b
+
+
+def _design(outcome: SimOutcome, obs: Observed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (features, target, weight) for the least squares; columns: 4 step + 2 frontend."""
+    lp = outcome.loop
+    if lp.step_start is None:
+        raise ValueError("the replay was run without a step log")
+    integ = _StepIntegral(lp.step_start, lp.step_dur, lp.step_features @ _LINEAR_FROM_FEATURES)
+    done = ~np.isnan(lp.finish_us)
+    load = obs.load
+    rows, targets, weights = [], [], []
+    sel = np.flatnonzero(done & ~np.isnan(obs.ttft_us) & (obs.ttft_us > 0))
+    if sel.size:
+        g0, b0 = integ(lp.arrival_us[sel])
+        g1, b1 = integ(lp.first_token_us[sel])
+        idle = (lp.first_token_us[sel] - lp.arrival_us[sel]) - (b1 - b0)
+        x = np.hstack([g1 - g0, np.ones((sel.size, 1)), load[sel, None]])
+        rows.append(x)
+        targets.append(obs.ttft_us[sel] - idle)
+        weights.append(1.0 / obs.ttft_us[sel])
+    sel = np.flatnonzero(done & ~np.isnan(obs.itl_us) & (obs.itl_us > 0) & (lp.num_out >= 2))
+    if sel.size:
+        g0, b0 = integ(lp.first_token_us[sel])
+        g1, b1 = integ(lp.finish_us[sel])
+        m = (lp.num_out[sel] - 1).astype(np.float64)
+        idle = ((lp.finish_us[sel] - lp.first_token_us[sel]) - (b1 - b0)) / m
+        x = np.hstack([(g1 - g0) / m[:, None], np.zeros((sel.size, 2))])
+        rows.append(x)
+        targets.append(obs.itl_us[sel] - idle)
+        weights.append(1.0 / obs.itl_us[sel])
+    if not rows:
+        raise ConfigError("the trace has no completed request with a usable TTFT or ITL to fit")
+    return np.vstack(rows), np.concatenate(targets), np.concatenate(weights)
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient ≥ 0 (active set: drop the most negative, refit)."""
+    active = [j for j in range(x.shape[1]) if np.any(x[:, j] != 0)]
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            return coef
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def _robust_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray, rounds: int = 4) -> np.ndarray:
+    """Weighted non-negative least squares that sets aside outliers: a request that arrived just
+    before a step boundary in one schedule and just after it in another is off by a whole step,
+    which says nothing about the coefficients. Rows whose relative residual exceeds 3 × the median
+    (and 0.1 %) are dropped and the fit redone."""
+    keep = np.ones(y.shape[0], dtype=bool)
+    c = np.zeros(x.shape[1])
+    for _ in range(rounds):
+        c = _nonneg_lstsq(x[keep] * w[keep, None], y[keep] * w[keep])
+        rel = np.abs(x @ c - y) * w
+        cut = max(3.0 * float(np.median(rel[keep])), 1e-3)
+        new = rel <= cut
+        if new.sum() < x.shape[1] or (new == keep).all():
+            break
+        keep = new
+    return c
+
+
+def _to_coefficients(c: np.ndarray) -> LatencyCoefficients:
+    c = [float(v) for v in c]
+    return LatencyCoefficients(
+        step=StepCoefficients(base_us=c[0], per_prefill_token_us=c[1], per_decode_seq_us=c[2],
+                              per_context_token_us=c[3]),
+        frontend=FrontendCoefficients(base_us=c[4], per_inflight_us=c[5]))
+
+
+def _report(outcome: SimOutcome, obs: Observed, name: str, iterations: int) -> FitReport:
+    ttft_sim, e2e_sim = outcome.ttft_us, outcome.e2e_us
+    lp = outcome.loop
+    itl_sim = np.where(lp.num_out >= 2, (lp.finish_us - lp.first_token_us)
+                       / np.maximum(lp.num_out - 1, 1), np.nan)
+    del e2e_sim
+
+    def errs(sim: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+        ok = ~np.isnan(sim) & ~np.isnan(ref) & (ref > 0)
+        if not ok.any():
+            return 0.0, 0.0
+        d = sim[ok] - ref[ok]
+        return float(np.mean(np.abs(d) / ref[ok])), float(np.sqrt(np.mean(d * d)))
+
+    t_mape, t_rmse = errs(ttft_sim, obs.ttft_us)
+    i_mape, i_rmse = errs(itl_sim, obs.itl_us)
+    used = int((~np.isnan(obs.ttft_us) & ~np.isnan(lp.finish_us)).sum())
+    return FitReport(trace=name, requests=used, iterations=iterations, ttft_mape=t_mape,
+                     itl_mape=i_mape, ttft_rmse_us=t_rmse, itl_rmse_us=i_rmse)
+
+
+def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int = 10,
+        burn_in: int = 3, tolerance: float = 1e-6, name: str = "") -> LatencyCoefficients:
+    """Fit the linear model to ``trace`` (see the module docstring); ``options`` sets the KV and
+    scheduler knobs of the replay (and the starting coefficients, if linear).
+
+    A replay is chaotic in the small (a µs more per step moves step boundaries past arrivals and
+    regroups batches), so successive estimates jitter around the fixed point instead of landing on
+    it: the answer is the coordinate-wise median of the estimates after ``burn_in`` iterations.
+    """
+    options = options or EngineOptions()
+    coeffs = _start(options)
+    history: list[np.ndarray] = []
+    for _ in range(max_iterations):
+        opts = replace(options, latency=coeffs.to_step_model(), latency_source="fit")
+        out = replay_outcome(trace, opts, log_steps=True).outcome
+        obs = observed(out)
+        x, y, w = _design(out, obs)
+        c = _robust_lstsq(x, y, w)
+        coeffs = _to_coefficients(c)
+        if history and np.all(np.abs(c - history[-1])
+                              <= tolerance * np.maximum(np.abs(history[-1]), 1.0)):
+            history.append(c)
+            break
+        history.append(c)
+    settled = history[min(burn_in, len(history) - 1):]
+    coeffs = _to_coefficients(np.median(np.array(settled), axis=0))
+    final = replay_outcome(trace, replace(options, latency=coeffs.to_step_model(),
+                                          latency_source="fit")).outcome
+    return coeffs.model_copy(update={"fit": _report(final, observed(final), name, len(history))})
+
+
+def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport:
+    """How well ``options.latency`` reproduces ``trace``'s TTFT and ITL (e.g. a model fitted on a
+    probe phase, validated on another trace)."""
+    out = replay_outcome(trace, options).outcome
+    return _report(out, observed(out), name, 0)
+
+
+def _start(options: EngineOptions) -> LatencyCoefficients:
+    from blis_sim.engine.latency import DEFAULT_COEFFICIENTS
+
+    lat = options.latency
+    if lat.kind == "linear":
+        s = lat.details.get("step")
+        if s:
+            return LatencyCoefficients(step=StepCoefficients(**s), frontend=FrontendCoefficients(
+                base_us=lat.frontend_base_us, per_inflight_us=lat.frontend_per_inflight_us))
+    return DEFAULT_COEFFICIENTS
