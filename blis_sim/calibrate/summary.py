@@ -100,7 +100,8 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
     lines += [("info", f"Note: {n}") for n in r.notes or ()]
     rows = r.verdicts()
     if not r.passed:
-        lines.append(("warning", "Calibration verdicts out of tolerance:"))
+        failed = sum(1 for row in rows if not row.within)
+        lines.append(("warning", f"Calibration verdicts: {failed} of {len(rows)} out of tolerance"))
         lines += [("warning", row) for row in render_table(rows).splitlines()]
     return lines
 
