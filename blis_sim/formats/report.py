@@ -58,6 +58,7 @@ REFERENCE_KNOWN_LIMITATIONS: tuple[str, ...] = (
 class _Model(StrictModel):
     """Strict, frozen, unknown keys rejected; Go layout via ``to_go`` (``_omitempty`` / ``_keep_none``)."""
 
+
 class TraceInfo(_Model):
     num_requests: int  # matched + warm_up_excluded + unmatched_real
     warm_up_excluded: int
