@@ -64,10 +64,10 @@ class CalibrationItem(pytest.Function):
         line = self.point.line - 1 if self.point.line else None
         return self.path, line, f"{self.point.scenario_name}::{self.point.name}"
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
         full = self.config.getoption("blis_full_trace")
         if not full and isinstance(excinfo.value, CellFailure):
             return render_failure(excinfo.value)
         if not full and isinstance(excinfo.value, BlisError):
             return f"{self.nodeid}: {type(excinfo.value).__name__}: {excinfo.value}"
-        return super().repr_failure(excinfo, style)
+        return super().repr_failure(excinfo)

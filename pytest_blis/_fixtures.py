@@ -49,12 +49,15 @@ def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
 
 @pytest.fixture(scope="session")
 def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[[ServerTarget], Any]:
-    """``blis_latency_model(target)``: coefficients fitted on a probe of that server (once per worker)."""
+    """``blis_latency_model(target, server_spec)``: coefficients fitted on a probe of that server
+    (once per server and worker)."""
     cache = pytestconfig.stash.setdefault(_LATENCY, {})
 
-    def get(target: ServerTarget) -> Any:
+    def get(target: ServerTarget, server_spec: ServerSpec | None = None) -> Any:
+        spec = server_spec or ServerSpec()
         if target.url not in cache:
-            cache[target.url] = run_probe(target, blis_options.artifacts_dir)
+            cache[target.url] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
+                                          max_num_batched_tokens=spec.max_num_batched_tokens)
         return cache[target.url]
     return get
 
@@ -95,7 +98,7 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
 
     def run(point: SweepPoint) -> Any:
         target = blis_server(point.spec.server, Path(point.file).parent)
-        latency = blis_latency_model(target)
+        latency = blis_latency_model(target, point.spec.server)
         ctx = CellContext(point=point, target=target, options=blis_options, latency=latency,
                           paths=CellPaths(blis_artifacts))
         return run_cell(ctx, request, replay_options(ctx))

@@ -47,13 +47,14 @@ def probe_plan(target: ServerTarget) -> WorkloadPlan:
                               num_requests=BURST, requests=burst)))
 
 
-def run_probe(target: ServerTarget, artifacts_dir: Path) -> Any:
+def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, max_num_batched_tokens: int) -> Any:
     """Observe the probe (sequential, then a burst at concurrency ``BURST``) and fit the latency model."""
-    from blis_sim.engine import fit_latency_model
+    from pytest_blis._replay import fit_latency_model
 
     paths = CellPaths(artifacts_dir / f"probe-{target.key}")
     options = ObserveOptions(model=target.model, max_concurrency=BURST, progress=False,
                              workload_label="pytest-blis probe")
     with target.exclusive():
         result = observe_step(target.url, probe_plan(target), options, paths)
-    return fit_latency_model(result.trace, paths.root / "latency.json")
+    return fit_latency_model(result.trace, target, paths.root / "latency.json", max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens)

@@ -1,0 +1,44 @@
+"""The simulator's settings for a cell: the server's geometry and offload tiers, the scenario's
+scheduler limits, and the latency model fitted on the server's probe."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from blis_sim.engine.simulate import EngineOptions
+    from pytest_blis._cell import CellContext
+    from pytest_blis._server import ServerTarget
+
+
+def engine_options(target: ServerTarget, *, max_num_seqs: int, max_num_batched_tokens: int,
+                   latency: Any = None, total_kv_blocks: int | None = None) -> EngineOptions:
+    from blis_sim.engine.simulate import EngineOptions
+
+    extra: dict[str, Any] = {}
+    if latency is not None:
+        extra = {"latency": latency.to_step_model(), "latency_source": "probe fit"}
+    return EngineOptions(
+        model=target.model, block_size=target.block_size,
+        num_gpu_blocks=total_kv_blocks or target.num_gpu_blocks,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        kv_offload=target.offload,
+        kv_bytes_per_token=target.offload.kv_bytes_per_token if target.offload is not None else None,
+        **extra)
+
+
+def replay_options(ctx: CellContext) -> EngineOptions:
+    server = ctx.point.spec.server
+    return engine_options(ctx.target, max_num_seqs=server.max_num_seqs,
+                          max_num_batched_tokens=server.max_num_batched_tokens, latency=ctx.latency,
+                          total_kv_blocks=ctx.options.sim_total_kv_blocks)
+
+
+def fit_latency_model(trace: Any, target: ServerTarget, out: Path, **limits: int) -> Any:
+    """Fit the engine's linear latency model on a probe trace; the coefficients are written to ``out``."""
+    from blis_sim.engine.fit import fit
+
+    coeffs = fit(trace, engine_options(target, **limits), name="probe")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(coeffs.model_dump_json(indent=2) + "\n")
+    return coeffs
