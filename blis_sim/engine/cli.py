@@ -1,0 +1,267 @@
+"""`blis run`, `blis replay`, `blis fit`: argument parsing and file I/O around the engine's library API.
+
+``register(subparsers)`` adds the three subcommands. Shared simulator flags are the reference's
+(``--total-kv-blocks``, ``--block-size-in-tokens``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
+``--long-prefill-token-threshold``, ``--latency-model``, ``--seed``, ``--horizon``,
+``--kv-offload-config``, ``--defaults-filepath``) plus ours: ``--latency-coefficients FILE`` (the
+linear model's YAML/JSON, e.g. written by ``blis fit``), ``--model-config config.json``,
+``--hardware``, ``--tp`` (roofline and KV sizing). Outputs: ``--results-path`` (SimResult JSON),
+``--metrics-path`` (MetricsOutput JSON), ``--trace-output PREFIX`` (``PREFIX.yaml`` +
+``PREFIX.csv``). stdout gets the MetricsOutput without ``requests`` and ``cache_hit_rate`` (as the
+reference prints it). Errors: one line and exit code 2 (blis_sim.cli handles BlisError).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from blis_sim.engine.latency import (DEFAULT_COEFFICIENTS, dump_coefficients, get_hardware,
+                                     load_coefficients, roofline)
+from blis_sim.engine.models import geometry_for
+from blis_sim.engine.simulate import EngineOptions
+from blis_sim.errors import ConfigError, UsageError
+
+
+def _sim_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulator")
+    g.add_argument("--model", default="", help="model name (KV size per token for known models)")
+    g.add_argument("--model-config", default=None,
+                   help="a local Hugging Face config.json (KV size, roofline, KV capacity)")
+    g.add_argument("--total-kv-blocks", type=int, default=None,
+                   help="GPU KV blocks (default: the trace's recorded server geometry, else the "
+                        "model's capacity on --hardware, else 1000000)")
+    g.add_argument("--block-size-in-tokens", type=int, default=None,
+                   help="tokens per GPU block (default: the trace's, else 16)")
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    g.add_argument("--latency-model", choices=("linear", "roofline"), default="linear",
+                   help="linear (coefficients from --latency-coefficients, else the bundled "
+                        "default) or roofline (--model-config/--model, --hardware, --tp)")
+    g.add_argument("--latency-coefficients", default=None,
+                   help="linear model coefficients, YAML or JSON (e.g. from `blis fit`)")
+    g.add_argument("--hardware", default="H100", help="H100 | H200 | A100 | L40S")
+    g.add_argument("--tp", type=int, default=1, help="tensor parallel degree")
+    g.add_argument("--seed", type=int, default=42, help="seed of synthetic token content and jitter")
+    g.add_argument("--horizon", type=float, default=None, help="stop at this simulated time, µs")
+    g.add_argument("--kv-offload-config", default=None, help="offload tiers YAML (kv_offload:)")
+    g.add_argument("--defaults-filepath", default=None,
+                   help="a defaults.yaml with kv_offload_devices (device classes)")
+
+
+def _output_flags(p: argparse.ArgumentParser, *, trace_output: bool = True) -> None:
+    p.add_argument("--results-path", default=None, help="write the SimResult JSON here")
+    p.add_argument("--metrics-path", default=None, help="write the MetricsOutput JSON here")
+    if trace_output:
+        p.add_argument("--trace-output", default=None,
+                       help="write the simulated trace as PREFIX.yaml + PREFIX.csv")
+        p.add_argument("--blis-compatible", action="store_true",
+                       help="leave our pytest_blis header block out of --trace-output")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("run", help="simulate a workload spec",
+                              description="Generate a workload spec's requests and simulate them.")
+    p.add_argument("--workload-spec", required=False, default=None, help="workload spec YAML")
+    p.add_argument("--num-requests", type=int, default=None, help="override num_requests")
+    p.add_argument("--workload-seed", type=int, default=None, help="override the spec's seed")
+    _sim_flags(p)
+    _output_flags(p)
+    p.set_defaults(func=cmd_run)
+
+    p = subparsers.add_parser("replay", help="replay a trace through the simulator",
+                              description="Replay a TraceV2 (header + CSV) through the simulator.")
+    p.add_argument("--trace-header", default=None, help="TraceV2 header YAML (required)")
+    p.add_argument("--trace-data", default=None, help="TraceV2 data CSV (required)")
+    _sim_flags(p)
+    _output_flags(p)
+    p.set_defaults(func=cmd_replay)
+
+    p = subparsers.add_parser(
+        "fit", help="fit the linear latency model to a trace",
+        description="Least-squares fit of the linear step-time model and the frontend term to a "
+                    "trace's per-request TTFT and ITL; prints the fit's own error.")
+    p.add_argument("--trace-header", default=None, help="TraceV2 header YAML (required)")
+    p.add_argument("--trace-data", default=None, help="TraceV2 data CSV (required)")
+    p.add_argument("--output", default=None, help="write the coefficients here (YAML, or .json)")
+    p.add_argument("--validate-header", default=None,
+                   help="also report the fitted model's error on this trace (header)")
+    p.add_argument("--validate-data", default=None, help="... and its data CSV")
+    p.add_argument("--max-iterations", type=int, default=10)
+    _sim_flags(p)
+    p.set_defaults(func=cmd_fit)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _need(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        if not getattr(args, name):
+            raise UsageError(f"--{name.replace('_', '-')} is required")
+    for name in names:
+        path = Path(getattr(args, name))
+        if not path.exists():
+            raise UsageError(f"--{name.replace('_', '-')} file not found: {path}")
+
+
+def _kv_bytes_per_token(args: argparse.Namespace, header: Any = None) -> float | None:
+    geom = geometry_for(args.model, args.model_config)
+    if geom is not None:
+        return geom.kv_bytes_per_token(args.tp)
+    if header is not None and header.kv_offload is not None and header.kv_offload.per_block_bytes:
+        return header.kv_offload.per_block_bytes / header.kv_offload.block_size
+    return None
+
+
+def _latency(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.latency_model == "roofline":
+        geom = geometry_for(args.model, args.model_config)
+        if geom is None:
+            raise UsageError("--latency-model roofline needs --model-config config.json (or a "
+                             f"known --model; {args.model!r} is not bundled)")
+        fe = None
+        if args.latency_coefficients:
+            fe = load_coefficients(args.latency_coefficients).frontend
+        return roofline(geom, get_hardware(args.hardware), args.tp, fe), \
+            f"roofline:{args.model_config or args.model}"
+    if args.latency_coefficients:
+        return load_coefficients(args.latency_coefficients).to_step_model(), \
+            str(args.latency_coefficients)
+    return DEFAULT_COEFFICIENTS.to_step_model(), "default"
+
+
+def _offload(args: argparse.Namespace, header: Any = None) -> Any:
+    if not args.kv_offload_config:
+        return None
+    from blis_sim.formats.offload import load_device_classes, load_offload_config
+
+    kvb = _kv_bytes_per_token(args, header)
+    if kvb is None:
+        raise UsageError("kv_offload: cannot derive per_block_bytes from the model: pass "
+                         "--model-config config.json or a bundled --model "
+                         "(qwen/qwen3-14b, meta-llama/llama-3.1-8b-instruct, tiny-llama)")
+    classes = load_device_classes(args.defaults_filepath) if args.defaults_filepath else None
+    block = args.block_size_in_tokens
+    if block is None and header is not None and header.pytest_blis is not None \
+            and header.pytest_blis.kv_geometry is not None:
+        block = header.pytest_blis.kv_geometry.block_size
+    kwargs: dict[str, Any] = {"kv_bytes_per_token": kvb, "gpu_block_size": block or 16}
+    if classes is not None:
+        kwargs["device_classes"] = classes
+    return load_offload_config(args.kv_offload_config, **kwargs)
+
+
+def _validate_sim_flags(args: argparse.Namespace) -> None:
+    for name in ("total_kv_blocks", "block_size_in_tokens"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
+    if args.total_kv_blocks is not None and args.total_kv_blocks < 2:
+        raise UsageError("--total-kv-blocks must be ≥ 2 (vLLM reserves one null block)")
+    if args.horizon is not None and not args.horizon > 0:
+        raise UsageError(f"--horizon must be > 0, got {args.horizon}")
+    if args.tp < 1:
+        raise UsageError(f"--tp must be ≥ 1, got {args.tp}")
+
+
+def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOptions:
+    _validate_sim_flags(args)
+    latency, source = _latency(args)
+    num_blocks = args.total_kv_blocks
+    if num_blocks is None and (header is None or header.pytest_blis is None
+                               or header.pytest_blis.kv_geometry is None
+                               or not header.pytest_blis.kv_geometry.num_gpu_blocks):
+        from blis_sim.engine.models import default_num_gpu_blocks
+
+        geom = geometry_for(args.model, args.model_config)
+        if geom is not None:
+            num_blocks = default_num_gpu_blocks(args.model, args.block_size_in_tokens or 16,
+                                                hardware=args.hardware, tp=args.tp, geometry=geom)
+    try:
+        return EngineOptions(
+            model=args.model, num_gpu_blocks=num_blocks, block_size=args.block_size_in_tokens,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            long_prefill_token_threshold=args.long_prefill_token_threshold, seed=args.seed,
+            horizon_us=args.horizon, latency=latency, latency_source=source,
+            kv_offload=_offload(args, header), kv_bytes_per_token=_kv_bytes_per_token(args, header))
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _write_outputs(args: argparse.Namespace, results: list[Any], metrics: Any,
+                   trace: Any = None) -> None:
+    from blis_sim.formats import metrics_output_text, write_metrics_output, write_sim_results
+
+    if args.results_path:
+        write_sim_results(results, args.results_path)
+    if args.metrics_path:
+        write_metrics_output(metrics, args.metrics_path)
+    if trace is not None and getattr(args, "trace_output", None):
+        from blis_sim.formats import write_trace
+
+        write_trace(trace, f"{args.trace_output}.yaml", f"{args.trace_output}.csv",
+                    blis_compatible=args.blis_compatible)
+    shown = metrics.model_copy(update={"cache_hit_rate": None, "requests": []})
+    sys.stdout.write(metrics_output_text(shown) + "\n")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from blis_sim.engine.run import run_outcome
+    from blis_sim.formats.workload import load_workload_spec
+
+    _need(args, "workload_spec")
+    spec = load_workload_spec(args.workload_spec)
+    options = options_from_args(args)
+    out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
+    trace = out.trace(workload_spec=str(args.workload_spec)) if args.trace_output else None
+    _write_outputs(args, out.results, out.metrics(include_requests=bool(args.metrics_path)), trace)
+    return 0
+
+
+def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
+    from blis_sim.formats import load_trace
+
+    _need(args, header_flag, data_flag)
+    return load_trace(getattr(args, header_flag), getattr(args, data_flag))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from blis_sim.engine.replay import replay_outcome
+
+    trace = _load(args, "trace_header", "trace_data")
+    if not args.model:
+        raise UsageError("LLM name not provided (--model). Exiting simulation.")
+    options = options_from_args(args, trace.header)
+    out = replay_outcome(trace, options)
+    _write_outputs(args, out.results, out.metrics(include_requests=bool(args.metrics_path)),
+                   out.trace() if args.trace_output else None)
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from blis_sim.engine.fit import evaluate, fit
+
+    trace = _load(args, "trace_header", "trace_data")
+    if args.latency_model != "linear":
+        raise UsageError("blis fit fits the linear model; drop --latency-model roofline")
+    options = options_from_args(args, trace.header)
+    coeffs = fit(trace, options, max_iterations=args.max_iterations, name=str(args.trace_data))
+    if args.output:
+        dump_coefficients(coeffs, args.output)
+    report: dict[str, Any] = {"coefficients": coeffs.model_dump(exclude={"fit"}),
+                              "fit": coeffs.fit.model_dump() if coeffs.fit else None}
+    if args.validate_header or args.validate_data:
+        other = _load(args, "validate_header", "validate_data")
+        from dataclasses import replace
+
+        opts = replace(options_from_args(args, other.header), latency=coeffs.to_step_model(),
+                       latency_source=str(args.output or "fit"))
+        report["validation"] = evaluate(other, opts, name=str(args.validate_data)).model_dump()
+    sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    return 0
