@@ -167,6 +167,8 @@ BAD = [
     ("unknown client key", BASE.replace("    rate_fraction: 1\n", "    rate_fraction: 1\n    prefix_len: 3\n"),
      FormatError, 7, "clients.0.prefix_len", "unknown key"),
     ("duplicate key", BASE + "seed: 1\nseed: 2\n", FormatError, 11, "seed", "duplicate key"),
+    ("quoted boolean", BASE.replace("    rate_fraction: 1\n", "    rate_fraction: 1\n    streaming: \"yes\"\n"),
+     FormatError, 7, "clients.0.streaming", "valid boolean"),
     ("not an integer", BASE.replace("num_requests: 10", "num_requests: lots"), FormatError, 3, "num_requests",
      "valid integer"),
     ("unknown arrival process", BASE.replace("poisson", "poison"), ConfigError, 7, "clients.0.arrival.process",

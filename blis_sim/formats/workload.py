@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from blis_sim.errors import ConfigError, FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
@@ -138,7 +138,7 @@ class MultiTurnSpec(_Model):
     max_rounds: int = 0
     think_time_us: int = Field(0, ge=0)
     context_growth: Literal["", "accumulate"] = ""
-    single_session: bool = False
+    single_session: StrictBool = False
 
 
 class ReasoningSpec(_Model):
@@ -162,10 +162,10 @@ class _ClientFields(_Model):
     output_distribution: DistSpec = DistSpec()
     prefix_group: str = ""
     prefix_length: int = 0
-    streaming: bool = False
+    streaming: StrictBool = False  # YAML true/false only: "true" or 1 is a typo the reference rejects too
     rate_fraction: float = 0.0
     reasoning: ReasoningSpec | None = None
-    closed_loop: bool | None = None
+    closed_loop: StrictBool | None = None
     timeout: int | None = None  # µs; None = none for open-loop clients, 300 s for session clients; 0 = none
     slo_target_us: int | None = None
     network: NetworkSpec | None = None
@@ -235,7 +235,7 @@ class SharedPrefixSpec(_Model):
     system_prompt_len: int = 0
     question_len: int = 0
     output_len: int = 0
-    enable_multi_turn_chat: bool = False
+    enable_multi_turn_chat: StrictBool = False
 
 
 class InferencePerfSpec(_Model):
