@@ -1,0 +1,113 @@
+"""`observe()` against a real vLLM on this CPU (the lane of ``tools/vllm_cpu.py``): real SSE, real counters.
+
+Server: ``BLIS_VLLM_URL`` if set, else the lane's server when its state file says a healthy one is up;
+otherwise the test skips (it never starts the 3 GiB server itself: ``python tools/vllm_cpu.py start``).
+The counter window holds the lane's ``counters.lock`` so no other test's traffic lands in it.
+
+By hand (block size 32, one request at a time, a seed never used before so the prefix is cold): four
+requests of one group, 256 prefix tokens + 40 own tokens = 296 tokens each; the first misses, each next
+one hits the 8 prefix blocks: 3 × 256 = 768 hits of 4 × 296 = 1184 queried tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blis_sim.formats.workload import parse_workload_spec
+from blis_sim.observe.run import ObserveOptions, observe
+
+pytestmark = pytest.mark.vllm
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def _lane_root() -> Path:
+    module = sys.modules.get("vllm_cpu")
+    if module is None:  # loaded by path, as tests/vllm/vllm_lane.py does (tools/ is not a package)
+        spec = importlib.util.spec_from_file_location("vllm_cpu", TOOLS / "vllm_cpu.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["vllm_cpu"] = module
+        spec.loader.exec_module(module)
+    return Path(module.cache_paths().root)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def vllm_url() -> Iterator[str]:
+    root = _lane_root()
+    url = os.environ.get("BLIS_VLLM_URL", "")
+    if not url:
+        try:
+            url = json.loads((root / "vllm-server.json").read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            pytest.skip("no real vLLM: set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`")
+    if not _healthy(url):
+        pytest.skip(f"the real vLLM at {url} is not healthy")
+    lock = root / "counters.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as fh, contextlib.ExitStack() as stack:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        stack.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+        yield url
+
+
+def test_real_vllm_prefix_hits_by_hand_and_per_request_cached_tokens(vllm_url: str) -> None:
+    seed = time.time_ns() % 1_000_000_007  # a prefix the server has never seen
+    spec = parse_workload_spec(f"""
+version: "2"
+seed: {seed}
+aggregate_rate: 50
+num_requests: 4
+clients:
+  - {{id: g, rate_fraction: 1, streaming: true, prefix_group: sys, prefix_length: 256, arrival: {{process: constant}},
+     input_distribution: {{type: constant, params: {{value: 40}}}}, output_distribution: {{type: constant, params: {{value: 4}}}}}}
+""")
+    result = observe(vllm_url, spec, ObserveOptions(model="tiny-llama", max_concurrency=1, scrape_kv_metrics=True,
+                                                    settle_s=1.0, progress=False, timeout_s=120))
+    rows = sorted(result.trace.records, key=lambda r: r.request_id)
+    assert [r.status for r in rows] == ["ok"] * 4, [r.error_message for r in rows]
+    assert result.prompt_mode.startswith("exact")
+    assert [r.server_input_tokens for r in rows] == [296] * 4  # exact lengths through /tokenize
+    o = result.trace.header.observed_kv_metrics
+    assert o is not None and o.source == "gpu-prefix-cache-fallback"
+    assert (o.block_hits, o.block_queries) == (768, 1184)
+    # The server's per-request view agrees with its counters (--enable-prompt-tokens-details in the lane).
+    assert [r.cached_tokens for r in rows] == [0, 256, 256, 256]
+    extra = result.trace.header.pytest_blis
+    assert extra is not None and extra.vllm_version.startswith("0.32")
+    assert extra.kv_geometry is not None and extra.kv_geometry.block_size == 32
+    assert all(r.output_tokens == 4 and r.num_chunks >= 2 and r.first_content_time_us >= r.first_chunk_time_us
+               for r in rows)
+
+
+def test_real_vllm_chat_api(vllm_url: str) -> None:
+    spec = parse_workload_spec("""
+version: "2"
+seed: 5
+aggregate_rate: 20
+num_requests: 3
+clients:
+  - {id: c, rate_fraction: 1, streaming: true, arrival: {process: constant},
+     input_distribution: {type: constant, params: {value: 64}}, output_distribution: {type: constant, params: {value: 4}}}
+""")
+    result = observe(vllm_url, spec, ObserveOptions(model="tiny-llama", api_format="chat", max_concurrency=1,
+                                                    progress=False, timeout_s=120))
+    assert all(r.status == "ok" and r.output_tokens == 4 and r.first_content_time_us >= r.first_chunk_time_us
+               for r in result.trace.records), [r.error_message for r in result.trace.records]
