@@ -309,3 +309,15 @@ def test_spec_built_in_code_gets_the_same_checks() -> None:
     data["clients"][0]["input_distribution"]["params"]["min"] = 9000
     with pytest.raises(ConfigError, match=r"<flags>: field 'clients\.0\.input_distribution\.params\.min': min"):
         workload_spec_from_data(data, "<flags>")
+
+
+def test_odd_shapes_are_errors_not_tracebacks() -> None:
+    with pytest.raises(FormatError, match=r"field 'clients\.0\.slo_class'"):
+        parse_workload_spec(BASE.replace('version: "2"', 'version: "1"').replace(
+            "    rate_fraction: 1\n", "    rate_fraction: 1\n    slo_class: [a]\n"))
+    with pytest.raises(FormatError, match="must be a mapping"):
+        parse_workload_spec("- 1\n- 2\n")
+    with pytest.raises(FormatError, match=r"field 'workload': required field is missing"):
+        workload_spec_from_doc(parse_yaml("name: x\n", "s.yaml"), at=("workload",))
+    with pytest.raises(FormatError, match=r"field 'phases'"):
+        parse_workload_spec("aggregate_rate: 1\nphases: {a: 1}\n")

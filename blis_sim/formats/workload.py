@@ -357,7 +357,11 @@ def workload_spec_from_data(data: Any, source: str = "<data>") -> WorkloadSpec:
 def workload_spec_from_doc(doc: YamlDoc, at: tuple[str | int, ...] = ()) -> WorkloadSpec:
     """Validate the spec found at path ``at`` of a parsed YAML document (``()`` = the whole document)."""
     data: Any = doc.data
-    for key in at:
+    for i, key in enumerate(at):
+        if not isinstance(data, (dict, list)) or (isinstance(data, dict) and key not in data) or \
+                (isinstance(data, list) and not (isinstance(key, int) and 0 <= key < len(data))):
+            raise FormatError("required field is missing", file=doc.file, line=doc.line_of(at[:i]),
+                              field=_dotted(at[:i + 1]))
         data = data[key]
     if data is None:
         raise FormatError("workload spec is empty", file=doc.file, line=doc.line_of(at), field=_dotted(at) or None)
@@ -393,7 +397,7 @@ def _upgrade_v1(data: dict[str, Any], file: str) -> dict[str, Any]:
         if not isinstance(clients, list):
             return
         for c in clients:
-            if isinstance(c, dict) and c.get("slo_class") in V1_SLO_CLASSES:
+            if isinstance(c, dict) and isinstance(c.get("slo_class"), str) and c["slo_class"] in V1_SLO_CLASSES:
                 new = V1_SLO_CLASSES[c["slo_class"]]
                 log.warning("%s: deprecated SLO class %r auto-mapped to %r; update your spec to use v2 tier names",
                             file, c["slo_class"], new)
