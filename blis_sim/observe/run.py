@@ -368,8 +368,7 @@ class _Run:
             return
         window = derive_window(start, end, vllm_commit=self.opts.vllm_commit, model=self.opts.model)
         self.geometry = kv_geometry(end) or self.geometry
-        families = sorted({n[:-6] if n.endswith("_total") else n for n in end.samples if n.startswith("vllm:")
-                           and not n.endswith("_created")})
+        families = sorted({_family(n) for n in end.samples if n.startswith("vllm:") and not n.endswith("_created")})
         notes = list(window.notes)
         if window.observed is None:
             self.warn(f"--scrape-kv-metrics: {window.miss_reason}; omitting observed KV hit-rate from the trace "
@@ -428,6 +427,14 @@ class _Run:
             interrupted=interrupted, window=window, lateness_ms=capture.lateness_ms(records), wall_s=wall_s,
             itl=capture.itl_records(records, self.clock) if self.opts.record_itl else [],
             prompt_mode=builder.describe() if builder is not None else "")
+
+
+def _family(sample_name: str) -> str:
+    """The family a sample belongs to (counter ``_total``, histogram parts stripped)."""
+    for suffix in ("_total", "_bucket", "_count", "_sum"):
+        if sample_name.endswith(suffix):
+            return sample_name[: -len(suffix)]
+    return sample_name
 
 
 def _wire(p: PlannedRequest, builder: PromptBuilder, seed: int, no_streaming: bool, record_itl: bool) -> WireRequest:
