@@ -9,7 +9,7 @@ API:
   ``after.delta(before, name, **labels)``.
 - :func:`complete` ``(session, url, prompt_ids, max_tokens, **body) -> Completion``: one streamed
   ``/v1/completions`` request with ``stream_options.include_usage``; records every raw SSE line, the send time,
-  the first byte, the first content chunk and the end (``time.perf_counter`` seconds), the text, the usage and
+  the first byte, the first token chunk, the first chunk with text, and the end (``time.perf_counter`` seconds), the text, the usage and
   ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``, ``None`` when not reported).
 - :func:`complete_plain`: the same request without streaming (``prompt_logprobs`` needs it); ``done`` = 200.
 - :func:`unique_prompt` ``(rng, n) -> list[int]``: n token ids that avoid the special tokens 0–3.
@@ -71,8 +71,14 @@ class Snapshot:
     def delta(self, before: Snapshot, name: str, **labels: str) -> float:
         return self.value(name, **labels) - before.value(name, **labels)
 
+    def has(self, name: str, **labels: str) -> bool:
+        want = set(labels.items())
+        return any(n == name and want <= set(lab) for (n, lab) in self.samples)
+
     def kv_deltas(self, before: Snapshot) -> dict[str, int]:
-        return {counter_key(n, lab): int(self.delta(before, n, **lab)) for n, lab in KV_COUNTERS}
+        """Deltas of the :data:`KV_COUNTERS` this server exposes (a missing series is left out)."""
+        return {counter_key(n, lab): int(self.delta(before, n, **lab)) for n, lab in KV_COUNTERS
+                if self.has(n, **lab) and before.has(n, **lab)}
 
     def ttft_delta(self, before: Snapshot) -> tuple[int, float]:
         """(requests, summed seconds) added to the server's TTFT histogram."""
@@ -103,7 +109,8 @@ class Completion:
     status: int
     sent: float
     first_byte: float | None = None
-    first_content: float | None = None
+    first_token: float | None = None  # first chunk with a choice (a token; its text may be "" mid-UTF-8)
+    first_content: float | None = None  # first chunk with non-empty text
     end: float | None = None
     raw_lines: list[str] = dataclasses.field(default_factory=list)
     chunks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -113,8 +120,9 @@ class Completion:
 
     @property
     def ttft(self) -> float:
-        assert self.first_content is not None, "no content chunk arrived"
-        return self.first_content - self.sent
+        """Client TTFT: to the first chunk that carries a generated token."""
+        assert self.first_token is not None, "no token chunk arrived"
+        return self.first_token - self.sent
 
     @property
     def e2e(self) -> float:
@@ -163,7 +171,7 @@ async def complete_plain(session: aiohttp.ClientSession, url: str, prompt: list[
     async with session.post(url + "/v1/completions", json=payload) as resp:
         result.status = resp.status
         raw = await resp.text()
-    result.end = result.first_byte = result.first_content = time.perf_counter()
+    result.end = result.first_byte = result.first_token = result.first_content = time.perf_counter()
     result.raw_lines.append(raw)
     if result.status == 200:
         reply = json.loads(raw)
@@ -185,6 +193,8 @@ def _take_line(result: Completion, line: str, now: float) -> None:
     chunk = json.loads(data)
     result.chunks.append(chunk)
     for choice in chunk.get("choices") or []:
+        if result.first_token is None:
+            result.first_token = now
         if choice.get("text"):
             if result.first_content is None:
                 result.first_content = now
@@ -195,6 +205,24 @@ def _take_line(result: Completion, line: str, now: float) -> None:
 
 def unique_prompt(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(FIRST_ORDINARY_TOKEN, VOCAB_SIZE) for _ in range(n)]
+
+
+def evicting_fills(num_gpu_blocks: int, victim_blocks: int, evict: int, block_size: int = 32) -> list[int]:
+    """Prompt lengths (whole blocks) that, sent after a ``victim_blocks``-block prompt on an idle server,
+    evict exactly its last ``evict`` blocks.
+
+    vLLM's block pool: one of ``num_gpu_blocks`` is the reserved null block; a finished request's blocks go
+    to the tail of the LRU free queue in reverse order (its last block first), and a new request takes its
+    blocks from the head, evicting whatever was cached there. So on an idle server
+    ``num_gpu_blocks - 1 - victim_blocks`` blocks stand before the victim's, and every block past those
+    evicts one of the victim's, from its end.
+    """
+    total = num_gpu_blocks - 1 - victim_blocks + evict
+    per_prompt = 1024 // block_size
+    lengths = [1024] * (total // per_prompt)
+    if total % per_prompt:
+        lengths.append(total % per_prompt * block_size)
+    return lengths
 
 
 def expected_hits(n_prompt: int, cached_prefix: int, block_size: int = 32) -> int:

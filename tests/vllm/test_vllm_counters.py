@@ -97,3 +97,21 @@ def test_many_distinct_prompts_evict_an_earlier_one(kv_window: VllmServer, rng: 
     assert done[0].cached_tokens == 0
     assert deltas == expected_deltas([1024], [0])
     assert deltas["num_preemptions"] == 0
+
+
+@pytest.mark.parametrize("evicted", [1, 11, 25])
+def test_lru_evicts_the_tail_of_the_oldest_prompt_first(kv_window: VllmServer, rng: random.Random,
+                                                        evicted: int) -> None:
+    """Reverse-order freeing: the victim's last blocks go first, so a partial eviction keeps its prefix."""
+    lengths = client.evicting_fills(kv_window.num_gpu_blocks, 1024 // kv_window.block_size, evicted,
+                                    kv_window.block_size)
+    if len(lengths) > 64:
+        pytest.skip(f"{kv_window.num_gpu_blocks} GPU blocks: too much traffic to elicit eviction")
+    victim = client.unique_prompt(rng, 1024)
+    send(kv_window.url, [victim])
+    send(kv_window.url, [client.unique_prompt(rng, n) for n in lengths])
+    done, deltas = send(kv_window.url, [victim])
+    kept = (1024 // kv_window.block_size - evicted) * kv_window.block_size
+    hit = client.expected_hits(1024, kept, kv_window.block_size)  # evicting only the last block costs nothing
+    assert done[0].cached_tokens == hit
+    assert deltas == expected_deltas([1024], [hit])

@@ -73,15 +73,17 @@ def test_stream_framing_with_include_usage(vllm_server: VllmServer, rng: random.
     assert len({c["id"] for c in chunks}) == 1
     assert {c["object"] for c in chunks} == {"text_completion"}
     content, (usage_chunk,) = chunks[:-1], chunks[-1:]
-    # One chunk per generated token, the last one saying why it stopped; usage comes alone, after them.
-    assert len(content) == 6
-    assert [c["choices"][0]["finish_reason"] for c in content] == [None] * 5 + ["length"]
+    # Usually one chunk per generated token, but a lagging frontend coalesces several tokens into one chunk
+    # (seen here under load: 2 chunks for 6 tokens); only the last says why it stopped; usage comes alone, after.
+    assert 1 <= len(content) <= 6
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None] * (len(content) - 1) + ["length"]
+    assert all(len(c["choices"]) == 1 and c["choices"][0]["index"] == 0 for c in content)
     assert usage_chunk["choices"] == []
     usage = usage_chunk["usage"]
     assert usage["prompt_tokens"] == 40 and usage["completion_tokens"] == 6 and usage["total_tokens"] == 46
     assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # --enable-prompt-tokens-details
-    assert done.first_byte is not None and done.first_content is not None
-    assert done.first_byte <= done.first_content <= done.end
+    assert done.first_byte is not None and done.first_token is not None
+    assert done.first_byte <= done.first_token <= done.end
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(vllm_server: VllmServer, rng: random.Random) -> None:
