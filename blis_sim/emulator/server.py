@@ -119,8 +119,7 @@ class Handlers:
         self.registry = build_registry(engine.published, engine.config, engine.geometry,
                                        engine.offload_spec)
         self._fingerprint = f"vllm-{engine.config.version}-blisemu"
-        # Largest prompt the cache can ever hold (vLLM refuses to start when it cannot hold one
-        # max_model_len sequence; the emulator allows small test caches and refuses the request).
+        # Tokens the whole GPU cache holds (one block is vLLM's null block).
         self._cache_tokens = (self.geo.num_gpu_blocks - 1) * self.geo.block_size
 
     def _count(self, handler: str, method: str, status: int) -> None:
@@ -266,15 +265,17 @@ class Handlers:
         default = 16 if not chat else None
         max_tokens = _int_field(body, key, default, 1)
         if max_tokens is None:
-            max_tokens = max_len - len(ids)
+            max_tokens = min(max_len, self._cache_tokens) - len(ids)
         if len(ids) + max_tokens > max_len:
             raise ApiError(400, f"This model's maximum context length is {max_len} tokens. However, "
                            f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the "
                            f"messages, {max_tokens} in the completion). Please reduce the length of "
                            "the messages or completion.")
-        if len(ids) + 1 > self._cache_tokens:
-            raise ApiError(400, f"the prompt ({len(ids)} tokens) does not fit the KV cache "
-                           f"({self._cache_tokens} tokens)")
+        if len(ids) + max_tokens > self._cache_tokens:
+            # vLLM refuses to start when its cache cannot hold one max_model_len sequence; the
+            # emulator allows tiny test caches and refuses a request that could never finish.
+            raise ApiError(400, f"the request ({len(ids)} prompt + {max_tokens} completion tokens) "
+                           f"does not fit the KV cache ({self._cache_tokens} tokens)")
         min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
         if min_tokens > max_tokens:
             raise ApiError(400, f"min_tokens ({min_tokens}) must be less than or equal to "
