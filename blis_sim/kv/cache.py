@@ -71,7 +71,7 @@ class _Req:
 def _new_tier_counters() -> dict[str, float]:
     return {"chunk_queries": 0, "chunk_hits": 0, "read_bytes": 0, "read_time_us": 0.0,
             "read_jobs": 0, "write_bytes": 0, "write_time_us": 0.0, "write_jobs": 0,
-            "stored_chunks": 0, "store_skipped_chunks": 0, "evictions": 0,
+            "stored_chunks": 0, "promoted_chunks": 0, "store_skipped_chunks": 0, "evictions": 0,
             "allocation_failures": 0}
 
 
@@ -333,6 +333,7 @@ class KVCache:
                 tc["read_time_us"] += svc
                 tc["read_jobs"] += 1
                 cpu.set_ready(promoted, done)
+                self.counters["tiers"][self.tier_labels[0]]["promoted_chunks"] += len(promoted)
                 self.tiers[tier].touch(keys, a, b)
                 self.tiers[tier].pin(keys, a, b, done)
                 cpu_ready = max(cpu_ready, done)
@@ -560,6 +561,12 @@ def _invariant_problems(cache: KVCache) -> list[str]:
         ks = tier.keys()
         if len(ks) != len(set(ks)):
             p.append(f"tier {cache.tier_labels[i]}: duplicate key")
+        # Every chunk put into a tier is still there unless it was evicted.
+        tc = cache.counters["tiers"][cache.tier_labels[i]]
+        if len(ks) != tc["stored_chunks"] + tc["promoted_chunks"] - tier.evictions:
+            p.append(f"tier {cache.tier_labels[i]}: {len(ks)} resident != stored "
+                     f"{tc['stored_chunks']} + promoted {tc['promoted_chunks']} - evicted "
+                     f"{tier.evictions}")
     for label, t in cache.counters["tiers"].items():
         if t["chunk_hits"] > t["chunk_queries"]:
             p.append(f"tier {label}: hits > queries")

@@ -1,0 +1,185 @@
+"""Randomized operation sequences (hypothesis): the Cython core and the pure twin must end in the
+same state with the same counters, and the cache's invariants hold after every operation."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blis_sim import _backend
+from blis_sim.kv import (CpuTierConfig, FsTierConfig, KVCache, KVConfig, TierStation, _core_py,
+                         hash_blocks)
+
+
+def _cython_available() -> bool:
+    try:
+        import blis_sim.kv._core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_cython = pytest.mark.skipif(not _cython_available() and not _backend.ext_required(),
+                                  reason="Cython KV core not built")
+
+BS = 4
+GROUPS = [np.random.default_rng(g).integers(0, 50, 400) for g in range(3)]
+
+ops = st.lists(st.tuples(
+    st.sampled_from(["add", "add", "admit", "admit", "admit", "grow", "grow", "computed",
+                     "preempt", "free", "free"]),
+    st.integers(0, 7),      # which live request
+    st.sampled_from([0, 0, 1, 2, 3]),  # prefix group (3 = unique content)
+    st.integers(1, 120),    # prompt length / tokens to schedule
+    st.floats(0.0, 400.0),  # time step
+), min_size=10, max_size=80)
+
+configs = st.fixed_dictionaries({
+    "gpu": st.integers(4, 40),
+    "cpu": st.sampled_from([None, 2, 16, 64, 200, 200]),
+    "fs": st.sampled_from([0, 1, 2]),
+    "fs_cap": st.one_of(st.none(), st.integers(1, 20)),
+    "policy": st.sampled_from(["lru", "arc"]),
+    "bpc": st.sampled_from([1, 2]),
+    "prompt_only": st.booleans(),
+    "threshold": st.sampled_from([0, 0, 2]),
+    "jitter": st.sampled_from([0.0, 0.3]),
+})
+
+
+def make_config(c: dict[str, Any]) -> KVConfig:
+    cpu = None
+    tiers: tuple[FsTierConfig, ...] = ()
+    bpb = 100
+    if c["cpu"] is not None:
+        cpu = CpuTierConfig(num_chunks=c["cpu"], eviction_policy=c["policy"],
+                            store_threshold=c["threshold"],
+                            link=TierStation(read_bandwidth=10.0, write_bandwidth=20.0,
+                                             base_latency=1.0))
+        tiers = tuple(FsTierConfig(station=TierStation(
+            read_bandwidth=5.0, write_bandwidth=20.0, base_latency=10.0, n_read_threads=2,
+            n_write_threads=1, saturation_queue_depth=3, single_transfer_fraction=0.5,
+            latency_jitter_stddev=c["jitter"]),
+            max_bytes=None if c["fs_cap"] is None else c["fs_cap"] * bpb * c["bpc"])
+            for _ in range(c["fs"]))
+    return KVConfig(num_gpu_blocks=c["gpu"], block_size=BS, blocks_per_chunk=c["bpc"],
+                    bytes_per_block=bpb, offload_prompt_only=c["prompt_only"], cpu=cpu,
+                    fs_tiers=tiers, seed=7)
+
+
+def drive(cache: KVCache, sequence: list[tuple], check: bool) -> list[Any]:
+    """Apply the operations the way an engine would; returns every observable result.
+
+    Operations pick their request among the live ones (``slot`` modulo their number), so every
+    operation does something: waiting requests are admitted, admitted ones grow and compute."""
+    out: list[Any] = []
+    waiting: list[int] = []
+    running: list[int] = []
+    prompt: dict[int, int] = {}
+    now, next_rid = 0.0, 0
+    for op, slot, group, n, dt in sequence:
+        now += dt
+        res: Any = None
+        if op == "add" or not (waiting or running):
+            next_rid += 1
+            rid = next_rid
+            toks = (GROUPS[group][:n] if group < 3
+                    else np.random.default_rng(1000 + rid).integers(0, 50, n))
+            cache.add_request(rid, hash_blocks(toks, BS), n)
+            prompt[rid] = n
+            waiting.append(rid)
+            res = rid
+        elif op == "admit" and waiting:
+            rid = waiting[slot % len(waiting)]
+            lk = cache.lookup(rid, now)
+            num_new = 0 if lk.external_tokens else min(n, prompt[rid] - lk.gpu_tokens)
+            adm = cache.admit(rid, num_new, now)
+            if adm is not None:
+                waiting.remove(rid)
+                running.append(rid)
+                if num_new:
+                    cache.computed(rid, now + 1.0)
+            res = (tuple(lk), None if adm is None else tuple(adm))
+        elif op in ("grow", "computed") and running:
+            rid = running[slot % len(running)]
+            res = cache.allocate(rid, min(n, 40)) if op == "grow" else None
+            cache.computed(rid, now)
+        elif op == "preempt" and running:
+            rid = running[slot % len(running)]
+            cache.preempt(rid)
+            running.remove(rid)
+            waiting.insert(0, rid)
+            res = rid
+        elif op == "free":
+            pool = running or waiting
+            rid = pool[slot % len(pool)]
+            res = cache.free(rid)
+            pool.remove(rid)
+        out.append((op, res))
+        if check:
+            cache.check_invariants()
+            _check_resident_readable(cache, now)
+    return out
+
+
+def _check_resident_readable(cache: KVCache, now: float) -> None:
+    """Every resident chunk is findable: readable from its ready time on, never lost early."""
+    for tier in cache.tiers:
+        st_ = tier.state()
+        for key, ready, busy in st_["t1"] + st_["t2"]:
+            assert busy >= ready
+            assert tier.state_of(key, max(ready, now)) == _core_py.READY
+
+
+@needs_cython
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs, sequence=ops)
+def test_cython_and_python_cores_agree(cfg: dict[str, Any], sequence: list[tuple]) -> None:
+    config = make_config(cfg)
+    py, cy = KVCache(config, backend="python"), KVCache(config, backend="cython")
+    assert drive(py, sequence, check=False) == drive(cy, sequence, check=False)
+    assert py.state() == cy.state()
+
+
+@pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs, sequence=ops)
+def test_invariants_hold_after_every_operation(backend: str, cfg: dict[str, Any],
+                                               sequence: list[tuple]) -> None:
+    cache = KVCache(make_config(cfg), backend=backend)
+    drive(cache, sequence, check=True)
+    snap = cache.snapshot()
+    assert snap["prefix_cache_hits"] <= snap["prefix_cache_queries"]
+    assert snap["external_hits"] <= snap["external_queries"]
+    assert sum(snap["cached_by_source"].values()) == snap["prefix_cache_hits"] + snap["external_hits"]
+    for label, tier in snap["tiers"].items():
+        assert tier["chunk_hits"] <= tier["chunk_queries"], label
+
+
+@needs_cython
+@settings(max_examples=200, deadline=None)
+@given(toks=st.lists(st.integers(-5, 2**40), max_size=300), bs=st.integers(1, 40),
+       salt=st.integers(0, 2**64 - 1))
+def test_hashes_agree(toks: list[int], bs: int, salt: int) -> None:
+    from blis_sim.kv import _core
+    arr = np.array(toks, dtype=np.int64)
+    a, b = _core.hash_blocks(arr, bs, salt), _core_py.hash_blocks(arr, bs, salt)
+    assert a.dtype == b.dtype == np.uint64 and a.tolist() == b.tolist()
+    assert 0 not in a.tolist()
+
+
+@pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])
+def test_hash_chain_matches_iff_prefix_matches(backend: str) -> None:
+    from blis_sim.kv import load_core
+    core, _ = load_core(backend)
+    a = np.arange(64)
+    b = a.copy()
+    b[40] = 999  # block 2 of 16 differs: blocks 0-1 match, 2-3 do not
+    ha, hb = core.hash_blocks(a, 16), core.hash_blocks(b, 16)
+    assert ha[:2].tolist() == hb[:2].tolist()
+    assert all(x != y for x, y in zip(ha[2:].tolist(), hb[2:].tolist()))
+    assert core.hash_blocks(a, 16, salt=1)[0] != ha[0]  # extra keys (LoRA, cache_salt) separate
+    assert len(core.hash_blocks(a[:63], 16)) == 3  # only full blocks
