@@ -284,3 +284,25 @@ def test_integer_sign_forms(tmp_path: Path) -> None:
 def test_reason_ratio_rejects(tmp_path: Path, cell: str) -> None:
     with pytest.raises(FormatError, match="field 'reason_ratio'"):
         read_trace_data(_one_row(tmp_path, 15, cell))
+
+
+_any_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(_any_text, min_size=6, max_size=6), rtt=st.floats(0, 1e9),
+       rate=st.floats(0.0, 1.0), coeff=st.floats(allow_nan=False, allow_infinity=False))
+def test_header_round_trip_with_arbitrary_strings_and_floats(tmp_path: Path, texts: list[str], rtt: float,
+                                                             rate: float, coeff: float) -> None:
+    from blis_sim.formats import LatencyModelInfo
+
+    header = TraceHeader(
+        mode="real", created_at=texts[0], workload_spec=texts[1], server=TraceServerConfig(type="vllm",
+                                                                                            model=texts[2]),
+        network=TraceNetworkConfig(measured_rtt_ms=rtt),
+        observed_kv_metrics=ObservedKVMetrics(source="tiered", hit_rate=rate, vllm_commit=texts[3]),
+        pytest_blis=PytestBlisHeader(warnings=[texts[4]], latency_model=LatencyModelInfo(
+            name=texts[5] or "m", coefficients={texts[5]: coeff})))
+    path = tmp_path / "h.yaml"
+    path.write_text(header_text(header), encoding="utf-8")
+    assert read_trace_header(path) == header

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+import re
 import types
 import typing
 from typing import Any, TypeVar
@@ -46,6 +47,15 @@ class YamlDoc:
 
 class _Loader(yaml.SafeLoader):
     pass
+
+
+# YAML 1.2 exponent floats (``1e+06``, what Go's yaml.v3 writes for large floats; ``1.5e3``) are strings to
+# PyYAML's YAML 1.1 resolver; read them as floats, as the reference does.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,

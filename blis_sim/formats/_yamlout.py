@@ -14,17 +14,22 @@ from typing import Any
 import yaml
 
 from blis_sim.formats._go import yaml_float
+from blis_sim.formats._strict import _Loader
 
 _INDENT = 4
-_resolver = yaml.resolver.Resolver()
+_resolver = _Loader("")
 # Characters that cannot start a plain scalar, and sequences that cannot appear inside one (YAML 1.1/1.2).
 _BAD_START = set("-?:,[]{}#&*!|>'\"%@`")
-_PRINTABLE = re.compile("[\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]*\\Z")
+# Characters safe unescaped in a plain or single-quoted scalar: YAML's printable set minus the line
+# breaks NEL/LS/PS and the BOM, which a reader would fold or drop.
+_PRINTABLE = re.compile("[\x09\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                        "\U00010000-\U0010ffff]*\\Z")
+_SAFE_CHAR = re.compile("[\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
 
 
 def _resolves_to_str(s: str) -> bool:
-    # The YAML 1.1 resolver is a superset of yaml.v3's (it also knows yes/no/on/off and base-60),
-    # and yaml.v3 quotes those too (isOldBool / isBase60Float).
+    # Our reader's resolver: YAML 1.1 plus 1.2 exponent floats, a superset of yaml.v3's (yes/no/on/off and
+    # base-60 included, which yaml.v3 quotes too: isOldBool / isBase60Float).
     return _resolver.resolve(yaml.ScalarNode, s, (True, False)) == "tag:yaml.org,2002:str"
 
 
@@ -51,10 +56,14 @@ def _double_quoted(s: str) -> str:
             out.append("\\t")
         elif c == "\r":
             out.append("\\r")
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\x{ord(c):02X}")
-        else:
+        elif _SAFE_CHAR.match(c):
             out.append(c)
+        elif ord(c) <= 0xFF:
+            out.append(f"\\x{ord(c):02X}")
+        elif ord(c) <= 0xFFFF:
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(f"\\U{ord(c):08X}")
     return '"' + "".join(out) + '"'
 
 
@@ -69,7 +78,7 @@ def scalar(v: Any) -> str:
     if isinstance(v, float):
         return yaml_float(v)
     if isinstance(v, str):
-        if v == "" or not _resolves_to_str(v) or "\n" in v or "\r" in v:
+        if v == "" or not _resolves_to_str(v) or not _PRINTABLE.match(v):
             return _double_quoted(v)
         if _plain_ok(v):
             return v
