@@ -105,8 +105,11 @@ class ObserveOptions:
             raise UsageError("--settle and --grace must be >= 0")
 
 
-@dataclass
+@dataclass(repr=False)
 class ObserveResult:
+    """What a run produced. Its repr is one line: asyncio.run() formats the finished main task's result
+    (when it restores the SIGINT handler), and a full repr of thousands of rows costs seconds."""
+
     trace: Trace
     records: list[RequestRecord]
     warnings: list[str] = field(default_factory=list)
@@ -116,6 +119,10 @@ class ObserveResult:
     wall_s: float = 0.0
     itl: list[ITLRecord] = field(default_factory=list)
     prompt_mode: str = ""
+
+    def __repr__(self) -> str:
+        return (f"ObserveResult({len(self.trace.records)} records, {self.ok_requests} ok, "
+                f"interrupted={self.interrupted}, warnings={len(self.warnings)})")
 
     @property
     def ok_requests(self) -> int:
