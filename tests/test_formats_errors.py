@@ -126,3 +126,18 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
     for reader in (read_trace_header, read_trace_data, load_sim_results, load_metrics_output, read_itl):
         with pytest.raises(FormatError, match=r"nope\.\w+: file not found"):
             reader(tmp_path / ("nope.yaml" if reader is read_trace_header else "nope.csv"))
+
+
+def test_unreadable_paths_are_format_errors(tmp_path: Path) -> None:
+    for reader in (read_trace_header, read_trace_data, load_sim_results, load_metrics_output, read_itl):
+        with pytest.raises(FormatError, match="cannot read: Is a directory"):
+            reader(tmp_path)
+
+
+def test_binary_input_is_a_format_error(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_bytes(b"request_id\n\xff\xfe\n")
+    (tmp_path / "h.yaml").write_bytes(b"\xff\xfe")
+    with pytest.raises(FormatError, match="not UTF-8"):
+        read_trace_data(tmp_path / "t.csv")
+    with pytest.raises(FormatError, match="not UTF-8"):
+        read_trace_header(tmp_path / "h.yaml")

@@ -107,6 +107,8 @@ def load_yaml(path: str | Path) -> YamlDoc:
         raise FormatError("file not found", file=str(p)) from None
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
     return parse_yaml(text, str(p))
 
 

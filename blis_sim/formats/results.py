@@ -163,10 +163,10 @@ def load_json(path: str | Path) -> Any:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FormatError("file not found", file=str(p)) from None
-    except IsADirectoryError:
-        raise FormatError("is a directory, not a JSON file", file=str(p)) from None
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:

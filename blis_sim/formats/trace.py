@@ -406,8 +406,8 @@ def _rows(path: Path) -> Iterator[tuple[int, list[str]]]:
         f = path.open(newline="", encoding="utf-8")
     except FileNotFoundError:
         raise FormatError("file not found", file=str(path)) from None
-    except IsADirectoryError:
-        raise FormatError("is a directory, not a CSV file", file=str(path)) from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
     with f:
         reader = csv.reader(f, strict=True)
         line = 1
