@@ -36,6 +36,26 @@ def test_adapter_maps_every_field() -> None:
     assert [t.capacity for t in cache.tiers] == [10, 3]
 
 
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared"
+
+
+def test_adapter_takes_the_formats_offload_config() -> None:
+    """The sample offload.yaml (qwen3-14b: 160 KiB/token) through blis_sim.formats.offload."""
+    from blis_sim.formats.offload import load_offload_config
+
+    off = load_offload_config(SHARED / "samples" / "blis" / "offload.yaml",
+                              kv_bytes_per_token=163840)
+    cfg = from_offload_config(off, block_size=16, num_gpu_blocks=1000, bytes_per_block=0)
+    assert cfg.chunk_bytes == off.bytes_per_chunk == 2621440
+    assert cfg.cpu is not None and cfg.cpu.num_chunks == off.cpu_capacity_chunks == 409
+    (fs,) = cfg.fs_tiers
+    assert (fs.station.read_bandwidth, fs.station.write_bandwidth, fs.station.base_latency) == (
+        7000.0, 5000.0, 80.0)  # nvme_gen4
+    assert fs.station.n_read_threads == 16 and fs.max_bytes is None
+    cache = KVCache(cfg, backend="python")
+    assert [t.capacity for t in cache.tiers] == [409, -1]
+
+
 def test_adapter_without_offload_is_gpu_only() -> None:
     cfg = from_offload_config(None, block_size=32, num_gpu_blocks=512, bytes_per_block=0)
     assert cfg.cpu is None and cfg.tier_labels == ()

@@ -124,6 +124,9 @@ class KVConfig:
     cpu: CpuTierConfig | None = None
     fs_tiers: tuple[FsTierConfig, ...] = ()
     seed: int = 0
+    #: bytes of one offload chunk when it is not bytes_per_block × blocks_per_chunk exactly
+    #: (the formats' ``bytes_per_chunk`` = int(kv_bytes_per_token × chunk tokens)); 0 = derived.
+    bytes_per_chunk: int = 0
 
     def __post_init__(self) -> None:
         # vLLM reserves one block as the null block: two is the smallest usable pool.
@@ -132,6 +135,7 @@ class KVConfig:
         _positive_int("blocks_per_chunk", self.blocks_per_chunk)
         _positive_int("bytes_per_block", self.bytes_per_block, minimum=0)
         _positive_int("seed", self.seed, minimum=0)
+        _positive_int("bytes_per_chunk", self.bytes_per_chunk, minimum=0)
         if self.fs_tiers and self.cpu is None:
             raise ConfigError("secondary tiers need the CPU primary tier", field="secondary_tiers")
         if not isinstance(self.fs_tiers, tuple):
@@ -148,7 +152,7 @@ class KVConfig:
 
     @property
     def chunk_bytes(self) -> int:
-        return self.bytes_per_block * self.blocks_per_chunk
+        return self.bytes_per_chunk or self.bytes_per_block * self.blocks_per_chunk
 
     @property
     def tier_labels(self) -> tuple[str, ...]:
@@ -188,8 +192,10 @@ def from_offload_config(offload_cfg: Any, *, block_size: int, num_gpu_blocks: in
     ``secondary_tiers`` (each with resolved ``read_bandwidth``, ``write_bandwidth``,
     ``base_latency``, ``n_read_threads``, ``n_write_threads``, ``saturation_queue_depth``,
     ``single_transfer_fraction``, ``latency_jitter_stddev``, optional ``max_bytes``).
-    ``bytes_per_block`` is the KV size of one GPU block (the reference's ``per_block_bytes``); the
-    CPU capacity is ``cpu_bytes_to_use // (bytes_per_block · blocks_per_chunk)`` chunks.
+    ``bytes_per_block`` is the KV size of one GPU block; the chunk size is the config's
+    ``bytes_per_chunk`` when it has one (the header's ``per_block_bytes``), else
+    ``bytes_per_block · blocks_per_chunk``; the CPU capacity is ``cpu_bytes_to_use // chunk
+    bytes`` chunks (vLLM 0.33 sizes it in chunks).
     """
     if offload_cfg is None:
         return KVConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
@@ -206,11 +212,15 @@ def from_offload_config(offload_cfg: Any, *, block_size: int, num_gpu_blocks: in
                               field="kv_offload.blocks_per_chunk")
         bpc = derived
     bpc = int(bpc or 1)
+    chunk_bytes = int(_get(offload_cfg, "bytes_per_chunk", 0) or 0)
+    if bytes_per_block <= 0:
+        bytes_per_block = chunk_bytes // bpc
+    if chunk_bytes <= 0:
+        chunk_bytes = bytes_per_block * bpc
     if bytes_per_block <= 0:
         raise ConfigError("offloading needs the KV bytes per GPU block (> 0)",
                           field="per_block_bytes")
     cpu_bytes = int(_get(offload_cfg, "cpu_bytes_to_use"))
-    chunk_bytes = bytes_per_block * bpc
     num_chunks = cpu_bytes // chunk_bytes
     if num_chunks < 1:
         raise ConfigError(f"cpu_bytes_to_use {cpu_bytes} holds no chunk of {chunk_bytes} bytes",
@@ -235,4 +245,5 @@ def from_offload_config(offload_cfg: Any, *, block_size: int, num_gpu_blocks: in
                     enable_caching=enable_caching, blocks_per_chunk=bpc,
                     bytes_per_block=bytes_per_block,
                     offload_prompt_only=True if prompt_only is None else bool(prompt_only),
-                    cpu=cpu, fs_tiers=tuple(tiers), seed=seed)
+                    cpu=cpu, fs_tiers=tuple(tiers), seed=seed,
+                    bytes_per_chunk=0 if chunk_bytes == bytes_per_block * bpc else chunk_bytes)
