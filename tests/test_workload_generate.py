@@ -347,6 +347,17 @@ def test_a_failed_round_ends_its_session() -> None:
     assert len(sent) == 37
 
 
+def test_duplicate_completions_release_nothing() -> None:
+    phase = generate_workload(parse_workload_spec(SESSIONS.format(n=40, growth="accumulate"))).phases[0]
+    run = phase.start()
+    first = run.initial[0]
+    nxt = run.on_complete(first, ok=True, completed_at_us=10)
+    assert nxt is not None and nxt.round_index == 1
+    assert run.on_complete(first, ok=True, completed_at_us=20) is None  # the same round again
+    assert run.on_complete(nxt, ok=True, completed_at_us=30) is not None
+    assert run.released == 2
+
+
 def test_follow_ups_are_independent_of_completion_order() -> None:
     phase = generate_workload(parse_workload_spec(SESSIONS.format(n=40, growth="accumulate"))).phases[0]
     fast = {r.uid: r for _, _, r in simulate(phase, 1000)}

@@ -188,22 +188,45 @@ class WorkloadPlan:
         return "accumulate" if acc else ""
 
 
+class _SessionState:
+    """Per-session follow-up state: its own random stream (rounds are sequential, so draws happen in round
+    order whatever the completion order across sessions), its samplers, and the round now in flight."""
+
+    __slots__ = ("rng", "input", "output", "ratio", "round")
+
+    def __init__(self, seed: int, phase_index: int, sess: SessionPlan) -> None:
+        self.rng = random.Random(tokens.key_hash(seed, "follow-ups", phase_index, sess.session_id))
+        self.input = length_sampler(sess.input_distribution)
+        self.output = length_sampler(sess.output_distribution)
+        self.ratio = None if sess.reason_ratio_distribution is None \
+            else length_sampler(sess.reason_ratio_distribution, floor=0)
+        self.round = 0
+
+
 class PhaseRun:
     """The follow-up state of one execution of a phase. Deterministic: a follow-up depends only on the seed,
-    the session id, the round and the completed request's reported output length, never on completion order."""
+    the session id, the round and the completed request's reported output length, never on completion order
+    (or on the completion times, except for the horizon cut)."""
 
     def __init__(self, plan: PhasePlan) -> None:
         self.plan = plan
         self.initial: tuple[PlannedRequest, ...] = plan.requests
         self._done: set[str] = set()
+        self._state: dict[str, _SessionState] = {}
         self._budget = plan.follow_up_budget
         self.released = 0  # follow-ups released so far
 
     def on_complete(self, req: PlannedRequest, *, ok: bool, output_tokens: int | None = None,
                     completed_at_us: int) -> PlannedRequest | None:
-        """The next request of ``req``'s session, or None. A failed or timed-out request ends its session."""
+        """The next request of ``req``'s session, or None. A failed or timed-out request ends its session;
+        a second completion of the same request (or of an older round) releases nothing."""
         sess = self.plan.sessions.get(req.session_id) if req.session_id else None
         if sess is None or req.session_id in self._done:
+            return None
+        st = self._state.get(req.session_id)
+        if st is None:
+            st = self._state[req.session_id] = _SessionState(self.plan.seed, self.plan.index, sess)
+        if req.round_index != st.round:
             return None
         if not ok:
             self._done.add(req.session_id)
@@ -219,12 +242,9 @@ class PhaseRun:
         if sess.horizon_us > 0 and arrival > sess.horizon_us:
             self._done.add(req.session_id)
             return None
-        rng = random.Random(tokens.key_hash(self.plan.seed, "round", self.plan.index, sess.session_id, nxt_round))
-        new_in = length_sampler(sess.input_distribution).sample(rng)
-        out = length_sampler(sess.output_distribution).sample(rng)
-        ratio = 0.0
-        if sess.reason_ratio_distribution is not None:
-            ratio = min(100, length_sampler(sess.reason_ratio_distribution, floor=0).sample(rng)) / 100.0
+        new_in = st.input.sample(st.rng)
+        out = st.output.sample(st.rng)
+        ratio = 0.0 if st.ratio is None else min(100, st.ratio.sample(st.rng)) / 100.0
         produced = req.output_tokens if output_tokens is None else max(0, output_tokens)
         if sess.accumulate:
             history = req.history + ((req.new_input_tokens, produced),)
@@ -233,6 +253,7 @@ class PhaseRun:
             history = ()
             total = sess.prefix_length + new_in
         self.released += 1
+        st.round = nxt_round
         return replace(
             req, uid=f"{self.plan.index}.{sess.session_id}#{nxt_round}", arrival_us=arrival, input_tokens=total,
             output_tokens=out, new_input_tokens=new_in, round_index=nxt_round, history=history,
