@@ -83,6 +83,15 @@ def test_streaming_completion_framing(client: httpx.Client) -> None:
     assert usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
+def test_continuous_usage_stats(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "stream": True,
+                                             "stream_options": {"include_usage": True,
+                                                                "continuous_usage_stats": True}})
+    chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3]
+    assert chunks[-1]["choices"] == []
+
+
 def test_streaming_without_usage_ends_with_done(client: httpx.Client) -> None:
     r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "stream": True})
     events = sse_events(r.text)

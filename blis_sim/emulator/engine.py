@@ -105,9 +105,12 @@ class Engine:
     def _publish(self) -> None:
         sched = self.scheduler
         deferred = sum(1 for r in sched.waiting if r.state == LOADING)
-        self._published = Published(self.stats.snapshot(), running=len(sched.running),
-                                    waiting=len(sched.waiting), waiting_deferred=deferred,
-                                    kv_usage=self.pool.usage())
+        pub = Published(self.stats.snapshot(), running=len(sched.running), waiting=len(sched.waiting),
+                        waiting_deferred=deferred, kv_usage=self.pool.usage())
+        if self.tiers is not None:
+            now = asyncio.get_running_loop().time()
+            pub.offload_pin_share, pub.active_promotions, pub.active_cascades = self.tiers.gauges(now)
+        self._published = pub
         self._dirty = False
 
     async def _publisher(self) -> None:

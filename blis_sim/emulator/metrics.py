@@ -20,7 +20,8 @@ Metric profiles (``--metrics-profile``) choose the KV-cache families:
 * ``vllm-0.33`` (default): ``prefix_cache_*``, ``external_prefix_cache_*``,
   ``prompt_tokens_cached``, ``prompt_tokens_by_source``, ``prompt_tokens_cached_by_source``,
   ``mm_cache_*``; with offload on, ``kv_offload_tiering_chunk_{queries,hits}{tier}``,
-  ``kv_offload_tiering_{read,write}_{bytes,time}{tier}``, job-failure counters and the connector's
+  ``kv_offload_tiering_{read,write}_{bytes,time}{tier}``, job-failure counters, the transfer-pin
+  gauge ``kv_offload_cpu_cache_usage_perc``, active promotion/cascade job gauges, and the connector's
   ``kv_offload_{load,store}_{bytes,time}`` / ``kv_offload_total_{bytes,time}{transfer_type}``.
 * ``vllm-pr48798``: as above but the tiered counters spelled ``..._block_{queries,hits}`` (vLLM main
   between PR #48798 and #52812), and no ``prompt_tokens_cached_by_source`` (added in 0.33).
@@ -61,6 +62,9 @@ class Published:
     waiting: int = 0
     waiting_deferred: int = 0
     kv_usage: float = 0.0
+    offload_pin_share: float = 0.0  # CPU tier share pinned by in-flight transfers
+    active_promotions: dict[str, int] = field(default_factory=dict)  # tier -> jobs
+    active_cascades: dict[str, int] = field(default_factory=dict)
     http: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
@@ -233,6 +237,7 @@ class VllmCollector(Collector):
             yield self._histogram(name, doc, getattr(s, attr), c)
         if kv and self.offload_on and profile in ("vllm-0.33", "vllm-pr48798"):
             yield from self._offload_families(s)
+            yield from self._offload_gauges(pub)
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=list(self.info_labels))
         info.add_metric(list(self.info_labels.values()), 1.0)
@@ -285,6 +290,22 @@ class VllmCollector(Collector):
                                      "Deprecated: total offloading time, by transfer type.",
                                      "transfer_type", {"CPU_to_GPU": s.offload_load_time,
                                                        "GPU_to_CPU": s.offload_store_time}, c)
+
+    def _offload_gauges(self, pub: Published) -> Iterator[Metric]:
+        yield self._gauge("vllm:kv_offload_cpu_cache_usage_perc",
+                          "Share of the CPU offload tier pinned by in-flight transfers (not residency).",
+                          pub.offload_pin_share)
+        for name, doc, values in (
+            ("vllm:kv_offload_tiering_active_promotion_jobs", "Promotion jobs in flight, per tier.",
+             pub.active_promotions),
+            ("vllm:kv_offload_tiering_active_cascade_jobs", "Cascade jobs in flight, per tier.",
+             pub.active_cascades),
+        ):
+            if values:
+                fam = GaugeMetricFamily(name, doc, labels=list(BASE) + ["tier"])
+                for tier, n in values.items():
+                    fam.add_metric(self.base_values + [tier], n)
+                yield fam
 
     def _http_families(self, pub: Published) -> Iterator[Metric]:
         if not pub.http:

@@ -10,6 +10,7 @@ API::
     tiers.store(keys, now)       # write-through GPU -> CPU of newly computed full chunks (+ cascade)
     tiers.forget_request(req_id) # drop the per-request "already counted" set
     tiers.next_event_time(now)   # earliest pending promotion completion (the engine wakes for it)
+    tiers.gauges(now)            # (CPU share pinned by transfers, active promotions, active cascades)
     tiers.clear()                # empty every tier (a simulated restart)
 
 Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
@@ -130,6 +131,7 @@ class OffloadTiers:
         self._counted: dict[object, set[tuple[int, int]]] = {}  # req -> {(tier index, key)}
         self._promoted_for: dict[object, set[int]] = {}  # req -> keys promoted on its behalf
         self._pending_promotions: dict[int, float] = {}  # key -> completion time
+        self._promotion_tier: dict[int, str] = {}  # key -> label of the tier it is promoted from
 
     # -- CPU tier space ----------------------------------------------------------------------------
     def _cpu_make_room(self, now: float) -> bool:
@@ -240,6 +242,7 @@ class OffloadTiers:
         counters.read_time += service
         self.cpu[key] = _CpuEntry(done, done, promoted=True)
         self._pending_promotions[key] = done
+        self._promotion_tier[key] = tier.label
         return True
 
     # -- loads -------------------------------------------------------------------------------------
@@ -258,6 +261,22 @@ class OffloadTiers:
                 entry.pinned_until = max(entry.pinned_until, done)
         return done
 
+    def gauges(self, now: float) -> tuple[float, dict[str, int], dict[str, int]]:
+        """(CPU share pinned by in-flight transfers, active promotions per tier, active cascades per tier)."""
+        pinned = sum(1 for e in self.cpu.values() if e.pinned_until > now)
+        pin_share = pinned / self.cpu_capacity if self.cpu_capacity else 0.0
+        promotions: dict[str, int] = {}
+        cascades: dict[str, int] = {}
+        for tier in self.secondary:
+            cascades[tier.label] = sum(1 for t in tier.entries.values() if t > now)
+            promotions[tier.label] = 0
+        for key, done in self._pending_promotions.items():
+            if done > now:
+                label = self._promotion_tier.get(key)
+                if label is not None:
+                    promotions[label] = promotions.get(label, 0) + 1
+        return pin_share, promotions, cascades
+
     def forget_request(self, req: object) -> None:
         self._counted.pop(req, None)
         self._promoted_for.pop(req, None)
@@ -266,6 +285,7 @@ class OffloadTiers:
         pending = self._pending_promotions
         for key in [k for k, t in pending.items() if t <= now]:
             del pending[key]
+            self._promotion_tier.pop(key, None)
         return min(pending.values()) if pending else None
 
     def clear(self) -> None:
@@ -275,3 +295,4 @@ class OffloadTiers:
         self._counted.clear()
         self._promoted_for.clear()
         self._pending_promotions.clear()
+        self._promotion_tier.clear()

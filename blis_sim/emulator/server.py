@@ -438,6 +438,7 @@ class Handlers:
                 if sent == 0 and role and outs:
                     parts.append(role)
                 last = len(outs) - 1
+                first_content = len(parts)
                 for i, tid in enumerate(outs):
                     text = _dumps(decode([tid]))
                     if chat:
@@ -453,6 +454,14 @@ class Handlers:
                                      '"prompt_token_ids":null,"token_ids":null}]}\n\n')
                     else:
                         parts.append(head + text + mid)
+                if params.include_usage and params.continuous_usage:
+                    # continuous_usage_stats: every chunk carries the usage so far.
+                    for i in range(first_content, len(parts)):
+                        done_tokens = sent + i - first_content + 1
+                        usage = {"prompt_tokens": req.prompt_len,
+                                 "total_tokens": req.prompt_len + done_tokens,
+                                 "completion_tokens": done_tokens}
+                        parts[i] = parts[i][:-3] + ',"usage":' + _dumps(usage) + "}\n\n"
                 if cut and sent + len(outs) >= self.faults.stream_cut_after_tokens and not done:
                     keep = max(0, self.faults.stream_cut_after_tokens - sent) + (1 if role and sent == 0 else 0)
                     if keep:
