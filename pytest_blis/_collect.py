@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from blis_sim.errors import BlisError
 from pytest_blis._render import CellFailure, render_failure
-from pytest_blis._scenario import SweepPoint, iter_scenarios, load_scenario_file
+
+if TYPE_CHECKING:  # loaded when a scenario file is collected, not with the plugin
+    from pytest_blis._scenario import SweepPoint
 
 SUFFIXES = (".blis.yaml", ".blis.yml")
 
@@ -27,6 +29,8 @@ class ScenarioFile(pytest.File):
     """A ``*.blis.yaml`` file; validated as a whole at collection (errors name file:line:field)."""
 
     def collect(self) -> Iterator[pytest.Collector]:
+        from pytest_blis._scenario import iter_scenarios, load_scenario_file
+
         try:
             points = load_scenario_file(self.path)
         except BlisError as exc:

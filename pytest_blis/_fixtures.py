@@ -10,19 +10,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_blis import _session
-from pytest_blis._cell import CellContext, cell_id, run_cell
 from pytest_blis._options import BlisOptions
-from pytest_blis._probe import run_probe
-from pytest_blis._scenario import ServerSpec, SweepPoint
-from pytest_blis._server import ServerPool, ServerTarget
-from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
 
-_POOL = pytest.StashKey[ServerPool]()
+if TYPE_CHECKING:  # the heavy modules load when a fixture is first used, not with the plugin
+    from pytest_blis._scenario import ServerSpec, SweepPoint
+    from pytest_blis._server import ServerPool, ServerTarget
+
+_POOL = pytest.StashKey["ServerPool"]()
 _LATENCY = pytest.StashKey[dict]()
 
 
@@ -33,6 +32,8 @@ def blis_options(pytestconfig: pytest.Config) -> BlisOptions:
 
 
 def _pool(config: pytest.Config) -> ServerPool:
+    from pytest_blis._server import ServerPool
+
     if _POOL not in config.stash:
         config.stash[_POOL] = ServerPool(config.stash[_session.OPTIONS], config.stash[_session.STATE])
     return config.stash[_POOL]
@@ -43,6 +44,8 @@ def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
     """``blis_server(server_spec=ServerSpec(), base_dir=Path.cwd()) -> ServerTarget``: the external
     server, or an embedded emulator for that spec (started once per worker, stopped at the end)."""
     def get(server_spec: ServerSpec | None = None, base_dir: Path | None = None) -> ServerTarget:
+        from pytest_blis._scenario import ServerSpec
+
         return _pool(pytestconfig).target(server_spec or ServerSpec(), base_dir or Path.cwd())
     return get
 
@@ -54,6 +57,9 @@ def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -
     cache = pytestconfig.stash.setdefault(_LATENCY, {})
 
     def get(target: ServerTarget, server_spec: ServerSpec | None = None) -> Any:
+        from pytest_blis._probe import run_probe
+        from pytest_blis._scenario import ServerSpec
+
         spec = server_spec or ServerSpec()
         if target.url not in cache:
             cache[target.url] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
@@ -74,19 +80,25 @@ def blis_artifacts(request: pytest.FixtureRequest, blis_options: BlisOptions) ->
 @pytest.fixture(scope="session")
 def blis_observe() -> Callable[..., Any]:
     """``blis_observe(url, plan, ObserveOptions, CellPaths) -> ObserveResult`` (writes the trace)."""
-    return observe_step
+    from pytest_blis import _steps
+
+    return _steps.observe_step
 
 
 @pytest.fixture(scope="session")
 def blis_replay() -> Callable[..., Any]:
     """``blis_replay(trace, ReplayOptions, CellPaths) -> (sim results, MetricsOutput)``."""
-    return replay_step
+    from pytest_blis import _steps
+
+    return _steps.replay_step
 
 
 @pytest.fixture(scope="session")
 def blis_calibrate() -> Callable[..., Any]:
     """``blis_calibrate(trace, results, metrics, CalibrateOptions, CellPaths) -> CalibrationReport``."""
-    return calibrate_step
+    from pytest_blis import _steps
+
+    return _steps.calibrate_step
 
 
 @pytest.fixture
@@ -94,7 +106,9 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
                   blis_server: Callable[..., ServerTarget], blis_latency_model: Callable[[ServerTarget], Any],
                   blis_artifacts: Path) -> Callable[[SweepPoint], Any]:
     """What a scenario item calls: run one sweep point end to end and assert its verdicts."""
+    from pytest_blis._cell import CellContext, run_cell
     from pytest_blis._replay import replay_options
+    from pytest_blis._steps import CellPaths
 
     def run(point: SweepPoint) -> Any:
         target = blis_server(point.spec.server, Path(point.file).parent)
@@ -106,4 +120,4 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
 
 
 __all__ = ["blis_artifacts", "blis_calibrate", "blis_latency_model", "blis_observe", "blis_options",
-           "blis_replay", "blis_run_cell", "blis_server", "cell_id"]
+           "blis_replay", "blis_run_cell", "blis_server"]

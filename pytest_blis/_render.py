@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from blis_sim.calibrate import VerdictRow, render_table
+from typing import Any
 
 
 @dataclass
@@ -16,7 +16,7 @@ class CellFailure(Exception):
     """Raised by a calibration item whose verdicts failed, or whose cache path was not elicited."""
 
     title: str
-    rows: Sequence[VerdictRow] = field(default_factory=list)
+    rows: Sequence[Any] = field(default_factory=list)  # blis_sim.calibrate.VerdictRow
     notes: Sequence[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -24,6 +24,8 @@ class CellFailure(Exception):
 
 
 def render_failure(failure: CellFailure) -> str:
+    from blis_sim.calibrate import render_table  # heavy: only when a cell failed
+
     parts = [failure.title]
     table = render_table(failure.rows)
     if table:
