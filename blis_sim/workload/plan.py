@@ -24,8 +24,11 @@ Driver loop (either clock)::
             if nxt: schedule(t0 + nxt.arrival_us, nxt)      # on a tie, a follow-up goes before a planned one
         when nothing is scheduled or in flight: t0 = drain time; next phase
 
-The trace's ``arrival_time_us`` is ``t0 + req.arrival_us`` (relative to the first phase's start); the trace's
-``request_id`` is assigned by the driver (observe: dispatch order); ``uid`` is a stable name for cross-checks.
+The trace's ``arrival_time_us`` is ``t0 + req.arrival_us`` (relative to the first phase's start) and its
+``deadline_us`` is ``t0 + req.deadline_us`` when that is non-zero; the trace's ``request_id`` is assigned by the
+driver (observe: dispatch order); ``uid`` is a stable name for cross-checks. ``plan.session_context_growth`` is the
+header's ``session_context_growth``. Pass the server's completion token count as ``output_tokens``: an
+accumulating session's next round carries exactly that many output tokens.
 """
 from __future__ import annotations
 
