@@ -40,6 +40,8 @@ class FakeVllm:
     metrics_body: str | None = None  # fixed body instead of the counters
     reset_after: int = -1  # after this many requests the counters restart from zero (a server restart)
     delay_s: float = 0.0  # before the first token of every request
+    api_key: str = ""  # when set, every route answers 401 without "Authorization: Bearer <key>"
+    unauthorized: list[str] = field(default_factory=list)
     closing: bool = False
     queries: int = 0
     hits: int = 0
@@ -83,7 +85,15 @@ class FakeVllm:
         return "\n".join(lines) + "\n"
 
     def app(self) -> web.Application:
-        app = web.Application()
+        @web.middleware
+        async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+            if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+                self.unauthorized.append(request.path)
+                return web.Response(status=401, text="unauthorized")
+            return await handler(request)
+
+        app = web.Application(middlewares=[auth])
+        app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/version", self._version)
@@ -110,6 +120,21 @@ class FakeVllm:
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """Chat that sends its role-only chunk 50 ms before the first token (as older servers did)."""
+        body = await request.json()
+        self.requests.append(body)
+        toks = self.tokens(body["messages"][0]["content"])
+        self.admit(toks)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n')
+        await asyncio.sleep(0.05)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":" x"},"finish_reason":"length"}]}\n\n')
+        usage = {"prompt_tokens": len(toks), "completion_tokens": 1}
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
         return resp
 
     async def _tokenize(self, request: web.Request) -> web.Response:
@@ -431,3 +456,52 @@ def test_sigint_writes_a_partial_trace_and_exits_130(fake: tuple[FakeVllm, str],
     assert all(r.send_time_us > 0 and r.first_byte_time_us > 0 for r in trace.records)  # partial timings kept
     assert "interrupted" in err and "Traceback" not in err
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes left no temp files
+
+
+def test_api_key_reaches_every_route_and_prewarm_stays_out_of_trace_and_window(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    server.api_key = "k3y"
+    result = observe(url, parse_workload_spec(SPEC), _opts(api_key="k3y", prewarm_duration_s=0.3))
+    assert server.unauthorized == []
+    prewarm = [b for b in server.requests if b["prompt"].startswith("warm warm")]
+    assert prewarm and all(not b["stream"] and b["max_tokens"] == 64 for b in prewarm)
+    assert len(result.trace.records) == 4 and result.prompt_mode.startswith("exact")
+    o = result.trace.header.observed_kv_metrics
+    assert o is not None and o.block_queries == 88  # the prewarm's tokens are outside the window
+
+
+def test_wrong_api_key_is_recorded_per_request(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    server.api_key = "right"
+    result = observe(url, parse_workload_spec(SPEC), _opts(api_key="wrong"))
+    assert all(r.status == "error" and r.error_message == "HTTP 401: unauthorized" for r in result.trace.records)
+    assert any("scrape failed" in w and "HTTP 401" in w for w in result.warnings)
+
+
+def test_early_role_chunk_is_flagged(fake: tuple[FakeVllm, str]) -> None:
+    _server, url = fake
+    result = observe(url, parse_workload_spec(SPEC), _opts(api_format="chat", use_tokenize=False))
+    rows = result.trace.records
+    assert all(r.status == "ok" and r.first_content_time_us >= r.first_chunk_time_us for r in rows)
+    flagged = [r for r in rows if r.first_content_time_us - r.first_chunk_time_us > 1000]
+    assert flagged  # the client may read both events at once when it is descheduled for 50 ms; not all of them
+    assert any(w.startswith(f"{len(flagged)} streaming requests got an SSE event") for w in result.warnings)
+
+
+def test_progress_line_only_when_enabled() -> None:
+    import io
+
+    from blis_sim.observe.progress import Progress
+
+    quiet = io.StringIO()
+    p = Progress(3, stream=quiet)  # StringIO is not a terminal
+    p.advance(True)
+    p.close()
+    assert quiet.getvalue() == ""
+    loud = io.StringIO()
+    p = Progress(3, enabled=True, stream=loud)
+    p.phase("flood")
+    p.advance(True)
+    p.advance(False)
+    p.close()
+    assert "observe [flood]" in loud.getvalue() and "2/3 done, 1 failed" in loud.getvalue()

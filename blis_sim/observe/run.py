@@ -52,7 +52,8 @@ log = logging.getLogger("blis_sim.observe")
 
 PREWARM_WORKERS = 4
 PREWARM_PROMPT = "warm " * 256
-DRIFT_WARN_FRACTION = 0.02  # warn when prompts are on average more than 2 % off on the server
+DRIFT_WARN_FRACTION = 0.02
+FIRST_CONTENT_GAP_US = 1000  # first chunk vs first content: more than this is worth a warning  # warn when prompts are on average more than 2 % off on the server
 
 
 @dataclass(frozen=True)
@@ -392,6 +393,29 @@ class _Run:
 
     # -------------------------------------------------------------------------------------- result
 
+    def _check_first_chunks(self, rows: list[TraceRecord]) -> None:
+        """A server that sends an event before the first generated text (an early role chunk) makes the
+        reference's TTFT (first chunk) too short; say so, since calibrate uses that column."""
+        late = _ttft_gap_rows(rows)
+        if late:
+            self.warn(f"{len(late)} streaming requests got an SSE event more than {FIRST_CONTENT_GAP_US} µs before "
+                      "their first generated text (first_chunk_time_us < first_content_time_us): TTFT from the "
+                      "first chunk understates the real one for them")
+
+    def _compare_server_ttft(self, rows: list[TraceRecord]) -> None:
+        """Log client vs server-side TTFT over the window (vllm-cpu.md: they differ under load)."""
+        window = self.window
+        if window is None or not window.server_ttft or not window.server_ttft["count"]:
+            return
+        measured = {p.name for p in self.phase_infos if p.measured}
+        ttft = [(r.first_content_time_us or r.first_chunk_time_us) - r.send_time_us for r in rows
+                if r.status == "ok" and r.streaming and r.phase in measured and r.first_chunk_time_us]
+        if ttft:
+            client_ms = sum(ttft) / len(ttft) / 1000
+            log.info("observe: TTFT mean over the window: client %.2f ms, server-side %.2f ms "
+                     "(vllm:time_to_first_token_seconds; the gap is HTTP, frontend and client time)",
+                     client_ms, window.server_ttft["mean_ms"])
+
     def _result(self, wall_s: float) -> ObserveResult:
         rows: list[TraceRecord] = []
         for r in self.completed:
@@ -402,6 +426,8 @@ class _Run:
         if drift.rows and (drift.mean_rel > DRIFT_WARN_FRACTION or (builder is not None and builder.mode == "exact"
                                                                    and drift.mismatched)):
             self.warn(drift.message())
+        self._check_first_chunks(rows)
+        self._compare_server_ttft(rows)
         interrupted = self.stop.is_set()
         window = self.window
         observed = window.observed if window is not None and window.valid else None
@@ -434,6 +460,11 @@ class _Run:
             interrupted=interrupted, window=window, lateness_ms=capture.lateness_ms(records), wall_s=wall_s,
             itl=capture.itl_records(records, self.clock) if self.opts.record_itl else [],
             prompt_mode=builder.describe() if builder is not None else "")
+
+
+def _ttft_gap_rows(rows: list[TraceRecord]) -> list[TraceRecord]:
+    return [r for r in rows if r.status == "ok" and r.streaming and r.first_content_time_us
+            and r.first_content_time_us - r.first_chunk_time_us > FIRST_CONTENT_GAP_US]
 
 
 def _family(sample_name: str) -> str:
