@@ -137,7 +137,7 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
     window_idx = np.flatnonzero(table.in_window & ~dropped)
     first = -1
     if window_idx.size and window_idx.size < n:
-        first = int(window_idx[np.argmin(table.arrival_us[window_idx], kind="stable")])
+        first = int(window_idx[np.argmin(table.arrival_us[window_idx])])
     port = KVPort(kv, table.content(content_seed, block_size), window_first=first)
     workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
                         output_len=table.output_len, next_round=table.next_round,
@@ -148,7 +148,8 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
         store_chunk = int(offload.block_size)
         prompt_only = bool(offload.offload_prompt_only)
     loop = simulate(workload, port, options.latency, options.scheduler(horizon_us),
-                    store_chunk_tokens=store_chunk, store_prompt_only=prompt_only,
+                    block_size=block_size, store_chunk_tokens=store_chunk,
+                    store_prompt_only=prompt_only,
                     log_steps=log_steps, backend=options.loop_backend)
     frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
