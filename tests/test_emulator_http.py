@@ -210,3 +210,18 @@ def test_client_disconnect_aborts_the_request(emu: RunningEmulator) -> None:
             time.sleep(0.02)
         pub = e.published()
         assert pub.stats.request_success["abort"] == 1 and pub.running == 0
+
+
+def test_an_engine_failure_answers_500_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    from blis_sim.emulator.scheduler import Scheduler
+
+    def broken(self: Scheduler, plan: object, now: float) -> int:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Scheduler, "finish_step", broken)
+    with start_emulator(EmulatorConfig(profile="zero")) as e, httpx.Client(base_url=e.url, timeout=10) as c:
+        first = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "stream": True})
+        events = sse_events(first.text)
+        assert "boom" in json.loads(events[0])["error"]["message"] and events[-1] == "[DONE]"
+        second = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert second.status_code == 500 and "boom" in second.json()["error"]["message"]

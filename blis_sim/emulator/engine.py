@@ -20,6 +20,7 @@ published every ``stats_interval_s`` (0 = after every step), like vLLM's stats l
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 from blis_sim.emulator.config import EmulatorConfig
@@ -29,6 +30,13 @@ from blis_sim.emulator.offload import OffloadTiers
 from blis_sim.emulator.scheduler import FINISHED, LOADING, Request, Scheduler
 from blis_sim.emulator.stats import EngineStats
 from blis_sim.emulator.tokenizer import Tokenizer
+
+log = logging.getLogger("blis_sim.emulator")
+
+
+class EngineFailed(RuntimeError):
+    """The engine loop died (a bug); requests are answered with a 500 instead of hanging."""
+
 
 _CATCH_UP_S = 0.02  # lateness (timer rounding, a busy machine) that the next steps absorb
 
@@ -65,6 +73,7 @@ class Engine:
         self._restarted = False
         self._pending_cache_clear = False
         self._target = 0.0  # target end time of the last timed step (loop clock)
+        self.crashed: BaseException | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -85,6 +94,8 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
+        if self.crashed is not None:
+            raise EngineFailed(f"the emulator engine failed: {self.crashed!r}")
         self.scheduler.add(req)
         assert self._wake is not None
         self._wake.set()
@@ -147,6 +158,23 @@ class Engine:
         return t
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: fail every request loudly instead of hanging them
+            log.exception("emulator engine failed")
+            self.crashed = exc
+            now = asyncio.get_running_loop().time()
+            sched = self.scheduler
+            for req in list(sched.running) + list(sched.waiting):
+                try:
+                    sched.abort(req, now)
+                except Exception:  # noqa: BLE001 - keep failing the others
+                    pass
+                req.finish_reason = "error"
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         wake = self._wake
         assert wake is not None

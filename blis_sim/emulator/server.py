@@ -32,7 +32,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from blis_sim.emulator.config import FaultConfig
-from blis_sim.emulator.engine import Engine
+from blis_sim.emulator.engine import Engine, EngineFailed
 from blis_sim.emulator.metrics import build_registry, render
 from blis_sim.emulator.scheduler import FINISHED, Request
 from blis_sim.errors import ConfigError
@@ -345,7 +345,10 @@ class Handlers:
                       min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
                       skip_cache=params.prompt_logprobs is not None,
                       seed=hash(rid) & 0xFFFFFFFF, arrival=loop.time(), sink=waiter.wake)
-        self.engine.submit(req)
+        try:
+            self.engine.submit(req)
+        except EngineFailed as exc:
+            return error_response(500, str(exc), "InternalServerError")
         if params.stream:
             return await self._stream(request, req, params, waiter, chat, headers, cut, delay)
         return await self._complete(request, req, params, waiter, chat, headers, delay)
@@ -366,6 +369,9 @@ class Handlers:
         except asyncio.CancelledError:
             self.engine.abort(req)
             raise
+        if req.finish_reason == "error":
+            return error_response(500, f"the emulator engine failed: {self.engine.crashed!r}",
+                                  "InternalServerError")
         if delay:
             await asyncio.sleep(delay)
         text = self.tok.decode(req.output_ids)
@@ -472,9 +478,12 @@ class Handlers:
                     return resp
                 sent += len(outs)
                 if done:
-                    if req.finish_reason == "abort" and not outs:
-                        parts.append("data: " + _dumps(error_body(500, "request aborted", "InternalServerError"))
-                                     + "\n\n")
+                    if req.finish_reason in ("abort", "error") and not outs:
+                        # vLLM sends the error as a data event, then [DONE].
+                        parts.append("data: " + _dumps(error_body(
+                            500, f"request {req.finish_reason}ed" if req.finish_reason == "abort"
+                            else f"the emulator engine failed: {self.engine.crashed!r}",
+                            "InternalServerError")) + "\n\n")
                     if params.include_usage:
                         parts.append("data: " + _dumps({
                             "id": req.rid, "object": obj, "created": created, "model": self.model,
