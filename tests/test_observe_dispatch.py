@@ -289,3 +289,18 @@ async def test_follow_ups_released_on_completion(server: Any) -> None:
     assert len(records) == 5
     for prev, nxt in zip(records, records[1:]):
         assert nxt.send_ns - prev.last_chunk_ns >= 5_000_000  # think time respected
+
+
+@in_loop
+async def test_abort_cuts_the_grace_period_short(server: Any) -> None:
+    url, _ = server
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        d = Dispatcher(session, Target(url, "m", timeout_s=30), RunClock(), stop=stop, grace_s=60)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, stop.set)
+        loop.call_later(0.4, d.abort.set)
+        t0 = loop.time()
+        records = await d.run_phase(ListSource([_wire("stall")]), build=lambda p, off: p)
+        assert loop.time() - t0 < 10  # not the 60 s grace
+    assert [r.error_message for r in records] == ["cancelled: observe interrupted"]

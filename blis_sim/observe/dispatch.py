@@ -15,8 +15,8 @@ includes the think time), ``build(planned) -> WireRequest`` turns one into a wir
 Per request: wait for the scheduled time, then for a concurrency slot (``--max-concurrency``), then
 take the next dispatch index and send. The record keeps the scheduled time (``arrival_us`` + phase
 offset) and the actual send time, so lateness and slot waits are visible. When ``stop`` is set
-(Ctrl-C, SIGTERM) nothing new is sent; in-flight requests get ``grace_s`` to finish, then are
-cancelled and recorded as ``error`` ("cancelled: observe interrupted") with the timings they had.
+(Ctrl-C, SIGTERM) nothing new is sent; in-flight requests get ``grace_s`` to finish (cut short by
+setting ``abort``, e.g. a second Ctrl-C), then are cancelled and recorded as ``error`` ("cancelled: observe interrupted") with the timings they had.
 """
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ class Dispatcher:
         self.slots = asyncio.Semaphore(max_concurrency)
         self.warmup_requests = warmup_requests
         self.stop = stop or asyncio.Event()
+        self.abort = asyncio.Event()  # a second Ctrl-C: cancel in-flight requests without the grace period
         self.grace_s = grace_s
         self.on_record = on_record
         self.next_id = 0
@@ -161,7 +162,19 @@ class Dispatcher:
         tasks = list(inflight)
         if self.stop.is_set():
             self.interrupted = True
-            _done, pending = await asyncio.wait(tasks, timeout=self.grace_s)
+            pending = set(tasks)
+            deadline = asyncio.get_running_loop().time() + self.grace_s
+            abort_wait = asyncio.ensure_future(self.abort.wait())
+            try:
+                while pending and not self.abort.is_set():
+                    left = deadline - asyncio.get_running_loop().time()
+                    if left <= 0:
+                        break
+                    _done, still = await asyncio.wait(pending | {abort_wait}, timeout=left,
+                                                      return_when=asyncio.FIRST_COMPLETED)
+                    pending = still - {abort_wait}
+            finally:
+                abort_wait.cancel()
             for task in pending:
                 task.cancel()
             if pending:

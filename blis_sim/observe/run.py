@@ -193,11 +193,18 @@ class _Run:
         self.geometry: dict[str, int] | None = None
         self.vllm_version = ""
         self.signal_name = ""
+        self.dispatcher: Dispatcher | None = None
 
     def interrupt(self, sig: int = signal.SIGINT) -> None:
+        """First signal: stop sending, give in-flight requests the grace period. Second: cancel them now."""
+        if self.stop.is_set():
+            log.warning("observe: %s again: cancelling in-flight requests now", signal.Signals(sig).name)
+            if self.dispatcher is not None:
+                self.dispatcher.abort.set()
+            return
         self.signal_name = signal.Signals(sig).name
-        log.warning("observe: %s received: stopping dispatch (in-flight requests get %g s)",
-                    self.signal_name, self.opts.grace_s)
+        log.warning("observe: %s received: stopping dispatch (in-flight requests get %g s; again to cancel "
+                    "them now)", self.signal_name, self.opts.grace_s)
         self.stop.set()
 
     def warn(self, message: str) -> None:
@@ -236,6 +243,7 @@ class _Run:
         dispatcher = Dispatcher(self.session, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
                                 warmup_requests=self.opts.warmup_requests, stop=self.stop,
                                 grace_s=self.opts.grace_s, on_record=self._completed)
+        self.dispatcher = dispatcher
         start_snap: Snapshot | None = None
         total = sum(len(p.requests) for p in self.plan.phases)
         progress = Progress(total, enabled=self.opts.progress)
