@@ -505,3 +505,12 @@ def test_progress_line_only_when_enabled() -> None:
     p.advance(False)
     p.close()
     assert "observe [flood]" in loud.getvalue() and "2/3 done, 1 failed" in loud.getvalue()
+
+
+def test_bad_window_phases_fail_before_any_request(fake: tuple[FakeVllm, str]) -> None:
+    from blis_sim.errors import UsageError
+
+    server, url = fake
+    with pytest.raises(UsageError, match="unknown phases \\['nope'\\]"):
+        observe(url, parse_workload_spec(PHASES), _opts(window_phases=("nope",)))
+    assert server.requests == []

@@ -194,6 +194,9 @@ class _Run:
         self.vllm_version = ""
         self.signal_name = ""
         self.dispatcher: Dispatcher | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self._progress = Progress(0, enabled=False)
+        self.measured = _measured_phases(plan, opts.window_phases)  # checked before anything is sent
 
     def interrupt(self, sig: int = signal.SIGINT) -> None:
         """First signal: stop sending, give in-flight requests the grace period. Second: cancel them now."""
@@ -206,6 +209,11 @@ class _Run:
         log.warning("observe: %s received: stopping dispatch (in-flight requests get %g s; again to cancel "
                     "them now)", self.signal_name, self.opts.grace_s)
         self.stop.set()
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        assert self.session is not None, "only inside execute()"
+        return self.session
 
     def warn(self, message: str) -> None:
         log.warning("observe: %s", message)
@@ -220,7 +228,7 @@ class _Run:
                                          ) as session:
             self.session = session
             self.vllm_version = await self._version()
-            self.builder = await calibrate_prompts(session, self.target, use_tokenize=self.opts.use_tokenize)
+            self.builder = await calibrate_prompts(self.http, self.target, use_tokenize=self.opts.use_tokenize)
             if self.opts.prewarm_duration_s > 0 and not self.stop.is_set():
                 await self._prewarm()
             if not self.opts.scrape_kv_metrics:
@@ -231,16 +239,9 @@ class _Run:
         return self._result(wall_s)
 
     async def _phases(self) -> None:
-        names = [p.name for p in self.plan.phases]
-        measured = [i for i, n in enumerate(names) if self.opts.window_phases is None or n in self.opts.window_phases]
-        if self.opts.window_phases is not None:
-            unknown = sorted(set(self.opts.window_phases) - set(names))
-            if unknown:
-                raise UsageError(f"--window-phases names unknown phases {unknown} (phases: {names})")
-            if measured and measured != list(range(measured[0], measured[-1] + 1)):
-                raise UsageError("--window-phases must be consecutive phases")
+        measured = self.measured
         first, last = (measured[0], measured[-1]) if measured else (-1, -1)
-        dispatcher = Dispatcher(self.session, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
+        dispatcher = Dispatcher(self.http, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
                                 warmup_requests=self.opts.warmup_requests, stop=self.stop,
                                 grace_s=self.opts.grace_s, on_record=self._completed)
         self.dispatcher = dispatcher
@@ -298,7 +299,7 @@ class _Run:
 
     async def _version(self) -> str:
         try:
-            async with self.session.get(self.base_url + "/version", headers=self._auth(),
+            async with self.http.get(self.base_url + "/version", headers=self._auth(),
                                         timeout=aiohttp.ClientTimeout(total=min(self.opts.timeout_s, 10.0))) as r:
                 if r.status == 200:
                     data = await r.json(content_type=None)
@@ -323,7 +324,7 @@ class _Run:
                 wire = WireRequest(prompt=PREWARM_PROMPT, max_tokens=64, streaming=False, arrival_us=0,
                                    input_tokens=0)
                 rec = RequestRecord(request_id=-1, wire=wire)
-                await send(self.session, self.target, rec, self.clock)
+                await send(self.http, self.target, rec, self.clock)
                 sent += 1
                 if rec.status != "ok":
                     failed += 1
@@ -337,7 +338,7 @@ class _Run:
 
     async def _scrape(self) -> Snapshot:
         try:
-            async with self.session.get(self.metrics_url, headers=self._auth(),
+            async with self.http.get(self.metrics_url, headers=self._auth(),
                                         timeout=aiohttp.ClientTimeout(total=self.opts.timeout_s)) as r:
                 if r.status != 200:
                     raise ScrapeError(f"GET: HTTP {r.status}", url=self.metrics_url)
@@ -468,6 +469,20 @@ class _Run:
             interrupted=interrupted, window=window, lateness_ms=capture.lateness_ms(records), wall_s=wall_s,
             itl=capture.itl_records(records, self.clock) if self.opts.record_itl else [],
             prompt_mode=builder.describe() if builder is not None else "")
+
+
+def _measured_phases(plan: WorkloadPlan, window_phases: tuple[str, ...] | None) -> list[int]:
+    """Indices of the phases inside the counter window (all by default); they must be consecutive."""
+    names = [p.name for p in plan.phases]
+    if window_phases is None:
+        return list(range(len(names)))
+    unknown = sorted(set(window_phases) - set(names))
+    if unknown:
+        raise UsageError(f"--window-phases names unknown phases {unknown} (phases: {names})")
+    measured = [i for i, n in enumerate(names) if n in window_phases]
+    if measured != list(range(measured[0], measured[-1] + 1)):
+        raise UsageError(f"--window-phases must be consecutive phases, got {list(window_phases)} of {names}")
+    return measured
 
 
 def _ttft_gap_rows(rows: list[TraceRecord]) -> list[TraceRecord]:
