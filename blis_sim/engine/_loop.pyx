@@ -29,8 +29,8 @@ ctypedef pair[double, long] HeapItem
 
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
              long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
-             double horizon_us, port, long store_chunk_tokens, bint store_prompt_only,
-             bint log_steps):
+             double horizon_us, port, long block_size, long store_chunk_tokens,
+             bint store_prompt_only, bint log_steps):
     cdef Py_ssize_t n = arrival.shape[0]
     cdef double[::1] arr = np.ascontiguousarray(arrival, dtype=np.float64).copy()
     cdef long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
@@ -56,6 +56,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef long[::1] preempts = preempts_np
     cdef double[::1] load_done = np.zeros(n)
     cdef long[::1] sched_n = np.zeros(n, dtype=np.int64)
+    cdef long[::1] kv_end = np.zeros(n, dtype=np.int64)
     cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
     cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
     cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
@@ -87,7 +88,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef double t = 0.0, t_end, d, dc, dm, tp, td, cd, cp, ap, gap, nxt, done
     cdef bint have_nxt, preempted, ok, finished_any
     cdef long steps = 0, preemption_count = 0, n_loading = 0
-    cdef long budget, k, total, seq, victim, local, external, regular, old, lim
+    cdef long budget, k, total, seq, victim, local, external, regular, old, lim, end
     cdef Py_ssize_t idx
 
     while True:
@@ -137,21 +138,25 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             if k > budget:
                 k = budget
             ok = True
-            while not port.grow(i, k):
-                victim = running.back()
-                running.pop_back()
-                port.preempt(victim)
-                status[victim] = WAITING
-                computed[victim] = 0
-                preempts[victim] += 1
-                preemption_count += 1
-                waiting.push_front(victim)
-                preempted = True
-                if victim == i:
-                    ok = False
+            end = computed[i] + k
+            if (end + block_size - 1) // block_size > (kv_end[i] + block_size - 1) // block_size:
+                while not port.grow(i, end - kv_end[i]):
+                    victim = running.back()
+                    running.pop_back()
+                    port.preempt(victim)
+                    status[victim] = WAITING
+                    computed[victim] = 0
+                    kv_end[victim] = 0
+                    preempts[victim] += 1
+                    preemption_count += 1
+                    waiting.push_front(victim)
+                    preempted = True
+                    if victim == i:
+                        ok = False
+                        break
+                if not ok:
                     break
-            if not ok:
-                break
+                kv_end[i] = end
             sched_n[i] = k
             scheduled.push_back(i)
             budget -= k
@@ -176,6 +181,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                             break
                         waiting.pop_front()
                         computed[i] = res[0]
+                        kv_end[i] = computed[i]
                         done = res[len(res) - 1]
                         if done > t:
                             status[i] = LOADING
@@ -194,14 +200,16 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     if res is None:
                         break
                     computed[i] = res[0]
+                    kv_end[i] = computed[i] + k
                 else:
                     k = total - computed[i]
                     if 0 < long_prefill_token_threshold < k:
                         k = long_prefill_token_threshold
                     if k > budget:
                         k = budget
-                    if not port.grow(i, k):
+                    if not port.grow(i, computed[i] + k - kv_end[i]):
                         break
+                    kv_end[i] = computed[i] + k
                 waiting.pop_front()
                 status[i] = RUNNING
                 running.push_back(i)
@@ -285,6 +293,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 if store_prompt_only and lim > plen[i]:
                     lim = plen[i]
                 if lim // store_chunk_tokens > old // store_chunk_tokens:
+                    if kv_end[i] < computed[i]:
+                        port.grow(i, computed[i] - kv_end[i])
+                        kv_end[i] = computed[i]
                     port.computed(i, t_end)
             if computed[i] == plen[i] + num_out[i]:
                 num_out[i] += 1
@@ -300,6 +311,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         itl_weights.push_back(1)
                 last_tok[i] = t_end
                 if num_out[i] >= olen[i]:
+                    if kv_end[i] < computed[i]:
+                        port.grow(i, computed[i] - kv_end[i])
+                        kv_end[i] = computed[i]
                     status[i] = FINISHED
                     finish[i] = t_end
                     port.finish(i)

@@ -5,8 +5,8 @@ results, which ``tests/test_engine_loop.py`` checks. Keep the two files in step:
 that touches a float is written in the same order in both.
 
 ``run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights, max_num_seqs,
-max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, store_chunk_tokens,
-store_prompt_only, log_steps)`` simulates vLLM
+max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, block_size,
+store_chunk_tokens, store_prompt_only, log_steps)`` simulates vLLM
 V1's scheduler (blis_sim.engine.scheduler documents the rules) and returns a dict of numpy arrays:
 per request ``first_token_us``, ``finish_us``, ``itl_sum_us``, ``num_out``, ``preemptions``,
 ``first_sched_us``, ``arrival_us`` (dynamic arrivals filled in), ``status``; per step, the ITL
@@ -15,7 +15,9 @@ and with ``log_steps`` the step log ``step_start``, ``step_dur``, ``step_feature
 
 ``port`` is the KV side (blis_sim.engine.kvport documents it): ``lookup(i, now)`` → a tuple
 starting (GPU-hit tokens, external tokens); ``admit(i, num_new_tokens, now)`` → None (no room) or a
-tuple (num_computed_tokens, ..., load_ready_us); ``grow(i, num_new_tokens)`` → bool;
+tuple (num_computed_tokens, ..., load_ready_us); ``grow(i, num_new_tokens)`` → bool, called
+only when a step fills a block or needs a new one (``block_size``), with every token scheduled
+since the previous call;
 ``computed(i, now)`` when a step completed a chunk that may be offloaded (only with
 ``store_chunk_tokens > 0``: the chunk size; ``store_prompt_only``: prompt chunks only);
 ``preempt(i)``; ``finish(i)``.
@@ -35,8 +37,8 @@ NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
 def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
              next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
-             horizon_us: float, port, store_chunk_tokens: int, store_prompt_only: bool,
-             log_steps: bool) -> dict:
+             horizon_us: float, port, block_size: int, store_chunk_tokens: int,
+             store_prompt_only: bool, log_steps: bool) -> dict:
     n = arrival.shape[0]
     arr = arrival.astype(np.float64).copy()
     plen = prompt_len.astype(np.int64)
@@ -52,6 +54,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     preempts = np.zeros(n, dtype=np.int64)
     load_done = np.zeros(n)
     sched_n = np.zeros(n, dtype=np.int64)
+    kv_end = np.zeros(n, dtype=np.int64)  # tokens the KV cache has been told about
     w = weights.astype(np.float64)
     wc0, wc1, wc2, wc3, wc4, wc5 = (float(x) for x in w[0])
     wm0, wm1, wm2, wm3, wm4, wm5 = (float(x) for x in w[1])
@@ -117,20 +120,26 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
             if k > budget:
                 k = budget
             ok = True
-            while not port.grow(i, int(k)):
-                victim = running.pop()  # FCFS: the most recently admitted request
-                port.preempt(victim)
-                status[victim] = WAITING
-                computed[victim] = 0
-                preempts[victim] += 1
-                preemption_count += 1
-                waiting.appendleft(victim)
-                preempted = True
-                if victim == i:
-                    ok = False
+            end = computed[i] + k
+            # The cache hears about growth only when a new block is needed (once per block); the
+            # tokens in between are passed along then, or when a chunk is stored, or at the end.
+            if (end + block_size - 1) // block_size > (kv_end[i] + block_size - 1) // block_size:
+                while not port.grow(i, int(end - kv_end[i])):
+                    victim = running.pop()  # FCFS: the most recently admitted request
+                    port.preempt(victim)
+                    status[victim] = WAITING
+                    computed[victim] = 0
+                    kv_end[victim] = 0
+                    preempts[victim] += 1
+                    preemption_count += 1
+                    waiting.appendleft(victim)
+                    preempted = True
+                    if victim == i:
+                        ok = False
+                        break
+                if not ok:
                     break
-            if not ok:
-                break
+                kv_end[i] = end
             sched_n[i] = k
             scheduled.append(i)
             budget -= k
@@ -154,6 +163,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                             break
                         waiting.popleft()
                         computed[i] = int(res[0])
+                        kv_end[i] = computed[i]
                         done = float(res[-1])
                         if done > t:
                             status[i] = LOADING
@@ -172,14 +182,16 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     if res is None:
                         break
                     computed[i] = int(res[0])
+                    kv_end[i] = computed[i] + k
                 else:  # its load has finished: the loaded tokens count as computed
                     k = total - computed[i]
                     if 0 < long_prefill_token_threshold < k:
                         k = long_prefill_token_threshold
                     if k > budget:
                         k = budget
-                    if not port.grow(i, int(k)):
+                    if not port.grow(i, int(computed[i] + k - kv_end[i])):
                         break
+                    kv_end[i] = computed[i] + k
                 waiting.popleft()
                 status[i] = RUNNING
                 running.append(i)
@@ -247,6 +259,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 if store_prompt_only and lim > plen[i]:
                     lim = plen[i]
                 if lim // store_chunk_tokens > old // store_chunk_tokens:
+                    if kv_end[i] < computed[i]:  # fills a block: no allocation, cannot fail
+                        port.grow(i, int(computed[i] - kv_end[i]))
+                        kv_end[i] = computed[i]
                     port.computed(i, t_end)
             if computed[i] == plen[i] + num_out[i]:
                 num_out[i] += 1
@@ -262,6 +277,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                         itl_weights.append(1)
                 last_tok[i] = t_end
                 if num_out[i] >= olen[i]:
+                    if kv_end[i] < computed[i]:  # register the last full blocks' hashes
+                        port.grow(i, int(computed[i] - kv_end[i]))
+                        kv_end[i] = computed[i]
                     status[i] = FINISHED
                     finish[i] = t_end
                     port.finish(i)

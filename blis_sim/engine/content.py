@@ -61,12 +61,23 @@ class ContentPlan:
     core: Any = None
     _group_hashes: dict[int, np.ndarray] = field(default_factory=dict)
     _streams: dict[int, np.ndarray] = field(default_factory=dict)
+    _seeds: list[int] = field(default_factory=list)
+    _root: int = 0
 
     def __post_init__(self) -> None:
         if self.core is None:
             from blis_sim.kv import core
 
             self.core = core
+        # One 64-bit seed per request for its unique blocks: splitmix64 of (seed-derived base +
+        # position), vectorised; requests are told apart by ``keys`` through the base.
+        base = np.uint64(key_hash(self.seed, "requests", *self.keys[:1]))
+        with np.errstate(over="ignore"):
+            z = np.arange(len(self.keys), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            self._seeds = (z ^ (z >> np.uint64(31))).tolist()
+        self._root = int(self.core.root_hash(0))
 
     # -- groups -------------------------------------------------------------------------------
     def _group_prefix_hashes(self, g: int) -> np.ndarray:
@@ -116,9 +127,8 @@ class ContentPlan:
         if g >= 0:
             prefix = self._group_prefix_hashes(g)
             pfull = min(int(self.shared_prefix[i]) // bs, need, prefix.shape[0])
-        parent = int(prefix[pfull - 1]) if pfull else int(self.core.root_hash(0))
-        seed = key_hash(self.seed, "request", self.keys[i])
-        tail = self.core.extend_hashes(parent, seed, pfull, need - pfull)
+        parent = int(prefix[pfull - 1]) if pfull else self._root
+        tail = self.core.extend_hashes(parent, self._seeds[i], pfull, need - pfull)
         if not pfull:
             return tail
         return np.concatenate([prefix[:pfull], tail])

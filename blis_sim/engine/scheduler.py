@@ -120,10 +120,11 @@ class LoopResult:
 
 
 def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerConfig,
-             *, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
+             *, block_size: int = 16, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
              log_steps: bool = False, backend: Any = None) -> LoopResult:
     """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests).
 
+    ``block_size``: the KV cache's, so the loop calls ``port.grow`` only at block boundaries.
     ``store_chunk_tokens`` > 0 makes the loop call ``port.computed(i, t)`` whenever a step completes
     an offloadable chunk (of the prompt only, with ``store_prompt_only``).
     """
@@ -140,5 +141,5 @@ def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerC
         np.ascontiguousarray(dropped, dtype=bool), model.weights(),
         int(config.max_num_seqs), int(config.max_num_batched_tokens),
         int(config.long_prefill_token_threshold), float(config.horizon_us), port,
-        int(store_chunk_tokens), bool(store_prompt_only), bool(log_steps))
+        int(block_size), int(store_chunk_tokens), bool(store_prompt_only), bool(log_steps))
     return LoopResult(**out)

@@ -1,0 +1,122 @@
+"""Replay benchmark (issue 4 item 7): wall time and peak RSS of `blis replay` on a large trace.
+
+The trace is shaped like ``../shared/samples/blis/workload.yaml`` (16 prefix groups × 1024-token
+prefixes at 90 % of the traffic, 10 % unique prompts, Poisson arrivals at 8 req/s, exponential
+outputs of mean 64), written as a sim-generated TraceV2 whose header records the sample
+``offload.yaml`` (1 GiB CPU tier + one nvme_gen4 fs tier, Qwen3-14B KV size); the replay runs on
+1000 GPU blocks of 16 tokens. Each size runs in a fresh subprocess, so peak RSS (ru_maxrss) is that
+replay's alone; the trace is generated before the clock starts.
+
+    python benchmarks/bench_replay.py                 # 10k, 50k, 200k requests
+    python benchmarks/bench_replay.py --sizes 50000   # just the target
+    BLIS_PURE_PYTHON=1 python benchmarks/bench_replay.py --sizes 10000   # the pure-Python twin
+
+Targets (50,000 requests): ≤ 3.5 s wall, ≤ 250 MB peak RSS. Wall time here is the whole replay
+command: loading the trace, simulating, writing SimResult and MetricsOutput JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT.parent / "shared" / "samples" / "blis"
+KV_BYTES_PER_TOKEN = 163840  # Qwen3-14B: 40 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes
+
+
+def make_trace(n: int, prefix: Path, seed: int = 42) -> None:
+    """Write ``prefix.yaml`` + ``prefix.csv`` (columns built with numpy, no per-row objects)."""
+    from blis_sim.formats import TraceHeader, write_trace_header
+    from blis_sim.formats.offload import load_offload_config
+
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(np.maximum(1, (rng.exponential(1.0, n) * 1e6 / 8.0).astype(np.int64)))
+    unique = rng.random(n) < 0.1
+    group = rng.integers(0, 16, n)
+    suffix = np.clip(np.rint(rng.normal(256, 64, n)), 32, 1024).astype(np.int64)
+    uniq_len = np.clip(np.rint(rng.normal(512, 128, n)), 32, 2048).astype(np.int64)
+    inp = np.where(unique, uniq_len, suffix)
+    out = np.maximum(1, np.rint(rng.exponential(64, n))).astype(np.int64)
+    cfg = load_offload_config(SAMPLES / "offload.yaml", kv_bytes_per_token=KV_BYTES_PER_TOKEN)
+    write_trace_header(TraceHeader(mode="generated", time_unit="microseconds", workload_seed=seed,
+                                   kv_offload=cfg.to_header()), f"{prefix}.yaml")
+    cols = ("request_id,client_id,tenant_id,slo_class,session_id,round_index,prefix_group,"
+            "prefix_length,streaming,input_tokens,output_tokens,text_tokens,image_tokens,"
+            "audio_tokens,video_tokens,reason_ratio,model,deadline_us,server_input_tokens,"
+            "arrival_time_us,send_time_us,first_chunk_time_us,last_chunk_time_us,num_chunks,"
+            "status,error_message,finish_reason")
+    with open(f"{prefix}.csv", "w") as f:
+        f.write(cols + "\n")
+        for i in range(n):
+            g = "" if unique[i] else f"sys-{group[i]}"
+            client = "unique" if unique[i] else f"g{group[i]}"
+            plen = 0 if unique[i] else 1024
+            a = arrival[i]
+            f.write(f"{i},{client},,,,0,{g},{plen},false,{inp[i]},{out[i]},0,0,0,0,0,,0,0,"
+                    f"{a},{a},0,0,0,ok,,\n")
+
+
+def replay_once(prefix: str, out_dir: str) -> dict:
+    """Run in a fresh process: the full replay path, timed; returns the figures."""
+    t0 = time.perf_counter()
+    from blis_sim.engine.replay import replay_outcome
+    from blis_sim.engine.scheduler import COMPILED as loop_compiled
+    from blis_sim.engine.simulate import EngineOptions
+    from blis_sim.formats import load_trace, write_metrics_output, write_sim_results
+    from blis_sim.kv import COMPILED as kv_compiled
+
+    t1 = time.perf_counter()
+    trace = load_trace(f"{prefix}.yaml", f"{prefix}.csv")
+    t2 = time.perf_counter()
+    out = replay_outcome(trace, EngineOptions(model="qwen/qwen3-14b", num_gpu_blocks=1000))
+    t3 = time.perf_counter()
+    results = out.results
+    metrics = out.metrics()
+    write_sim_results(results, os.path.join(out_dir, "sim.json"))
+    write_metrics_output(metrics, os.path.join(out_dir, "simagg.json"))
+    t4 = time.perf_counter()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    o = out.outcome
+    return {"requests": len(trace.records), "import_s": t1 - t0, "load_s": t2 - t1,
+            "simulate_s": t3 - t2, "write_s": t4 - t3, "replay_s": t4 - t1,
+            "peak_rss_mb": rss_mb, "steps": o.loop.steps, "completed": int(o.completed.sum()),
+            "prefix_cache_hit_rate": o.hit_rates[0]["hit_rate"],
+            "loop_compiled": loop_compiled, "kv_compiled": kv_compiled}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,50000,200000")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        prefix, out_dir = args.child.split("|")
+        print(json.dumps(replay_once(prefix, out_dir)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            prefix = os.path.join(tmp, f"trace{n}")
+            make_trace(n, Path(prefix))
+            res = subprocess.run([sys.executable, __file__, "--child", f"{prefix}|{tmp}"],
+                                 capture_output=True, text=True, check=True)
+            r = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"{r['requests']:>7} requests: replay {r['replay_s']:.2f} s wall "
+                  f"(load {r['load_s']:.2f} + simulate {r['simulate_s']:.2f} + write "
+                  f"{r['write_s']:.2f}; imports {r['import_s']:.2f}), peak RSS "
+                  f"{r['peak_rss_mb']:.0f} MB, {r['steps']} steps, {r['completed']} completed, "
+                  f"prefix-cache hit-rate {r['prefix_cache_hit_rate']:.3f} "
+                  f"[loop {'cython' if r['loop_compiled'] else 'python'}, kv "
+                  f"{'cython' if r['kv_compiled'] else 'python'}]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
