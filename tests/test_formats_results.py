@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blis_sim.formats import (
     KVHitRate,
@@ -100,3 +102,12 @@ def test_go_json_escapes_html_and_rejects_nan() -> None:
     assert go_json({"a": "<b>&"}) == '{\n  "a": "\\u003cb\\u003e\\u0026"\n}'
     with pytest.raises(ValueError, match="NaN"):
         go_json({"a": float("nan")})
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_fast_float_path_equals_go_format(f: float) -> None:
+    from blis_sim.formats.results import _float
+
+    assert _float(f) == json_float(f)
+    assert float(_float(f)) == f

@@ -24,11 +24,12 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
@@ -218,25 +219,88 @@ def load_metrics_output(path: str | Path) -> MetricsOutput:
 # --------------------------------------------------------------------------------------------- writing
 
 
+_PLAIN_JSON = re.compile(r"[ !#-%'-;=?-\[\]-~]*\Z")  # printable ASCII without " \\ < > &
+
+
 def _escape(s: str) -> str:
+    if _PLAIN_JSON.match(s):
+        return '"' + s + '"'
     # Go's encoding/json escapes HTML-sensitive characters and the JS line separators.
     out = json.dumps(s, ensure_ascii=False)
     return (out.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def _float(f: float) -> str:
+    # Fast path: in [1e-4, 1e16) Python's repr is fixed-point with the shortest digits, like Go's 'f' -1.
+    a = abs(f)
+    if 1e-4 <= a < 1e16:
+        r = repr(f)
+        return r[:-2] if r.endswith(".0") else r
+    return _go.json_float(f)
+
+
+_Plan = list[tuple[str, str, bool, bool]]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type[StrictModel]) -> _Plan:
+    """(attribute, quoted JSON key, omitempty, keep_none) per field, in declaration order; cached per class."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = [(name, _escape(f.alias or name), name in cls._omitempty, name in cls._keep_none)
+                for name, f in cls.model_fields.items()]
+        _PLANS[cls] = plan
+    return plan
+
+
+_SCALARS = frozenset({int, float, str, bool})
+
+
+def _is_empty(v: Any) -> bool:
+    return v is False or (not isinstance(v, bool) and v in ("", 0, 0.0)) or (isinstance(v, (list, dict)) and not v)
+
+
 def go_json(value: Any, indent: str = "") -> str:
-    """Plain data as ``json.MarshalIndent(v, "", "  ")`` lays it out."""
+    """Plain data or models as ``json.MarshalIndent(v, "", "  ")`` lays them out (models: ``to_go`` rules)."""
+    t = type(value)
+    if t is str:
+        return _escape(value)
+    if t is float:
+        return _float(value)
+    if t is bool:
+        return "true" if value else "false"
+    if t is int:
+        return str(value)
     inner = indent + "  "
+    if isinstance(value, StrictModel):
+        items = []
+        d = value.__dict__
+        for name, key, omitempty, keep_none in _plan(type(value)):
+            v = d[name]
+            if v is None:
+                if keep_none:
+                    items.append(f"{inner}{key}: null")
+                continue
+            tv = type(v)
+            if omitempty and (not v if tv in _SCALARS else _is_empty(v)):
+                continue
+            if tv is int:
+                items.append(f"{inner}{key}: {v}")
+            elif tv is float:
+                items.append(f"{inner}{key}: {_float(v)}")
+            else:
+                items.append(f"{inner}{key}: {go_json(v, inner)}")
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}" if items else "{}"
     if isinstance(value, dict):
         if not value:
             return "{}"
-        items = [f"{inner}{_escape(str(k))}: {go_json(v, inner)}" for k, v in value.items()]
+        items = [f"{inner}{_escape(str(k))}: {go_json(value[k], inner)}" for k in sorted(value)]
         return "{\n" + ",\n".join(items) + "\n" + indent + "}"
     if isinstance(value, (list, tuple)):
         if not value:
             return "[]"
-        return "[\n" + ",\n".join(inner + go_json(v, inner) for v in value) + "\n" + indent + "]"
+        return "[\n" + ",\n".join([inner + go_json(v, inner) for v in value]) + "\n" + indent + "]"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -244,19 +308,20 @@ def go_json(value: Any, indent: str = "") -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return _go.json_float(value)
+        return _float(value)
     if isinstance(value, str):
         return _escape(value)
+    if isinstance(value, BaseModel):
+        return go_json(to_go(value), indent)
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
 def sim_results_text(results: Sequence[SimResult]) -> str:
-    ordered = sorted(results, key=lambda r: r.request_id)
-    return go_json([to_go(r) for r in ordered])
+    return go_json(sorted(results, key=lambda r: r.request_id))
 
 
 def metrics_output_text(metrics: MetricsOutput) -> str:
-    return go_json(to_go(metrics))
+    return go_json(metrics)
 
 
 def write_sim_results(results: Sequence[SimResult], path: str | Path) -> None:
