@@ -146,3 +146,29 @@ def test_fs_tier_capacity_limits_storage_hits(tmp_path: Path) -> None:
         again, _ = _run(emu, client, a)
         assert again.external == (96, 0)
         assert again.tier0 == (1, 0) and again.tier1 == (1, 0)
+
+
+def test_storage_hit_larger_than_the_cpu_tier_does_not_livelock(tmp_path: Path) -> None:
+    """A 3-chunk prefix only in fs and a 2-chunk CPU tier: promotions never evict the lookup's own
+    chunks, so the request is admitted with the 2 chunks that fit (a partial storage hit) instead of
+    promoting and evicting in a circle forever."""
+    path = tmp_path / "offload.yaml"
+    path.write_text(
+        "kv_offload:\n"
+        f"  cpu_bytes_to_use: {2 * CHUNK_BYTES}\n"
+        "  secondary_tiers:\n"
+        f"    - {{type: fs, root_dir: {tmp_path}, direct_io: true, read_bandwidth: 1000000, "
+        "write_bandwidth: 1000000, base_latency: 0}\n")
+    # One chunk per step (token budget 32), so each store lands before the next one needs room.
+    cfg = EmulatorConfig(profile="zero", block_size=32, num_gpu_blocks=6, kv_bytes_per_token=512,
+                         max_model_len=256, max_num_batched_tokens=32, kv_offload_config=str(path),
+                         enable_prompt_tokens_details=True, stats_interval_s=0)
+    with start_emulator(cfg) as emu, httpx.Client(base_url=emu.url, timeout=10) as client:
+        a = _prompt(1000, 128)  # 4 chunks, all stored (CPU keeps the last 2, fs all 4); max hit 3
+        _run(emu, client, a)
+        _run(emu, client, _prompt(5000, 159))  # takes all 5 GPU blocks; its chunks push A out of the CPU
+        disk, cached = _run(emu, client, a)
+        failures = emu.published().stats.promotion_allocation_failures
+    assert disk.tier0 == (3, 0) and disk.tier1 == (3, 3)
+    assert disk.by_source["disk"] == 64 and cached == 64 and disk.external == (128, 64)
+    assert failures >= 2  # chunk 2 found no room, twice

@@ -134,13 +134,13 @@ class OffloadTiers:
         self._promotion_tier: dict[int, str] = {}  # key -> label of the tier it is promoted from
 
     # -- CPU tier space ----------------------------------------------------------------------------
-    def _cpu_make_room(self, now: float) -> bool:
+    def _cpu_make_room(self, now: float, protect: frozenset[int] | set[int] = frozenset()) -> bool:
         if self.cpu_capacity <= 0:
             return False
         if len(self.cpu) < self.cpu_capacity:
             return True
         for key, entry in self.cpu.items():  # LRU first
-            if entry.ready_at <= now and entry.pinned_until <= now:
+            if entry.ready_at <= now and entry.pinned_until <= now and key not in protect:
                 del self.cpu[key]
                 return True
         return False
@@ -214,7 +214,9 @@ class OffloadTiers:
                 if tier.has(key, now):
                     self._count(req, i, key, True)
                     tier.entries.move_to_end(key)
-                    if self._promote(key, tier, now):
+                    # Never evict a chunk this very lookup needs (a tier smaller than the
+                    # prefix would otherwise promote and evict in a circle forever).
+                    if self._promote(key, tier, now, set(keys)):
                         promoted.add(key)
                         found = True
                     break
@@ -232,8 +234,8 @@ class OffloadTiers:
         disk_tokens = min(tokens, disk * cs)
         return LookupResult(tokens, tokens - disk_tokens, disk_tokens, tuple(keys))
 
-    def _promote(self, key: int, tier: _SecondaryTier, now: float) -> bool:
-        if not self._cpu_make_room(now):
+    def _promote(self, key: int, tier: _SecondaryTier, now: float, protect: set[int]) -> bool:
+        if not self._cpu_make_room(now, protect):
             self.stats.promotion_allocation_failures += 1
             return False
         done, service = tier.read.submit(now, self.chunk_bytes)
