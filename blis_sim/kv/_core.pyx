@@ -112,6 +112,7 @@ cdef class BlockPool:
         self._tail = -1
         self.num_free = 0
         self.evictions = 0
+        self._map.reserve(num_blocks)
         cdef int32_t b
         for b in range(1, num_blocks):
             self._push_back(b)
@@ -321,6 +322,8 @@ cdef class ChunkStore:
         self.arc = policy == "arc"
         self.target_t1 = 0
         self.evictions = 0
+        if capacity > 0:
+            self._map.reserve(min(3 * capacity, 1 << 22))
         cdef int i
         for i in range(4):
             self._head[i] = -1

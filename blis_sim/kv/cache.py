@@ -44,7 +44,7 @@ class Admission(NamedTuple):
 class _Req:
     __slots__ = ("rid", "hashes", "num_prompt", "num_tokens", "end", "stored", "preempted",
                  "skip", "admitted", "cached", "seed", "lk_epoch", "lk_now", "lk", "plan",
-                 "q_bits", "h_bits")
+                 "q_bits", "h_bits", "nblocks", "ncached")
 
     def __init__(self, rid: int, hashes: np.ndarray, num_prompt: int, skip: bool,
                  n_tiers: int) -> None:
@@ -54,6 +54,8 @@ class _Req:
         self.num_tokens = num_prompt
         self.end = 0  # tokens computed or scheduled (vLLM: num_computed_tokens + scheduled)
         self.stored = 0  # chunks already offered to the offload store
+        self.nblocks = 0  # GPU blocks owned (mirrors the pool, saves a call per decode step)
+        self.ncached = 0  # full blocks whose hashes were offered to the GPU cache
         self.preempted = False
         self.skip = skip
         self.admitted = False
@@ -256,6 +258,8 @@ class KVCache:
         :meth:`lookup` made just before (redone if the cache changed since). ``None``: not
         enough free blocks, nothing changed, nothing counted (preempt or keep waiting)."""
         r = self._req(rid)
+        if r.nblocks:
+            raise SimulationError(f"request {rid} is already admitted (it holds GPU blocks)")
         if r.lk is None or r.lk_epoch != self._epoch or r.lk_now != now:
             self.lookup(rid, now)
         lk = r.lk
@@ -290,7 +294,8 @@ class KVCache:
         if not r.admitted:
             r.admitted = True
             r.cached = {"device": gpu, "host": host, "disk": disk}
-        new_blocks = self.pool.num_blocks_of(rid) - before - gpu_blocks
+        r.nblocks = self.pool.num_blocks_of(rid)
+        new_blocks = r.nblocks - before - gpu_blocks
         c["block_hits"] += gpu_blocks + ext // bs
         c["block_misses"] += max(new_blocks - ext // bs, 0)
         computed = gpu + ext
@@ -303,7 +308,8 @@ class KVCache:
             r.end = gpu + num_new_tokens
             cache_to = min(r.end, r.num_tokens)
         self._ensure_hashes(r, -(-r.end // bs))
-        self.pool.cache(rid, r.hashes, cache_to // bs)
+        r.ncached = cache_to // bs
+        self.pool.cache(rid, r.hashes, r.ncached)
         return Admission(computed, gpu, ext, host, disk, ready)
 
     def _load(self, r: _Req, plan: list[tuple[int, int, int]], gpu: int,
@@ -359,16 +365,23 @@ class KVCache:
         Full blocks up to the new end get their hashes registered (vLLM caches at scheduling)."""
         r = self._req(rid)
         end = r.end + num_new_tokens
-        before = self.pool.num_blocks_of(rid)
-        if not self.pool.allocate(rid, r.hashes, 0, end):
-            return False
-        self._epoch += 1
+        bs = self.block_size
+        need = -(-end // bs)
+        if need > r.nblocks:  # most decode steps fit in the last block: no pool call
+            if not self.pool.allocate(rid, r.hashes, 0, end):
+                return False
+            self._epoch += 1
+            self.counters["block_misses"] += need - r.nblocks
+            r.nblocks = need
         r.end = end
         if end > r.num_tokens:
             r.num_tokens = end
-        self._ensure_hashes(r, -(-end // self.block_size))
-        self.pool.cache(rid, r.hashes, end // self.block_size)
-        self.counters["block_misses"] += self.pool.num_blocks_of(rid) - before
+        full = end // bs
+        if full > r.ncached:
+            self._ensure_hashes(r, need)
+            if self.pool.cache(rid, r.hashes, full):
+                self._epoch += 1
+            r.ncached = full
         return True
 
     def computed(self, rid: int, now: float) -> None:
@@ -444,7 +457,7 @@ class KVCache:
         r = self._req(rid)
         self.pool.free(rid)
         self._epoch += 1
-        r.end = 0
+        r.end = r.nblocks = r.ncached = 0
         r.preempted = True
         r.lk = None
 
