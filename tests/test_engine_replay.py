@@ -1,0 +1,210 @@
+"""Replay and run with the real KV cache: INV-13, the hard error, time origins, multi-turn sharing,
+warm-up windows, determinism and backend parity."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blis_sim.engine import _loop_py
+from blis_sim.engine.replay import BC10_MESSAGE, replay, replay_outcome
+from blis_sim.engine.run import run_outcome
+from blis_sim.engine.simulate import EngineOptions
+from blis_sim.errors import ConfigError, UsageError
+from blis_sim.formats import (PhaseInfo, PytestBlisHeader, Trace, TraceHeader, TraceRecord, load_trace,
+                              metrics_output_text, sim_results_text, write_trace)
+from blis_sim.formats.offload import load_offload_config
+from blis_sim.formats.workload import load_workload_spec
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+BLIS = SHARED / "samples" / "blis"
+VLLM_CPU = SHARED / "samples" / "vllm-cpu"
+QWEN_KV = 163840.0
+
+
+def opts(**kw) -> EngineOptions:
+    base = dict(model="qwen/qwen3-14b", num_gpu_blocks=1000)
+    base.update(kw)
+    return EngineOptions(**base)
+
+
+def rec(rid: int, **kw) -> TraceRecord:
+    kw.setdefault("arrival_time_us", rid * 1_000_000)
+    kw.setdefault("send_time_us", kw["arrival_time_us"])
+    return TraceRecord(request_id=rid, **kw)
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory: pytest.TempPathFactory):
+    """`run` of the sample workload with the sample offload config, written as a trace."""
+    spec = load_workload_spec(BLIS / "workload.yaml")
+    off = load_offload_config(BLIS / "offload.yaml", kv_bytes_per_token=QWEN_KV)
+    out = run_outcome(spec, opts(kv_offload=off))
+    d = tmp_path_factory.mktemp("run")
+    write_trace(out.trace("workload.yaml"), d / "t.yaml", d / "t.csv")
+    return out, load_trace(d / "t.yaml", d / "t.csv"), off
+
+
+def test_run_then_replay_gives_identical_metrics_inv13(sample_run) -> None:
+    out, trace, _ = sample_run
+    assert trace.header.kv_offload is not None and trace.header.kv_offload.per_block_bytes == 2621440
+    rep = replay_outcome(trace, opts())  # no flag: the header's kv_offload is used
+    assert metrics_output_text(rep.metrics()) == metrics_output_text(out.metrics())
+    assert sim_results_text(rep.results) == sim_results_text(out.results)
+    rates = {(e["definition"], e["tier"]): e for e in rep.outcome.hit_rates}
+    assert rates[("prefix_cache", None)]["hit_rate"] > 0.3
+    assert rates[("tiered", "1:fs")]["queries"] > 0
+
+
+def test_replay_with_the_identical_flag_is_accepted_a_different_one_is_not(sample_run) -> None:
+    out, trace, off = sample_run
+    results, _ = replay(trace, opts(kv_offload=off))
+    assert len(results) == 200
+    bigger = off.model_copy(update={"cpu_bytes_to_use": 2 * off.cpu_bytes_to_use})
+    with pytest.raises(UsageError, match="conflicts with the kv_offload config recorded"):
+        replay(trace, opts(kv_offload=bigger))
+
+
+def test_a_flag_cannot_add_offload_to_a_sim_trace_but_can_to_an_observe_trace(sample_run) -> None:
+    _, trace, off = sample_run
+    bare = trace.model_copy(update={"header": trace.header.model_copy(update={"kv_offload": None})})
+    with pytest.raises(UsageError, match="cannot add one on replay"):
+        replay(bare, opts(kv_offload=off))
+    real = bare.model_copy(update={"header": bare.header.model_copy(update={"mode": "real"})})
+    out = replay_outcome(real, opts(kv_offload=off))
+    assert out.outcome.offload is not None
+
+
+def test_tiered_observation_without_offload_is_a_hard_error() -> None:
+    header = load_trace(BLIS / "trace-observed.yaml", BLIS / "trace.csv")
+    bare = header.model_copy(update={"header": header.header.model_copy(update={"kv_offload": None})})
+    assert bare.header.observed_kv_metrics.source == "tiered"
+    with pytest.raises(ConfigError) as exc:
+        replay(bare, opts())
+    assert str(exc.value) == BC10_MESSAGE and "--kv-offload-config" in str(exc.value)
+    # the GPU fallback source replays fine without an offload config
+    obs = bare.header.observed_kv_metrics.model_copy(update={"source": "gpu-prefix-cache-fallback"})
+    ok = bare.model_copy(update={"header": bare.header.model_copy(update={"observed_kv_metrics": obs})})
+    results, _ = replay(ok, opts())
+    assert len(results) == 200
+
+
+def test_observe_trace_replays_on_a_relative_time_origin() -> None:
+    trace = load_trace(VLLM_CPU / "trace.yaml", VLLM_CPU / "trace.csv")
+    first_send = min(r.send_time_us for r in trace.records)
+    assert first_send > 1_000_000_000_000_000  # epoch µs
+    out = replay_outcome(trace, opts(model="tiny-llama", block_size=32, num_gpu_blocks=512))
+    lp = out.outcome.loop
+    assert lp.arrival_us.min() == 0.0
+    by_id = {int(r): a for r, a in zip(out.outcome.table.request_id, lp.arrival_us)}
+    rec0 = min(trace.records, key=lambda r: r.send_time_us)
+    assert by_id[rec0.request_id] == 0.0
+    assert lp.end_us < 1e9  # minutes, not an epoch
+    m = out.metrics()
+    assert m.completed_requests == len(trace.records)
+    assert m.ttft_mean_ms > 0
+    # prompts are the server's token counts; three prefix groups share their 512-token prefix
+    rates = {(e.definition, e.tier): e for e in m.kv_hit_rates}
+    assert rates[("prefix_cache", None)].hit_rate > 0.2
+
+
+def _session_trace(same_session: bool) -> Trace:
+    # round r's CSV input is everything so far: 100 | +50 out +40 new | +30 out +20 new
+    rows = [rec(0, session_id="s", round_index=0, input_tokens=100, output_tokens=50),
+            rec(1, session_id="s" if same_session else "t", round_index=1 if same_session else 0,
+                input_tokens=190, output_tokens=30),
+            rec(2, session_id="s" if same_session else "u", round_index=2 if same_session else 0,
+                input_tokens=240, output_tokens=5)]
+    return Trace(header=TraceHeader(mode="generated"), records=rows)
+
+
+def test_multi_turn_rounds_reuse_the_previous_rounds_kv() -> None:
+    out = replay_outcome(_session_trace(True), opts(num_gpu_blocks=100))
+    cached = out.outcome.cached[:, 0].tolist()
+    # round 0 computed 100 + 49 tokens (the last output is never fed back): 9 full blocks = 144
+    # round 1 computed 190 + 29 = 219 tokens: 13 full blocks = 208 (its decode blocks included)
+    assert cached == [0, 144, 208]
+    independent = replay_outcome(_session_trace(False), opts(num_gpu_blocks=100))
+    assert independent.outcome.cached[:, 0].tolist() == [0, 0, 0]
+
+
+def test_prefix_groups_share_only_whole_prefix_blocks() -> None:
+    rows = [rec(i, prefix_group="g", prefix_length=100, input_tokens=20, output_tokens=1)
+            for i in range(3)]
+    rows.append(rec(3, prefix_group="h", prefix_length=100, input_tokens=20, output_tokens=1))
+    out = replay_outcome(Trace(header=TraceHeader(mode="generated"), records=rows),
+                         opts(num_gpu_blocks=100))
+    assert out.outcome.cached[:, 0].tolist() == [0, 96, 96, 0]
+
+
+def test_warmup_rows_fill_the_cache_but_stay_out_of_the_hit_rate_window() -> None:
+    rows = [rec(0, prefix_group="g", prefix_length=160, input_tokens=16, output_tokens=1,
+                warmup=True, phase="warm"),
+            rec(1, prefix_group="g", prefix_length=160, input_tokens=16, output_tokens=1,
+                phase="main")]
+    for measured, expect in ((False, (160, 176)), (True, (160, 352))):
+        ext = PytestBlisHeader(phases=[PhaseInfo(name="warm", warmup=True, measured=measured),
+                                       PhaseInfo(name="main")])
+        trace = Trace(header=TraceHeader(mode="real", pytest_blis=ext), records=rows)
+        out = replay_outcome(trace, opts(num_gpu_blocks=100))
+        pc = out.outcome.hit_rates[0]
+        assert (pc["hits"], pc["queries"]) == expect
+        assert out.outcome.completed.all()  # the warm-up row was simulated either way
+
+
+def test_same_inputs_and_seed_give_byte_identical_outputs(sample_run) -> None:
+    _, trace, _ = sample_run
+    a = replay_outcome(trace, opts())
+    b = replay_outcome(trace, opts())
+    assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())
+    assert sim_results_text(a.results) == sim_results_text(b.results)
+
+
+def test_pure_python_loop_gives_byte_identical_outputs(sample_run) -> None:
+    _, trace, _ = sample_run
+    a = replay_outcome(trace, opts())
+    b = replay_outcome(trace, opts(loop_backend=_loop_py))
+    assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())
+
+
+def test_error_rows_are_not_replayed_and_an_empty_trace_is_an_error() -> None:
+    rows = [rec(0, input_tokens=50, output_tokens=2), rec(1, input_tokens=50, status="error")]
+    results, metrics = replay(Trace(header=TraceHeader(mode="real"), records=rows), opts())
+    assert [r.request_id for r in results] == [0] and metrics.injected_requests == 1
+    with pytest.raises(ConfigError, match="empty trace"):
+        replay(Trace(header=TraceHeader(mode="real"), records=[]), opts())
+
+
+def test_header_geometry_is_used_unless_overridden() -> None:
+    from blis_sim.formats import KVGeometry
+
+    ext = PytestBlisHeader(kv_geometry=KVGeometry(block_size=32, num_gpu_blocks=64))
+    trace = Trace(header=TraceHeader(mode="real", pytest_blis=ext),
+                  records=[rec(0, input_tokens=100, output_tokens=1)])
+    out = replay_outcome(trace, EngineOptions())
+    assert (out.outcome.block_size, out.outcome.num_gpu_blocks) == (32, 64)
+    out = replay_outcome(trace, EngineOptions(block_size=16, num_gpu_blocks=500))
+    assert (out.outcome.block_size, out.outcome.num_gpu_blocks) == (16, 500)
+
+
+def test_an_unservable_request_is_dropped_not_stalled() -> None:
+    rows = [rec(0, input_tokens=5000, output_tokens=1), rec(1, input_tokens=10, output_tokens=1)]
+    _, metrics = replay(Trace(header=TraceHeader(mode="generated"), records=rows),
+                        opts(num_gpu_blocks=10))
+    assert metrics.dropped_unservable == 1 and metrics.completed_requests == 1
+
+
+def test_frontend_term_grows_with_load() -> None:
+    from blis_sim.engine.latency import FrontendCoefficients, LatencyCoefficients, StepCoefficients
+
+    coeffs = LatencyCoefficients(
+        step=StepCoefficients(base_us=1000.0, per_prefill_token_us=0.0, per_decode_seq_us=0.0,
+                              per_context_token_us=0.0),
+        frontend=FrontendCoefficients(base_us=100.0, per_inflight_us=50.0))
+    rows = [rec(i, arrival_time_us=i, input_tokens=10, output_tokens=3) for i in range(3)]
+    out = replay_outcome(Trace(header=TraceHeader(mode="generated"), records=rows),
+                         opts(latency=coeffs.to_step_model()))
+    assert out.outcome.frontend_us.tolist() == [100.0, 150.0, 200.0]
+    assert replace(out.options).latency.frontend_per_inflight_us == 50.0
