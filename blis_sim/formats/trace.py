@@ -488,36 +488,50 @@ def read_trace_data(path: str | Path) -> list[TraceRecord]:
         raise FormatError("reading CSV header: EOF (the file has no header row)", file=file, line=1) from None
     pos = _column_positions(header)
     min_cols = len(BASE_COLUMNS) + ("vllm_priority" in pos) + ("slo_target_us" in pos)
-    # (column, index, kind): the common cells take a fast path; anything else goes through _parse_cell with
-    # the reference's checks and messages.
-    plan = [(col, i, "i" if col in _INTS else "b" if col in _BOOLS else "r" if col == "reason_ratio" else "s")
-            for col, i in sorted(pos.items(), key=lambda kv: kv[1])]
+    parse_row = _row_parser(pos, min_cols, file)
     out: list[TraceRecord] = []
     for line, row in rows:
         n = len(row)
         if n < min_cols:
             raise FormatError(f"CSV row has {n} columns, expected at least {min_cols}", file=file, line=line)
-        values = dict(_DEFAULTS)
-        for col, i, kind in plan:
-            if i >= n:
-                continue
-            raw = row[i]
-            if kind == "s":
-                values[col] = raw
-            elif kind == "i" and raw.isdigit() and raw.isascii() and len(raw) < 19:
-                values[col] = int(raw)
-            elif kind == "b" and (raw == "false" or raw == "true"):
-                values[col] = raw == "true"
-            elif kind == "r" and raw == "0":
-                values[col] = 0.0
-            else:
-                values[col] = _parse_cell(col, raw, file, line)
+        values = parse_row(row, n, line)
         d, a = values["deadline_us"], values["arrival_time_us"]
         if d > 0 and a > 0 and d < a:
             raise FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} (corrupt trace?)",
                               file=file, line=line, field="deadline_us")
         out.append(_fast_record(values))
     return out
+
+
+def _row_parser(pos: dict[str, int], min_cols: int, file: str) -> Any:
+    """A row -> field-values function specialised to this header's column positions.
+
+    Generated source (like ``dataclasses`` and ``namedtuple`` do) so each cell is one inlined fast check —
+    plain ASCII digits, ``true``/``false``, ``0`` — with everything else (signs, errors, range checks, the
+    reference's messages) in :func:`_parse_cell`. A loop over a column plan cost twice as much per row.
+    """
+    body = ["def parse_row(row, n, line):", "    d = dict(DEFAULTS)"]
+    for col, i in sorted(pos.items(), key=lambda kv: kv[1]):
+        pad = "    "
+        if i >= min_cols:  # a trailing column a short row may lack: keep the default
+            body.append(f"    if n > {i}:")
+            pad = "        "
+        if col in _INTS:
+            body += [f"{pad}v = row[{i}]",
+                     f"{pad}d[{col!r}] = int(v) if v.isdigit() and v.isascii() and len(v) < 19 "
+                     f"else slow({col!r}, v, FILE, line)"]
+        elif col in _BOOLS:
+            body += [f"{pad}v = row[{i}]",
+                     f"{pad}d[{col!r}] = (v == 'true') if v in TF else slow({col!r}, v, FILE, line)"]
+        elif col == "reason_ratio":
+            body += [f"{pad}v = row[{i}]", f"{pad}d[{col!r}] = 0.0 if v == '0' else slow({col!r}, v, FILE, line)"]
+        else:
+            body.append(f"{pad}d[{col!r}] = row[{i}]")
+    body.append("    return d")
+    namespace: dict[str, Any] = {"DEFAULTS": _DEFAULTS, "slow": _parse_cell, "FILE": file,
+                                 "TF": frozenset({"true", "false"})}
+    exec("\n".join(body), namespace)  # noqa: S102 - source built above from fixed column names only
+    return namespace["parse_row"]
 
 
 _RECORD_FIELDS = frozenset(TraceRecord.model_fields)
