@@ -141,3 +141,23 @@ def test_hashes_chain_on_the_whole_prefix() -> None:
     b = block_hashes([9, 9, 3, 4], 2)
     assert a[1] != b[1]  # same tokens in block 1, different parent
     assert block_hashes([1, 2, 3], 2) == a[:1]  # only full blocks
+
+
+def test_a_step_after_idle_takes_its_full_modelled_time() -> None:
+    """Pacing from the previous step's target must not shorten the first step after an idle gap."""
+    import time
+
+    import httpx
+
+    from blis_sim.emulator import EmulatorConfig, start_emulator
+
+    cfg = EmulatorConfig(profile="h100-14b", num_gpu_blocks=200, step_noise=0.0, stats_interval_s=0)
+    with start_emulator(cfg) as emu, httpx.Client(base_url=emu.url, timeout=10) as c:
+        ids = list(range(1000, 2024))
+        c.post("/v1/completions", json={"prompt": ids, "max_tokens": 1})
+        time.sleep(0.005)  # idle for less than the pacing window
+        t0 = time.perf_counter()
+        c.post("/v1/completions", json={"prompt": ids, "max_tokens": 1})
+        elapsed = time.perf_counter() - t0
+    # The cached repeat computes 16 tokens: 9.5 + 2 + 16 x 0.045 ms + 1008 x 2e-5 ms of context.
+    assert elapsed >= 0.0122

@@ -186,6 +186,7 @@ class Engine:
                 self._pending_cache_clear = not sched.clear_cache()
             plan = sched.schedule(now)
             if plan.empty:
+                self._target = 0.0  # idle: the next step starts from its own start time
                 wake_at = sched.next_wakeup(now)
                 timer = loop.call_at(wake_at, wake.set) if wake_at is not None else None
                 await wake.wait()
