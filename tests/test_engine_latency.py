@@ -1,0 +1,117 @@
+"""Latency models: coefficient files (good and bad), the roofline from a local config.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blis_sim.engine.latency import (DEFAULT_COEFFICIENTS, LatencyCoefficients, dump_coefficients,
+                                     get_hardware, load_coefficients, load_model_config, roofline)
+from blis_sim.engine.models import KNOWN_MODELS, default_num_gpu_blocks
+from blis_sim.errors import ConfigError, FormatError
+
+GOOD = """\
+model: linear
+step:
+  base_us: 12000
+  per_prefill_token_us: 4.6
+  per_decode_seq_us: 4.5
+  per_context_token_us: 0.095
+frontend:
+  base_us: 26000
+  per_inflight_us: 120
+"""
+
+
+def features(tp=0.0, td=0.0, cd=0.0, cp=0.0, ap=0.0) -> np.ndarray:
+    return np.array([1.0, tp, td, cd, cp, ap])
+
+
+def test_yaml_and_json_coefficient_files_round_trip(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD)
+    c = load_coefficients(p)
+    assert c.step.per_prefill_token_us == 4.6 and c.frontend.per_inflight_us == 120
+    m = c.to_step_model()
+    assert m.step_time(features(tp=1000, td=2, cd=3000)) == pytest.approx(
+        12000 + 4.6 * 1000 + 4.5 * 2 + 0.095 * 3000)
+    assert m.frontend_us(np.array([0, 10])).tolist() == [26000.0, 27200.0]
+    j = tmp_path / "c.json"
+    dump_coefficients(c, j)
+    assert load_coefficients(j) == c
+    assert json.loads(j.read_text())["step"]["base_us"] == 12000
+
+
+@pytest.mark.parametrize("text,where", [
+    (GOOD.replace("  per_decode_seq_us: 4.5\n", ""), "field 'step.per_decode_seq_us'"),
+    (GOOD + "extra: 1\n", ":10: field 'extra'"),
+    (GOOD.replace("4.6", "-1"), ":4: field 'step.per_prefill_token_us'"),
+    (GOOD.replace("4.6", "fast"), ":4: field 'step.per_prefill_token_us'"),
+    (GOOD.replace("model: linear", "model: cubic"), ":1: field 'model'"),
+])
+def test_bad_coefficient_files_name_file_line_and_field(tmp_path: Path, text: str, where: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(FormatError) as exc:
+        load_coefficients(p)
+    assert str(exc.value).startswith(str(p)) and where in str(exc.value)
+
+
+def test_bad_json_coefficients_name_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "c.json"
+    p.write_text('{"step": {\n "base_us": 1,,\n}}')
+    with pytest.raises(FormatError, match=r"c.json:2"):
+        load_coefficients(p)
+
+
+def tiny_config(tmp_path: Path, **over) -> Path:
+    cfg = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+           "vocab_size": 8000, "torch_dtype": "bfloat16"}
+    cfg.update(over)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_roofline_from_a_local_config(tmp_path: Path) -> None:
+    g = load_model_config(tiny_config(tmp_path))
+    assert g.kv_bytes_per_token() == 2 * 2 * 2 * 32 * 2  # layers × (K,V) × kv heads × dim × bf16
+    assert g == KNOWN_MODELS["tiny-llama"]
+    qwen = KNOWN_MODELS["qwen/qwen3-14b"]
+    h100 = roofline(qwen, get_hardware("H100"))
+    # decode is memory bound: one decode step ≈ weights / bandwidth (~28 GiB at 3.35 TB/s ≈ 9 ms)
+    one_decode = h100.step_time(features(td=1, cd=1024))
+    assert 7_000 < one_decode < 12_000
+    # a long prefill is compute bound and grows with the tokens
+    p1, p2 = (h100.step_time(features(tp=t, ap=t * (t + 1) / 2)) for t in (1024, 4096))
+    assert p1 > one_decode and 3.5 < p2 / p1 < 5.0
+    # a faster memory system helps the memory-bound step, not the compute-bound one
+    h200 = roofline(qwen, get_hardware("h200"))
+    assert h200.step_time(features(td=1, cd=1024)) < one_decode
+    assert h200.step_time(features(tp=4096, ap=4096 * 4097 / 2)) == pytest.approx(p2)
+    assert roofline(qwen, get_hardware("H100"), tp=2).step_time(features(td=1)) < one_decode
+    assert h100.describe()["hardware"] == "H100"
+
+
+def test_bad_model_config_and_hardware_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="field 'hidden_size'"):
+        load_model_config(tiny_config(tmp_path, hidden_size=0))
+    with pytest.raises(ConfigError, match="torch_dtype"):
+        load_model_config(tiny_config(tmp_path, torch_dtype="int3"))
+    with pytest.raises(ConfigError, match="known: A100, H100, H200, L40S"):
+        get_hardware("TPU")
+
+
+def test_kv_capacity_matches_the_reference_formula() -> None:
+    # blis-kv-model.md §6: Qwen3-14B on one H100 at 0.9 utilisation → 15,909 blocks of 16
+    assert abs(default_num_gpu_blocks("qwen/qwen3-14b", 16) - 15909) <= 50
+    assert default_num_gpu_blocks("unknown/model", 16) == 1_000_000
+
+
+def test_default_model_is_linear_and_records_itself() -> None:
+    d = DEFAULT_COEFFICIENTS.to_step_model().describe()
+    assert d["model"] == "linear" and d["frontend"]["base_us"] > 0
+    assert isinstance(LatencyCoefficients.model_json_schema(), dict)
