@@ -1,0 +1,70 @@
+"""`fit` recovers the coefficients of a trace the engine generated itself (within 2 %), and a
+fitted model can be validated on another trace."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from blis_sim.engine.fit import evaluate, fit
+from blis_sim.engine.latency import FrontendCoefficients, LatencyCoefficients, StepCoefficients
+from blis_sim.engine.run import run_outcome
+from blis_sim.engine.simulate import EngineOptions
+from blis_sim.formats.workload import parse_workload_spec
+
+SPEC = """
+version: "2"
+seed: {seed}
+aggregate_rate: 3
+num_requests: 300
+clients:
+  - {{id: a, rate_fraction: 0.4, prefix_group: pa, prefix_length: 512, arrival: {{process: poisson}},
+     input_distribution: {{type: gaussian, params: {{mean: 256, std_dev: 128, min: 16, max: 1024}}}},
+     output_distribution: {{type: exponential, params: {{mean: 48}}}}}}
+  - {{id: b, rate_fraction: 0.3, prefix_group: pb, prefix_length: 256, arrival: {{process: poisson}},
+     input_distribution: {{type: gaussian, params: {{mean: 128, std_dev: 64, min: 16, max: 512}}}},
+     output_distribution: {{type: exponential, params: {{mean: 96}}}}}}
+  - {{id: u, rate_fraction: 0.3, arrival: {{process: poisson}},
+     input_distribution: {{type: gaussian, params: {{mean: 1024, std_dev: 512, min: 32, max: 3000}}}},
+     output_distribution: {{type: exponential, params: {{mean: 32}}}}}}
+"""
+TRUTH = LatencyCoefficients(
+    step=StepCoefficients(base_us=8000.0, per_prefill_token_us=6.0, per_decode_seq_us=30.0,
+                          per_context_token_us=0.2),
+    frontend=FrontendCoefficients(base_us=20000.0, per_inflight_us=500.0))
+OPTS = EngineOptions(num_gpu_blocks=4000)
+
+
+def generated(seed: int):
+    spec = parse_workload_spec(SPEC.format(seed=seed))
+    return run_outcome(spec, replace(OPTS, latency=TRUTH.to_step_model())).trace("spec")
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    trace = generated(7)
+    return trace, fit(trace, OPTS, name="probe")  # starts from the (different) default model
+
+
+def test_fit_recovers_known_coefficients_within_two_percent(fitted) -> None:
+    _, c = fitted
+    pairs = {"base": (c.step.base_us, 8000.0), "prefill": (c.step.per_prefill_token_us, 6.0),
+             "decode": (c.step.per_decode_seq_us, 30.0), "context": (c.step.per_context_token_us, 0.2),
+             "frontend": (c.frontend.base_us, 20000.0), "inflight": (c.frontend.per_inflight_us, 500.0)}
+    for name, (got, want) in pairs.items():
+        assert abs(got - want) <= 0.02 * want, f"{name}: {got} vs {want}"
+
+
+def test_fit_reports_its_own_error(fitted) -> None:
+    _, c = fitted
+    assert c.fit is not None and c.fit.trace == "probe" and c.fit.requests == 300
+    assert c.fit.ttft_mape < 0.02 and c.fit.itl_mape < 0.02
+
+
+def test_a_fitted_model_validates_on_another_trace_and_a_wrong_one_does_not(fitted) -> None:
+    _, c = fitted
+    other = generated(11)
+    good = evaluate(other, replace(OPTS, latency=c.to_step_model()), name="other")
+    assert good.ttft_mape < 0.03
+    wrong = evaluate(other, OPTS)  # the default coefficients
+    assert wrong.ttft_mape > 5 * max(good.ttft_mape, 0.005)
