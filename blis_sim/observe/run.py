@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import gc
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from blis_sim.workload.plan import PhasePlan, PhaseRun, PlannedRequest, Workload
 log = logging.getLogger("blis_sim.observe")
 
 PREWARM_WORKERS = 4
+WARM_CONNECTIONS = 64  # keep-alive connections opened before dispatch (at most --max-concurrency)
 PREWARM_PROMPT = "warm " * 256
 DRIFT_WARN_FRACTION = 0.02
 FIRST_CONTENT_GAP_US = 1000  # first chunk vs first content: more than this is worth a warning  # warn when prompts are on average more than 2 % off on the server
@@ -233,8 +235,15 @@ class _Run:
                 await self._prewarm()
             if not self.opts.scrape_kv_metrics:
                 self.geometry = await self._geometry_only()
+            await self._open_connections(min(self.opts.max_concurrency, WARM_CONNECTIONS))
             start_ns = self.clock.now_ns()
-            await self._phases()
+            # Objects made so far (plan, modules, session) need no cycle collection during dispatch:
+            # frozen, collections scan only what dispatch creates, which keeps GC pauses short.
+            gc.freeze()
+            try:
+                await self._phases()
+            finally:
+                gc.unfreeze()
             wall_s = (self.clock.now_ns() - start_ns) / 1e9
         return self._result(wall_s)
 
@@ -311,6 +320,19 @@ class _Run:
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.opts.api_key}"} if self.opts.api_key else {}
+
+    async def _open_connections(self, n: int) -> None:
+        """Open ``n`` keep-alive connections first (cheap ``GET /health``), so that the first requests
+        of the run neither pay a TCP handshake inside their TTFT nor delay the schedule with one."""
+        async def one() -> None:
+            try:
+                async with self.http.get(self.base_url + "/health", headers=self._auth(),
+                                         timeout=aiohttp.ClientTimeout(total=min(self.opts.timeout_s, 5.0))) as r:
+                    await r.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass  # nothing to warm: the requests will say what is wrong
+
+        await asyncio.gather(*(one() for _ in range(n)))
 
     async def _prewarm(self) -> None:
         """The reference's prewarm: 4 loops of non-streaming requests, outside the window and the trace."""
