@@ -199,3 +199,13 @@ def test_from_header_validates_like_a_load() -> None:
 def test_resolve_from_a_mapping() -> None:
     cfg = resolve_offload_config({"kv_offload": {"cpu_bytes_to_use": 1 << 30}}, kv_bytes_per_token=QWEN14B)
     assert cfg.secondary_tiers == () and cfg.cpu_capacity_chunks == 409
+
+
+def test_configs_built_in_code_are_checked_too() -> None:
+    good = _parse(MINIMAL)
+    with pytest.raises(ValueError, match="smaller than one offload chunk"):
+        good.model_validate({**good.model_dump(), "cpu_bytes_to_use": 10})
+    with pytest.raises(ValueError, match="blocks_per_chunk"):
+        good.model_validate({**good.model_dump(), "blocks_per_chunk": 2})
+    with pytest.raises(ValueError):
+        good.secondary_tiers[0].model_validate({**good.secondary_tiers[0].model_dump(), "read_bandwidth": 0.0})

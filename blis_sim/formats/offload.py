@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from blis_sim.errors import ConfigError
 from blis_sim.formats._model import StrictModel
@@ -149,21 +149,23 @@ class _OffloadFile(StrictModel):
 class TierConfig(StrictModel):
     """One resolved secondary tier (``fs``)."""
 
+    # Constraints mirror the loader's checks, for configs built in code (the loader reports first, with the
+    # reference's messages and the file's line).
     type: Literal["fs"] = "fs"
-    root_dir: str
-    n_read_threads: int = DEFAULT_THREADS
-    n_write_threads: int = DEFAULT_THREADS
+    root_dir: str = Field(min_length=1)
+    n_read_threads: int = Field(default=DEFAULT_THREADS, ge=1)
+    n_write_threads: int = Field(default=DEFAULT_THREADS, ge=1)
     locality: Literal["", "LOCAL", "REMOTE"] = ""
     enable_kv_events: bool = False
     direct_io: bool
     device_class: str = ""
-    read_bandwidth: float
-    write_bandwidth: float
-    base_latency: float
-    saturation_queue_depth: int = 1
-    single_transfer_fraction: float = 1.0
-    latency_jitter_stddev: float = 0.0
-    max_bytes: int | None = None
+    read_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    write_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    base_latency: float = Field(ge=0, allow_inf_nan=False)
+    saturation_queue_depth: int = Field(default=1, ge=0)
+    single_transfer_fraction: float = Field(default=1.0, allow_inf_nan=False)
+    latency_jitter_stddev: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    max_bytes: int | None = Field(default=None, gt=0)
 
     @staticmethod
     def label(index: int) -> str:
@@ -178,18 +180,30 @@ class TierConfig(StrictModel):
 class OffloadConfig(StrictModel):
     """The resolved, validated offload config (see the module docstring)."""
 
-    cpu_bytes_to_use: int
-    gpu_block_size: int
-    block_size: int
-    blocks_per_chunk: int
-    tokens_per_hash: int
+    cpu_bytes_to_use: int = Field(gt=0)
+    gpu_block_size: int = Field(gt=0)
+    block_size: int = Field(gt=0)
+    blocks_per_chunk: int = Field(gt=0)
+    tokens_per_hash: int = Field(gt=0)
     eviction_policy: Literal["lru", "arc"] = "lru"
     offload_prompt_only: bool = True
     self_describing_kv_events: bool = False
-    store_threshold: int = 0
+    store_threshold: int = Field(default=0, ge=0)
     secondary_tiers: tuple[TierConfig, ...] = ()
-    kv_bytes_per_token: float
-    bytes_per_chunk: int
+    kv_bytes_per_token: float = Field(gt=0, allow_inf_nan=False)
+    bytes_per_chunk: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OffloadConfig:
+        if self.block_size != self.blocks_per_chunk * self.gpu_block_size:
+            raise ValueError(f"block_size ({self.block_size}) must be blocks_per_chunk ({self.blocks_per_chunk}) "
+                             f"x gpu_block_size ({self.gpu_block_size})")
+        if self.cpu_bytes_to_use < self.bytes_per_chunk:
+            raise ValueError(f"cpu_bytes_to_use ({self.cpu_bytes_to_use}) is smaller than one offload chunk "
+                             f"({self.bytes_per_chunk} bytes)")
+        if self.store_threshold >= 2 and self.secondary_tiers:
+            raise ValueError("store_threshold >= 2 is not supported with secondary tiers")
+        return self
 
     @property
     def cpu_capacity_chunks(self) -> int:
