@@ -133,3 +133,23 @@ def test_unknown_profile_names_the_field() -> None:
     with pytest.raises(ConfigError) as info:
         EmulatorConfig(metrics_profile="vllm-0.99")
     assert info.value.location.field == "metrics_profile"
+
+
+def test_spawned_emulator_exits_with_its_parent(tmp_path: Path) -> None:
+    # A parent that spawns an emulator and dies without stopping it: the child follows.
+    code = ("import sys; from blis_sim.emulator import EmulatorConfig, spawn_emulator; "
+            "p = spawn_emulator(EmulatorConfig(profile='zero')); print(p.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    child = int(out.stdout.split()[0])
+    import os
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the orphaned emulator kept running")

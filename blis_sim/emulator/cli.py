@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -104,6 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fault-stall-rate", type=float, default=0.0)
     g.add_argument("--fault-reset-counters-after", type=int, default=None,
                    help="restart counters and caches after N finished requests")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the parent process goes away (spawn_emulator sets it, so a crashed "
+                        "test run leaves no orphan servers)")
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -150,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if getattr(args, "exit_with_parent", False):
+            loop.create_task(_watch_parent(os.getppid(), stop))
         print(f"{READY_PREFIX}{url}", flush=True)
         try:
             await stop.wait()
@@ -158,6 +164,12 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return EXIT_OK
+
+
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent:  # re-parented (to init or a subreaper) once the parent exits
+        await asyncio.sleep(0.5)
+    stop.set()
 
 
 def register(subparsers: Any) -> None:

@@ -215,4 +215,6 @@ def spawn_emulator(config: EmulatorConfig | Sequence[str] | None = None, *,
     argv = config_to_argv(config) if isinstance(config, EmulatorConfig) else list(config)
     if "--port" not in argv:
         argv += ["--port", "0"]
+    if "--exit-with-parent" not in argv:
+        argv.append("--exit-with-parent")
     return SpawnedEmulator(argv, startup_timeout_s=startup_timeout_s)
