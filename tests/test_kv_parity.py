@@ -183,3 +183,73 @@ def test_hash_chain_matches_iff_prefix_matches(backend: str) -> None:
     assert all(x != y for x, y in zip(ha[2:].tolist(), hb[2:].tolist()))
     assert core.hash_blocks(a, 16, salt=1)[0] != ha[0]  # extra keys (LoRA, cache_salt) separate
     assert len(core.hash_blocks(a[:63], 16)) == 3  # only full blocks
+
+
+# Request-at-a-time workloads with heavy prefix reuse and small GPU/CPU tiers, so that CPU hits,
+# storage hits, promotions, cascades and tier evictions all happen (the op sequences above rarely
+# reach the storage path).
+workloads = st.lists(st.tuples(
+    st.sampled_from([0, 0, 1, 1, 2, 3]),  # prefix group (3 = unique content)
+    st.integers(8, 160),                  # prompt tokens
+    st.integers(0, 12),                   # decode tokens
+    st.sampled_from([0.0, 5.0, 1e3, 1e5]),  # time to the next request
+), min_size=5, max_size=40)
+
+tiered_configs = st.fixed_dictionaries({
+    "gpu": st.integers(6, 30),
+    "cpu": st.sampled_from([2, 8, 20]),
+    "fs": st.sampled_from([1, 1, 2]),
+    "fs_cap": st.sampled_from([None, 10, 40]),
+    "policy": st.sampled_from(["lru", "arc"]),
+    "bpc": st.sampled_from([1, 2]),
+    "prompt_only": st.booleans(),
+    "threshold": st.just(0),
+    "jitter": st.sampled_from([0.0, 0.3]),
+})
+
+
+def serve_all(cache: KVCache, workload: list[tuple], check: bool) -> list[Any]:
+    out: list[Any] = []
+    now = 0.0
+    for rid, (group, n, decode, dt) in enumerate(workload, start=1):
+        now += dt
+        toks = (GROUPS[group][:n] if group < 3
+                else np.random.default_rng(5000 + rid).integers(0, 50, n))
+        cache.add_request(rid, hash_blocks(toks, BS), n)
+        lk = cache.lookup(rid, now)
+        adm = cache.admit(rid, 0 if lk.external_tokens else n - lk.gpu_tokens, now)
+        out.append((tuple(lk), None if adm is None else tuple(adm)))
+        if adm is not None:
+            t = adm.load_ready_time
+            ok = not lk.external_tokens or cache.allocate(rid, n - adm.num_computed_tokens)
+            cache.computed(rid, t + 1.0)
+            for k in range(decode if ok else 0):
+                if not cache.allocate(rid, 1):
+                    break
+                cache.computed(rid, t + 2.0 + k)
+        out.append(cache.free(rid))
+        if check:
+            cache.check_invariants()
+            _check_resident_readable(cache, now)
+    return out
+
+
+@needs_cython
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=tiered_configs, workload=workloads)
+def test_cores_agree_on_tiered_workloads(cfg: dict[str, Any], workload: list[tuple]) -> None:
+    config = make_config(cfg)
+    py, cy = KVCache(config, backend="python"), KVCache(config, backend="cython")
+    assert serve_all(py, workload, check=False) == serve_all(cy, workload, check=False)
+    assert py.state() == cy.state()
+
+
+@pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=tiered_configs, workload=workloads)
+def test_invariants_hold_on_tiered_workloads(backend: str, cfg: dict[str, Any],
+                                             workload: list[tuple]) -> None:
+    cache = KVCache(make_config(cfg), backend=backend)
+    serve_all(cache, workload, check=True)
+    snap = cache.snapshot()
+    assert sum(snap["cached_by_source"].values()) == snap["prefix_cache_hits"] + snap["external_hits"]
