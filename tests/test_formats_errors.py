@@ -1,7 +1,8 @@
 """Bad input across the formats: each case is a FormatError whose message names the file, field and line.
 
 Every case writes a file, reads it with the public reader, and checks the exact location prefix
-``<file>:<line>: field '<field>'`` (JSON validation errors carry the field path; JSON syntax errors the line).
+``<file>:<line>: field '<field>'`` (JSON: the field path and the line of that field, or of its nearest
+ancestor; syntax errors the line ``json`` reports).
 """
 from __future__ import annotations
 
@@ -79,27 +80,27 @@ CASES: list[tuple[str, str, str, Callable[[Path], Any], str, str]] = [
     ("csv-negative-cached-tokens", "t.csv", CSV_LINES[0].rstrip("\n") + ",cached_tokens\n"
      + CSV_LINES[1].rstrip("\n") + ",-2\n", read_trace_data, "t.csv:2: field 'cached_tokens'", "not a token count"),
     ("json-wrong-type", "sim.json", _sim_with(3, ttft_us="fast"), load_sim_results,
-     "sim.json: field '[3].ttft_us'", "valid number"),
+     "sim.json:28: field '[3].ttft_us'", "valid number"),
     ("json-unknown-key", "sim.json", _sim_with(7, ttft_ms=1.0), load_sim_results,
-     "sim.json: field '[7].ttft_ms'", "unknown key 'ttft_ms'"),
+     "sim.json:65: field '[7].ttft_ms'", "unknown key 'ttft_ms'"),
     ("json-float-for-integer", "sim.json", _sim_with(0, input_tokens=12.5), load_sim_results,
-     "sim.json: field '[0].input_tokens'", "valid integer"),
+     "sim.json:6: field '[0].input_tokens'", "valid integer"),
     ("json-negative", "sim.json", _sim_with(2, output_tokens=-1), load_sim_results,
-     "sim.json: field '[2].output_tokens'", "greater than or equal to 0"),
+     "sim.json:23: field '[2].output_tokens'", "greater than or equal to 0"),
     ("json-syntax", "sim.json", (BLIS / "sim.json").read_text().replace('"ttft_us": 39779,', '"ttft_us": 39779'),
      load_sim_results, "sim.json:13", "invalid JSON"),
     ("json-duplicate-key", "agg.json", (BLIS / "simagg.json").read_text().replace(
-        '"still_queued": 0,', '"still_queued": 0,\n  "still_queued": 1,'), load_metrics_output, "agg.json",
-     "duplicate key 'still_queued'"),
+        '"still_queued": 0,', '"still_queued": 0,\n  "still_queued": 1,'), load_metrics_output,
+     "agg.json:5: field 'still_queued'", "duplicate key 'still_queued'"),
     ("json-nan", "agg.json", (BLIS / "simagg.json").read_text().replace(
         '"cache_hit_rate": 0.6588455538221529', '"cache_hit_rate": NaN'), load_metrics_output, "agg.json",
      "NaN is not valid JSON"),
     ("json-hit-rate-out-of-range", "agg.json", (BLIS / "simagg.json").read_text().replace(
         '"cache_hit_rate": 0.6588455538221529', '"cache_hit_rate": 1.2'), load_metrics_output,
-     "agg.json: field 'cache_hit_rate'", "less than or equal to 1"),
+     "agg.json:26: field 'cache_hit_rate'", "less than or equal to 1"),
     ("json-nested-request-entry", "agg.json", (BLIS / "simagg.json").read_text().replace(
         '"requestID": "request_1"', '"requestID": 1'), load_metrics_output,
-     "agg.json: field 'requests[1].requestID'", "valid string"),
+     "agg.json:45: field 'requests[1].requestID'", "valid string"),
     ("itl-bad-integer", "t.itl.csv", "request_id,chunk_index,timestamp_us\n1,0,10\n1,1,1e3\n", read_itl,
      "t.itl.csv:3: field 'timestamp_us'", "invalid syntax"),
 ]

@@ -12,7 +12,7 @@ Both are written like Go's ``json.MarshalIndent(v, "", "  ")``: 2-space indent, 
 order, ``omitempty`` fields dropped when zero, floats in Go's format (``32984``, not ``32984.0``), ``<>&``
 escaped as ``\\u003c`` etc., no trailing newline. Reading is strict: unknown keys, duplicate keys, wrong types
 (``"1"`` for a number, ``1.5`` for an integer), NaN/Infinity, out-of-range values → FormatError naming the file,
-the field path (``[3].ttft_us``) and the line where ``json`` reports one.
+the line and the field path (``sim.json:28: field '[3].ttft_us': ...``).
 
 Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
 
@@ -157,23 +157,77 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def load_json(path: str | Path) -> Any:
-    """Strict JSON: duplicate keys and NaN/Infinity rejected; errors name file and line."""
+def _read_text(path: str | Path) -> str:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FormatError("file not found", file=str(p)) from None
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
     except OSError as exc:  # a directory, no permission, ...
         raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
+
+
+def _parse(text: str, file: str) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=str(p), line=exc.lineno) from None
+        raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
     except ValueError as exc:
-        raise FormatError(f"invalid JSON: {exc}", file=str(p)) from None
+        _, dup = _json_lines(text)
+        raise FormatError(f"invalid JSON: {exc}", file=file, line=dup[1] if dup else None,
+                          field=_json_path(dup[0]) if dup else None) from None
+
+
+def load_json(path: str | Path) -> Any:
+    """Strict JSON: duplicate keys and NaN/Infinity rejected; errors name file and line."""
+    return _parse(_read_text(path), str(path))
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+
+
+def _json_lines(text: str) -> tuple[dict[tuple[Any, ...], int], tuple[tuple[Any, ...], int] | None]:
+    """The line of every key and array item by path, and the first duplicate key (path, line) if any.
+
+    Only run when a file failed to load (it is a slow pure-Python tokenizer over valid JSON).
+    """
+    lines: dict[tuple[Any, ...], int] = {}
+    stack: list[list[Any]] = []  # [kind, current key/index, seen keys, expecting_key]
+    line, last = 1, 0
+    dup: tuple[tuple[Any, ...], int] | None = None
+    for m in _TOKEN.finditer(text):
+        line += text.count("\n", last, m.start())
+        last = m.start()
+        tok = m.group()
+        top = stack[-1] if stack else None
+        if tok in ",:":
+            if tok == "," and top is not None:
+                if top[0] == "arr":
+                    top[1] += 1
+                else:
+                    top[3] = True
+            continue
+        if tok in "}]":
+            stack.pop()
+            continue
+        if top is not None and top[0] == "obj" and top[3]:  # a key
+            key = json.loads(tok)
+            top[1], top[3] = key, False
+            path = tuple(c[1] for c in stack)
+            if key in top[2] and dup is None:
+                dup = (path, line)
+            top[2].add(key)
+            lines.setdefault(path, line)
+            continue
+        if top is not None and top[0] == "arr":
+            lines.setdefault(tuple(c[1] for c in stack), line)
+        if tok == "{":
+            stack.append(["obj", None, set(), True])
+        elif tok == "[":
+            stack.append(["arr", 0, None, False])
+    return lines, dup
 
 
 def _json_path(loc: tuple[Any, ...]) -> str:
@@ -183,37 +237,45 @@ def _json_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _validate(model: Any, data: Any, file: str) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = describe(exc, file=file)
-        loc = tuple(p for p in exc.errors()[0]["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        raise FormatError(err.reason, file=file, field=_json_path(loc) or None) from None
+def _located(exc: ValidationError, prefix: tuple[Any, ...], text: str, file: str) -> FormatError:
+    loc = prefix + tuple(p for p in exc.errors()[0]["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    lines, _ = _json_lines(text)
+    line = None
+    for n in range(len(loc), -1, -1):  # the field, or its nearest ancestor
+        line = lines.get(loc[:n])
+        if line is not None:
+            break
+    return FormatError(describe(exc, file=file).reason, file=file, line=line, field=_json_path(loc) or None)
 
 
 def load_sim_results(path: str | Path) -> list[SimResult]:
     """Read a SimResult array (``replay --results-path``)."""
-    data = load_json(path)
+    file = str(path)
+    text = _read_text(path)
+    data = _parse(text, file)
     if not isinstance(data, list):
-        raise FormatError(f"expected a JSON array of sim results, got {type(data).__name__}", file=str(path))
+        raise FormatError(f"expected a JSON array of sim results, got {type(data).__name__}", file=file, line=1)
     out: list[SimResult] = []
+    validate = SimResult.model_validate
     for i, item in enumerate(data):
         try:
-            out.append(SimResult.model_validate(item))
+            out.append(validate(item))
         except ValidationError as exc:
-            loc = (i,) + tuple(exc.errors()[0]["loc"])
-            err = describe(exc, file=str(path))
-            raise FormatError(err.reason, file=str(path), field=_json_path(loc)) from None
+            raise _located(exc, (i,), text, file) from None
     return out
 
 
 def load_metrics_output(path: str | Path) -> MetricsOutput:
     """Read an aggregate MetricsOutput (``replay --metrics-path``)."""
-    data = load_json(path)
+    file = str(path)
+    text = _read_text(path)
+    data = _parse(text, file)
     if not isinstance(data, dict):
-        raise FormatError(f"expected a JSON object (MetricsOutput), got {type(data).__name__}", file=str(path))
-    return _validate(MetricsOutput, data, str(path))
+        raise FormatError(f"expected a JSON object (MetricsOutput), got {type(data).__name__}", file=file, line=1)
+    try:
+        return MetricsOutput.model_validate(data)
+    except ValidationError as exc:
+        raise _located(exc, (), text, file) from None
 
 
 # --------------------------------------------------------------------------------------------- writing
