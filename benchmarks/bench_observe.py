@@ -9,6 +9,9 @@ Run:  python benchmarks/bench_observe.py [--quick]
    millisecond; it has no per-request export, so its mean stands in). Closed-loop users at
    concurrency 1, 16 and 64; the first 10 % of requests (connection set-up) are marked warm-up and
    left out. Targets at concurrency 64: p50 ≤ 3 ms, p99 ≤ 15 ms.
+   A bare aiohttp loop (no trace, no parsing) against the same server and load gives the floor: the
+   difference between its TTFT and observe's is what observe itself adds; the rest of the "overhead"
+   is the loopback, the emulator's HTTP layer and the operating system's scheduling.
 2. Lateness: open-loop constant arrivals at 200 req/s; ``actual send − scheduled send`` per request.
    Target: p99 ≤ 5 ms.
 
@@ -58,6 +61,38 @@ def overhead(url: str, concurrency: int, n: int) -> dict[str, float]:
             "failed": sum(1 for r in result.trace.records if r.status != "ok")}
 
 
+def bare_client(url: str, concurrency: int, n: int) -> dict[str, float]:
+    """The floor: a minimal aiohttp loop (no trace, no parsing beyond finding the first text event),
+    same server, same requests. What observe adds is the difference to ``overhead()``'s TTFT."""
+    import asyncio
+    import json
+
+    import aiohttp
+
+    body = json.dumps({"model": "tiny-llama", "prompt": " oak" * 64, "max_tokens": 4, "min_tokens": 4,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    ttft: list[float] = []
+
+    async def user(session: aiohttp.ClientSession, count: int) -> None:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            first = 0.0
+            async with session.post(url + "/v1/completions", data=body,
+                                    headers={"Content-Type": "application/json"}) as resp:
+                async for chunk in resp.content.iter_any():
+                    if not first and b'"text"' in chunk:
+                        first = time.perf_counter()
+            ttft.append((first - t0) * 1000)
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+            await asyncio.gather(*(user(session, n // concurrency) for _ in range(concurrency)))
+
+    asyncio.run(main())
+    kept = ttft[len(ttft) // 10:]
+    return {"n": len(kept), "ttft_p50_ms": percentile(kept, 50), "ttft_p99_ms": percentile(kept, 99)}
+
+
 def lateness(url: str, rate: float, n: int) -> dict[str, float]:
     spec = _spec([{"id": "open", "rate_fraction": 1, "arrival": {"process": "constant"}, **_lengths()}], n, rate)
     opts = ObserveOptions(model="tiny-llama", max_concurrency=256, progress=False, timeout_s=60)
@@ -84,6 +119,8 @@ def main() -> None:
             print(f"overhead  concurrency={conc:<3d} n={r['n']:<5.0f} server TTFT mean {r['server_ttft_mean_ms']:.2f} ms"
                   f"  client TTFT p50 {r['ttft_p50_ms']:.2f} ms  overhead p50 {r['overhead_p50_ms']:.2f} ms"
                   f"  p99 {r['overhead_p99_ms']:.2f} ms  failed {r['failed']:.0f}")
+            bare = bare_client(emu.url, conc, max(int(n * scale), 4 * conc))
+            print(f"  bare aiohttp loop, same load: TTFT p50 {bare['ttft_p50_ms']:.2f} ms  p99 {bare['ttft_p99_ms']:.2f} ms")
         r = lateness(emu.url, 200.0, max(int(2000 * scale), 200))
         print(f"lateness  200 req/s       n={r['n']:<5.0f} p50 {r['lateness_p50_ms']:.2f} ms  p99 "
               f"{r['lateness_p99_ms']:.2f} ms  max {r['lateness_max_ms']:.2f} ms  failed {r['failed']:.0f}")
