@@ -304,3 +304,25 @@ async def test_abort_cuts_the_grace_period_short(server: Any) -> None:
         records = await d.run_phase(ListSource([_wire("stall")]), build=lambda p, off: p)
         assert loop.time() - t0 < 10  # not the 60 s grace
     assert [r.error_message for r in records] == ["cancelled: observe interrupted"]
+
+
+def test_line_splitter_any_chunking_gives_the_same_lines() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    lines = st.lists(st.text(alphabet="ab:{} \"", max_size=12), min_size=1, max_size=8)
+
+    @settings(max_examples=200, deadline=None)
+    @given(lines, st.sampled_from(["\n", "\r\n", "\r"]), st.lists(st.integers(1, 9), min_size=1, max_size=30))
+    def check(content: list[str], eol: str, cuts: list[int]) -> None:
+        raw = "".join(line + eol for line in content).encode()
+        splitter = LineSplitter()
+        out: list[bytes] = []
+        pos = 0
+        for size in cuts + [len(raw)]:
+            out += splitter.feed(raw[pos:pos + size])
+            pos += size
+        out += splitter.flush()
+        assert out == [line.encode() for line in content]
+
+    check()
