@@ -316,3 +316,16 @@ def test_arc_policy_keeps_reused_chunks(backend: str) -> None:
         results[policy] = run_request(cache, 3, hot, 2e5)[0].host_tokens
         cache.check_invariants()
     assert results == {"lru": 0, "arc": 64}
+
+
+def test_chunks_still_being_written_are_not_hits_yet(backend: str) -> None:
+    """A chunk whose GPU → CPU store has not completed is HIT_PENDING: no hit, no query counted."""
+    cache = offload_cache(backend, gpu_blocks=80)
+    p = tokens(1024, 28)
+    run_request(cache, 1, p, 0.0)  # store submitted at 10 µs, done at 10 + 5 + 1024 µs
+    evict_gpu(cache, 99, 20.0)
+    queries = cache.snapshot()["tiers"]["0:primary"]["chunk_queries"]
+    cache.add_request(2, hash_blocks(p, 16), 1024)
+    assert cache.lookup(2, 500.0).external_tokens == 0
+    assert cache.snapshot()["tiers"]["0:primary"]["chunk_queries"] == queries
+    assert cache.lookup(2, 2000.0).external_tokens == 1024  # written by now

@@ -213,10 +213,12 @@ class KVCache:
                             break
                     if self._threshold >= 2:
                         self._track(keys, pos, pos + 1)
-                    self._count_tier(r, 0, pos, pos + 1, False)
                     key = int(keys[pos])
                     if cpu.state_of(key, now) != 0:
-                        break  # being written or promoted: vLLM's HIT_PENDING, not a hit yet
+                        # Being written or promoted: vLLM's HIT_PENDING, an unresolved lookup
+                        # (not counted); the hit ends here.
+                        break
+                    self._count_tier(r, 0, pos, pos + 1, False)
                     found = 0
                     for t in range(1, len(self.tiers)):
                         hit = self.tiers[t].state_of(key, now) == 2
