@@ -451,7 +451,7 @@ def test_sigint_writes_a_partial_trace_and_exits_130(fake: tuple[FakeVllm, str],
     extra = trace.header.pytest_blis
     assert extra is not None and extra.partial and "SIGINT" in extra.partial_reason
     assert trace.header.observed_kv_metrics is None
-    assert 2 <= len(trace.records) < 4
+    assert len(trace.records) >= 2  # all sent before the signal; none of them finished
     assert all(r.status == "error" and r.error_message == "cancelled: observe interrupted" for r in trace.records)
     assert all(r.send_time_us > 0 and r.first_byte_time_us > 0 for r in trace.records)  # partial timings kept
     assert "interrupted" in err and "Traceback" not in err
