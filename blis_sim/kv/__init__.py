@@ -26,6 +26,10 @@ Per request (the engine's calls, in vLLM's order)
     stands for vLLM's extra keys (LoRA, ``cache_salt``). Pass the hashes of prompt + output when the
     output tokens are known (multi-turn context reuse); blocks past the given hashes get unique
     synthetic hashes.
+``core.root_hash(salt=0)``, ``core.extend_hashes(parent, seed, start, count)``, ``core.mix64(x)``
+    Helpers of the same hash family (``core`` = the selected core module): the chain's root, and
+    ``count`` chained hashes of unique content after ``parent`` (for synthetic suffixes), so that
+    an engine building hashes without token ids stays consistent with ``hash_blocks``.
 ``add_request(rid, block_hashes, num_prompt_tokens, *, skip_prefix_cache=False)``
     Register a request. ``block_hashes=None``: unique content. ``skip_prefix_cache=True`` for
     ``prompt_logprobs`` requests (no lookups, not counted).
@@ -42,7 +46,9 @@ Per request (the engine's calls, in vLLM's order)
     On success the prefix-cache / external / by-source counters move (not for a preempted
     re-admission, not for ``skip_prefix_cache``), the fs-resident chunks are promoted into the CPU
     tier and the CPU → GPU load is queued; ``Admission(num_computed_tokens, gpu_tokens,
-    external_tokens, host_tokens, disk_tokens, load_ready_time)``. The engine must not compute the
+    external_tokens, host_tokens, disk_tokens, load_ready_time)``; its external/host/disk tokens
+    can be fewer than the lookup's when a promotion found no room in the CPU tier (the rest is
+    computed; the blocks stay allocated to the request). The engine must not compute the
     request before ``load_ready_time``; loaded tokens are not recomputed, except that
     ``num_computed_tokens`` is at most ``num_tokens − 1`` (the last token is always computed).
     Full blocks up to ``gpu_tokens + num_new_tokens`` are registered in the GPU cache now
@@ -113,5 +119,5 @@ class KVCache(_KVCache):
         super().__init__(config, mod, compiled)
 
 
-__all__ = ["Admission", "COMPILED", "CpuTierConfig", "FsTierConfig", "KVCache", "KVConfig",
+__all__ = ["Admission", "COMPILED", "core", "CpuTierConfig", "FsTierConfig", "KVCache", "KVConfig",
            "Lookup", "TierStation", "from_offload_config", "hash_blocks", "load_core"]
