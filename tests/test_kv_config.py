@@ -1,6 +1,8 @@
 """blis_sim.kv configuration: validation, the offload-config adapter, the transfer stations."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from blis_sim.errors import ConfigError, SimulationError
@@ -36,7 +38,7 @@ def test_adapter_maps_every_field() -> None:
     assert [t.capacity for t in cache.tiers] == [10, 3]
 
 
-SHARED = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
 def test_adapter_takes_the_formats_offload_config() -> None:

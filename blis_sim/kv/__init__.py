@@ -89,6 +89,8 @@ The model, the counters' update points and the departures from the reference: ``
 """
 from __future__ import annotations
 
+from types import ModuleType
+
 from blis_sim import _backend
 from blis_sim.kv.cache import Admission, KVCache as _KVCache, Lookup
 from blis_sim.kv.config import (CpuTierConfig, FsTierConfig, KVConfig, TierStation,
@@ -98,7 +100,7 @@ core, COMPILED = _backend.load("blis_sim.kv._core", "blis_sim.kv._core_py")
 hash_blocks = core.hash_blocks
 
 
-def load_core(backend: str | None = None):  # noqa: ANN201 - returns a module
+def load_core(backend: str | None = None) -> tuple[ModuleType, bool]:
     """The core module for ``backend`` ("cython" | "python" | None = the default choice)."""
     if backend is None:
         return core, COMPILED
