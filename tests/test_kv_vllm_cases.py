@@ -329,3 +329,44 @@ def test_chunks_still_being_written_are_not_hits_yet(backend: str) -> None:
     assert cache.lookup(2, 500.0).external_tokens == 0
     assert cache.snapshot()["tiers"]["0:primary"]["chunk_queries"] == queries
     assert cache.lookup(2, 2000.0).external_tokens == 1024  # written by now
+
+
+def keys(*ks: int) -> np.ndarray:
+    return np.array(ks, dtype=np.uint64)
+
+
+def test_arc_store_follows_vllms_manager(backend: str) -> None:
+    """ARCOffloadingManager: new keys enter T1, a touch promotes to T2, eviction takes T1 while
+    |T1| ≥ target, a B1 ghost hit raises the target, ghost lists are bounded by the capacity."""
+    from blis_sim.kv import load_core
+    core, _ = load_core(backend)
+    a, b, c, d, e = 11, 12, 13, 14, 15
+    s = core.ChunkStore(2, "arc")
+    s.prepare_store(keys(a), 0.0, 0.0)
+    s.prepare_store(keys(b), 0.0, 0.0)
+    s.touch(keys(a), 0, 1)
+    assert [k for k, *_ in s.state()["t1"]] == [b] and [k for k, *_ in s.state()["t2"]] == [a]
+    assert s.prepare_store(keys(c), 1.0, 1.0).tolist() == [c]  # target 0: evict T1's LRU (b)
+    assert s.state()["b1"] == [b]
+    s.touch(keys(b), 0, 1)  # ghost hit in B1
+    assert s.target_t1 == 1
+    s.prepare_store(keys(d), 2.0, 2.0)  # |T1| = 1 ≥ target 1: evict c from T1
+    s.touch(keys(a), 0, 1)
+    s.prepare_store(keys(e), 3.0, 3.0)  # evict d; B1 = [b, c, d] is bounded to 2
+    st_ = s.state()
+    assert [k for k, *_ in st_["t1"]] == [e] and [k for k, *_ in st_["t2"]] == [a]
+    assert st_["b1"] == [c, d] and s.evictions == 3
+
+
+def test_lru_store_skips_pinned_entries_and_refuses_all_or_nothing(backend: str) -> None:
+    from blis_sim.kv import load_core
+    core, _ = load_core(backend)
+    s = core.ChunkStore(3, "lru")
+    s.prepare_store(keys(1, 2, 3), 0.0, 0.0)
+    s.pin(keys(1), 0, 1, 100.0)  # 1 is being read until t=100
+    assert s.prepare_store(keys(4), 10.0, 20.0).tolist() == [4]  # evicts 2, not the pinned 1
+    assert s.keys() == [1, 3, 4]
+    assert s.prepare_store(keys(5, 6, 7), 10.0, 20.0) is None  # needs 3, only 3 is evictable
+    assert s.keys() == [1, 3, 4] and s.evictions == 1
+    assert s.state_of(4, 15.0) == 1 and s.state_of(4, 20.0) == 2  # pending until written
+    assert s.prepare_store(keys(3, 3), 50.0, 50.0).tolist() == []  # resident keys are skipped
