@@ -208,3 +208,14 @@ def test_frontend_term_grows_with_load() -> None:
                          opts(latency=coeffs.to_step_model()))
     assert out.outcome.frontend_us.tolist() == [100.0, 150.0, 200.0]
     assert replace(out.options).latency.frontend_per_inflight_us == 50.0
+
+
+def test_the_kv_twin_gives_the_same_replay() -> None:
+    from blis_sim.kv import COMPILED
+
+    if not COMPILED:
+        pytest.skip("the Cython KV core is not built")
+    trace = load_trace(BLIS / "trace.yaml", BLIS / "trace.csv")
+    a = replay_outcome(trace, opts(kv_backend="cython"))
+    b = replay_outcome(trace, opts(kv_backend="python", loop_backend=_loop_py))
+    assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())
