@@ -44,13 +44,15 @@ def cell_id(point: SweepPoint) -> str:
     return f"{Path(point.file).name}::{point.scenario_name}::{point.name}"
 
 
-def _skip_if_unable(ctx: CellContext) -> None:
+def unable_reason(ctx: CellContext) -> str | None:
+    """Why the server cannot show what the cell needs (None when it can)."""
     path = ctx.point.spec.expect.path
     need = {"cpu": "cpu", "storage": "storage"}.get(path)
     if need and need not in ctx.target.capabilities:
         where = "the embedded emulator's offload config" if ctx.target.embedded else \
             "--blis-kv-offload-config (the server's offload tiers)"
-        pytest.skip(f"a {path}-hit cell needs a {need} offload tier, and {where} has none")
+        return f"a {path}-hit cell needs a {need} offload tier, and {where} has none"
+    return None
 
 
 def source_hits(trace: Trace) -> dict[str, int] | None:
@@ -88,15 +90,36 @@ def path_problem(path: str, trace: Trace) -> str | None:
     return None
 
 
-def _summary(nodeid: str, report: CalibrationReport | None, note: str = "") -> CellSummary:
-    cell = CellSummary(nodeid=nodeid, outcome="", note=note)
-    if report is not None and report.hit_rate is not None:
-        cell.source = report.hit_rate.source
-        cell.real_hit_rate = report.hit_rate.real_hit_rate
-        cell.sim_hit_rate = report.hit_rate.sim_hit_rate
-        cell.abs_error_pp = report.hit_rate.abs_error_pp
-    if report is not None and report.ttft_tolerance is not None:
-        cell.ttft_mape = report.ttft_tolerance.mape
+# The hit-rate a cell is about, by its expected path: first one the report carries wins.
+HEADLINES = {"gpu": (("by_source", "device"), ("prefix_cache", None), ("gpu_prefix_cache", None)),
+             "cpu": (("by_source", "host"), ("external", None)),
+             "storage": (("by_source", "disk"), ("external", None)),
+             "miss": (("prefix_cache", None), ("gpu_prefix_cache", None)),
+             "any": (("prefix_cache", None), ("gpu_prefix_cache", None))}
+
+
+def summarize(nodeid: str, path: str, report: CalibrationReport, note: str = "") -> CellSummary:
+    """The cell's summary line: its headline hit-rate, the worst error of all, TTFT MAPE."""
+    cell = CellSummary(nodeid=nodeid, outcome="", path=path, note=note)
+    entries = list(report.kv_hit_rates or [])
+    by_key = {(e.definition, e.tier): e for e in entries}
+    errors = [e.abs_error_pp for e in entries]
+    head = next((by_key[k] for k in HEADLINES[path] if k in by_key), None)
+    if head is not None:
+        cell.headline = head.definition + (f"/{head.tier}" if head.tier else "")
+        cell.real_hit_rate, cell.sim_hit_rate = head.real_hit_rate, head.sim_hit_rate
+        cell.abs_error_pp, cell.hit_rate_tolerance_pp = head.abs_error_pp, head.tolerance_pp
+    if report.hit_rate is not None:
+        errors.append(report.hit_rate.abs_error_pp)
+        if head is None:
+            cell.headline = f"hit_rate[{report.hit_rate.source}]"
+            cell.real_hit_rate, cell.sim_hit_rate = report.hit_rate.real_hit_rate, report.hit_rate.sim_hit_rate
+            cell.abs_error_pp = report.hit_rate.abs_error_pp
+            cell.hit_rate_tolerance_pp = report.hit_rate.tolerance_pp
+    cell.max_error_pp = max(errors) if errors else None
+    cell.definitions = len(entries)
+    if report.ttft_tolerance is not None:
+        cell.ttft_mape, cell.ttft_threshold = report.ttft_tolerance.mape, report.ttft_tolerance.threshold
     return cell
 
 
@@ -104,8 +127,12 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     point, target, opts = ctx.point, ctx.target, ctx.options
     spec = point.spec
     item = request.node
-    _skip_if_unable(ctx)
     cid = cell_id(point)
+    reason = unable_reason(ctx)
+    if reason:
+        skipped = CellSummary(nodeid=cid, outcome="", path=spec.expect.path, note=f"skipped: {reason}")
+        item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(skipped))))
+        pytest.skip(reason)
     _allure.describe(request.config, title=f"{point.scenario_name} / {point.name}", scenario=point.scenario_name,
                      parameters=dict(point.values), volatile={"server": target.url})
     plan = build_plan(spec, cell_id=cid, capacity=target.capacity(), base_dir=Path(point.file).parent)
@@ -134,7 +161,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     rows: list[VerdictRow] = [r for r in report.verdicts() if spec.expect.check_ttft or r.unit != "mape"]
     problem = path_problem(spec.expect.path, trace)
     notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
-    summary = _summary(cid, report, note=problem or "")
+    summary = summarize(cid, spec.expect.path, report, note=problem or "")
     item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
     if report.hit_rate is not None:
         item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))

@@ -23,15 +23,27 @@ SUMMARY_PROPERTY = "blis_cell"
 
 @dataclass
 class CellSummary:
-    """What the terminal summary prints for one cell (JSON-serialisable)."""
+    """What the terminal summary prints for one cell (JSON-serialisable).
+
+    ``headline`` names the hit-rate the cell is about (``by_source/device`` for a GPU-hit cell,
+    ``by_source/host`` for CPU, ``by_source/disk`` for storage, ``prefix_cache`` otherwise, or the
+    guide's primary ``hit_rate`` block when the server has none of those); ``real_hit_rate``,
+    ``sim_hit_rate`` and ``abs_error_pp`` are that one's; ``max_error_pp`` is the largest error over
+    every definition and tier compared.
+    """
 
     nodeid: str
     outcome: str
-    source: str | None = None
+    path: str = "any"
+    headline: str | None = None
     real_hit_rate: float | None = None
     sim_hit_rate: float | None = None
     abs_error_pp: float | None = None
+    max_error_pp: float | None = None
+    definitions: int = 0
     ttft_mape: float | None = None
+    ttft_threshold: float | None = None
+    hit_rate_tolerance_pp: float | None = None
     note: str = ""
 
 
@@ -101,6 +113,24 @@ def _pct(v: float | None) -> str:
     return "   -   " if v is None else f"{v * 100:6.2f}%"
 
 
+def _pp(v: float | None) -> str:
+    return "    -  " if v is None else f"{v:6.2f}"
+
+
+def summary_lines(cells: list[CellSummary]) -> list[str]:
+    """The table: one line per cell (hit-rate the cell is about, worst error over all definitions,
+    TTFT MAPE), then a note line under any cell that has one."""
+    width = max([len(c.nodeid) for c in cells] + [4])
+    lines = [f"{'cell'.ljust(width)}  outcome  hit-rate            real     sim   err(pp)  max-err(pp)  ttft-mape"]
+    for c in cells:
+        mape = "      -  " if c.ttft_mape is None else f"{c.ttft_mape * 100:8.1f}%"
+        lines.append(f"{c.nodeid.ljust(width)}  {c.outcome:7}  {(c.headline or '-'):17} {_pct(c.real_hit_rate)} "
+                     f"{_pct(c.sim_hit_rate)}  {_pp(c.abs_error_pp)}  {_pp(c.max_error_pp)}      {mape}")
+        if c.note:
+            lines.append(f"{' ' * width}    {c.note}")
+    return lines
+
+
 def terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
@@ -109,13 +139,8 @@ def terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.C
         return
     tr = terminalreporter
     tr.write_sep("=", "blis calibration summary")
-    width = max(len(c.nodeid) for c in cells)
-    tr.write_line(f"{'cell'.ljust(width)}  outcome  real-hit  sim-hit   err(pp)  ttft-mape  source")
-    for c in cells:
-        err = "   -  " if c.abs_error_pp is None else f"{c.abs_error_pp:6.2f}"
-        mape = "    -    " if c.ttft_mape is None else f"{c.ttft_mape * 100:8.1f}%"
-        tr.write_line(f"{c.nodeid.ljust(width)}  {c.outcome:7}  {_pct(c.real_hit_rate)}  {_pct(c.sim_hit_rate)}  "
-                      f"{err}  {mape}  {c.source or '-'}{('  ' + c.note) if c.note else ''}")
+    for line in summary_lines(cells):
+        tr.write_line(line)
     opts = config.stash[OPTIONS]
     opts.artifacts_dir.mkdir(parents=True, exist_ok=True)
     path = opts.artifacts_dir / "summary.json"
