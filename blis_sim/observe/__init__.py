@@ -16,6 +16,7 @@ Modules: ``run`` (orchestration: version, prompt calibration, prewarm, phases, c
 header), ``dispatch`` (schedule, concurrency, follow-ups, stop), ``client`` (one request over aiohttp,
 timed), ``sse`` (framing and chunk interpretation), ``prompts`` (server-exact prompt text),
 ``metrics`` (``/metrics`` parsing and windowed hit-rates for every definition of design D2),
+``scrape`` (HTTP scrapes and the counter window with its settle delays and miss warnings),
 ``capture`` (records → trace rows, summaries), ``progress`` (TTY progress line), ``cli``
 (``register(subparsers)``). The names above are imported lazily so that ``blis --help`` and
 ``blis calibrate`` do not pay for aiohttp.

@@ -34,15 +34,16 @@ from typing import Any
 import aiohttp
 
 from blis_sim import __version__
-from blis_sim.errors import ScrapeError, UsageError
+from blis_sim.errors import UsageError
 from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, PhaseInfo, PytestBlisHeader,
-                                    ScrapeInfo, TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
+                                    TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
                                     TraceServerConfig, write_itl, write_trace)
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import capture
 from blis_sim.observe.client import API_FORMATS, Target
 from blis_sim.observe.dispatch import Dispatcher
-from blis_sim.observe.metrics import KvWindow, Snapshot, derive_window, kv_geometry, parse_exposition, summarize
+from blis_sim.observe.metrics import KvWindow
+from blis_sim.observe.scrape import CounterWindow, Scraper
 from blis_sim.observe.progress import Progress
 from blis_sim.observe.prompts import PromptBuilder, calibrate_prompts
 from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
@@ -190,8 +191,7 @@ class _Run:
         self.completed: list[RequestRecord] = []  # completion order, as the CSV is written
         self.phase_infos: list[PhaseInfo] = []
         self.builder: PromptBuilder | None = None
-        self.window: KvWindow | None = None
-        self.scrape_info: ScrapeInfo | None = None
+        self.window: CounterWindow | None = None
         self.geometry: dict[str, int] | None = None
         self.vllm_version = ""
         self.signal_name = ""
@@ -233,8 +233,13 @@ class _Run:
             self.builder = await calibrate_prompts(self.http, self.target, use_tokenize=self.opts.use_tokenize)
             if self.opts.prewarm_duration_s > 0 and not self.stop.is_set():
                 await self._prewarm()
-            if not self.opts.scrape_kv_metrics:
-                self.geometry = await self._geometry_only()
+            scraper = Scraper(self.http, self.metrics_url, api_key=self.opts.api_key, timeout_s=self.opts.timeout_s)
+            if self.opts.scrape_kv_metrics:
+                self.window = CounterWindow(scraper, self.clock, settle_s=self.opts.settle_s,
+                                            vllm_commit=self.opts.vllm_commit, model=self.opts.model,
+                                            warn=self.warn, sleep=self._sleep)
+            else:
+                self.geometry = await scraper.geometry()
             await self._open_connections(min(self.opts.max_concurrency, WARM_CONNECTIONS))
             start_ns = self.clock.now_ns()
             # Objects made so far (plan, modules, session) need no cycle collection during dispatch:
@@ -254,7 +259,7 @@ class _Run:
                                 warmup_requests=self.opts.warmup_requests, stop=self.stop,
                                 grace_s=self.opts.grace_s, on_record=self._completed)
         self.dispatcher = dispatcher
-        start_snap: Snapshot | None = None
+        window = self.window
         total = sum(len(p.requests) for p in self.plan.phases)
         progress = Progress(total, enabled=self.opts.progress)
         self._progress = progress
@@ -264,16 +269,18 @@ class _Run:
                     break
                 if phase.gap_us > 0:
                     await self._sleep(phase.gap_us / 1e6)
-                if i == first and self.opts.scrape_kv_metrics:
-                    start_snap = await self._start_scrape()
+                if i == first and window is not None:
+                    await window.open()
                 await self._run_phase(dispatcher, phase, i in measured)
-                if i == last and self.opts.scrape_kv_metrics and start_snap is not None:
-                    await self._end_scrape(start_snap)
+                if i == last and window is not None and not self.stop.is_set():
+                    await window.close()
         finally:
             progress.close()
-        if self.opts.scrape_kv_metrics and self.stop.is_set() and self.window is None:
+        if window is not None and window.opened and self.stop.is_set() and window.result is None:
             self.warn("--scrape-kv-metrics: observe was interrupted before the measured window ended; "
                       "omitting the observed KV hit-rate from the trace header")
+        if window is not None:
+            self.geometry = window.geometry
 
     async def _run_phase(self, dispatcher: Dispatcher, phase: PhasePlan, measured: bool) -> None:
         builder = self.builder
@@ -356,72 +363,6 @@ class _Run:
         if sent and failed == sent:
             self.warn(f"prewarm: {failed}/{sent} requests failed (is the server reachable at {self.base_url}?)")
 
-    # ------------------------------------------------------------------------------------- scrapes
-
-    async def _scrape(self) -> Snapshot:
-        try:
-            async with self.http.get(self.metrics_url, headers=self._auth(),
-                                        timeout=aiohttp.ClientTimeout(total=self.opts.timeout_s)) as r:
-                if r.status != 200:
-                    raise ScrapeError(f"GET: HTTP {r.status}", url=self.metrics_url)
-                text = await r.text(errors="replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise ScrapeError(f"GET: {type(exc).__name__}: {exc}", url=self.metrics_url) from None
-        return parse_exposition(text, url=self.metrics_url)
-
-    async def _geometry_only(self) -> dict[str, int] | None:
-        try:
-            return kv_geometry(await self._scrape())
-        except ScrapeError as exc:
-            log.info("observe: no KV geometry (%s)", exc)
-            return None
-
-    async def _start_scrape(self) -> Snapshot | None:
-        await self._sleep(self.opts.settle_s)  # let counters of earlier traffic land first
-        t = self.clock.epoch_us(self.clock.now_ns())
-        try:
-            snap = await self._scrape()
-        except ScrapeError as exc:
-            self.warn(f"--scrape-kv-metrics: start-of-window /metrics scrape failed: {exc}; the observed KV "
-                      "hit-rate will be omitted from the trace header")
-            self.scrape_info = ScrapeInfo(metrics_url=self.metrics_url, start_time_us=t,
-                                          settle_s=self.opts.settle_s, warnings=[str(exc)])
-            return None
-        self.geometry = kv_geometry(snap)
-        self.scrape_info = ScrapeInfo(metrics_url=self.metrics_url, start_time_us=t, settle_s=self.opts.settle_s)
-        return snap
-
-    async def _end_scrape(self, start: Snapshot) -> None:
-        if self.stop.is_set():
-            return  # an interrupted window is not a window; reported once by the caller
-        await self._sleep(self.opts.settle_s)
-        t = self.clock.epoch_us(self.clock.now_ns())
-        info = self.scrape_info or ScrapeInfo(metrics_url=self.metrics_url)
-        try:
-            end = await self._scrape()
-        except ScrapeError as exc:
-            self.warn(f"--scrape-kv-metrics: end-of-window /metrics scrape failed: {exc}; omitting observed KV "
-                      "hit-rate from the trace header")
-            self.scrape_info = info.model_copy(update={"end_time_us": t, "warnings": [str(exc)]})
-            self.window = KvWindow(miss_reason=str(exc))
-            return
-        window = derive_window(start, end, vllm_commit=self.opts.vllm_commit, model=self.opts.model)
-        self.geometry = kv_geometry(end) or self.geometry
-        families = sorted({_family(n) for n in end.samples if n.startswith("vllm:") and not n.endswith("_created")})
-        notes = list(window.notes)
-        if window.observed is None:
-            self.warn(f"--scrape-kv-metrics: {window.miss_reason}; omitting observed KV hit-rate from the trace "
-                      "header")
-            notes.insert(0, window.miss_reason)
-        else:
-            o = window.observed
-            log.info("observe: observed KV hit-rate = %.4f (source=%s, block_hits=%d, block_queries=%d)",
-                     o["hit_rate"], o["source"], o["block_hits"], o["block_queries"])
-        if window.hit_rates:
-            log.info("observe: KV hit-rates: %s", summarize(window.hit_rates))
-        self.scrape_info = info.model_copy(update={"end_time_us": t, "families": families, "warnings": notes})
-        self.window = window
-
     # -------------------------------------------------------------------------------------- result
 
     def _check_first_chunks(self, rows: list[TraceRecord]) -> None:
@@ -435,7 +376,7 @@ class _Run:
 
     def _compare_server_ttft(self, rows: list[TraceRecord]) -> None:
         """Log client vs server-side TTFT over the window (vllm-cpu.md: they differ under load)."""
-        window = self.window
+        window = self.window.result if self.window is not None else None
         if window is None or not window.server_ttft or not window.server_ttft["count"]:
             return
         measured = {p.name for p in self.phase_infos if p.measured}
@@ -460,7 +401,7 @@ class _Run:
         self._check_first_chunks(rows)
         self._compare_server_ttft(rows)
         interrupted = self.stop.is_set()
-        window = self.window
+        window = self.window.result if self.window is not None else None
         observed = window.observed if window is not None and window.valid else None
         hit_rates = window.hit_rates if window is not None and window.valid else []
         tier_io = [TierIO(tier=t, read_bytes=int(d.get("read_bytes", 0)), write_bytes=int(d.get("write_bytes", 0)),
@@ -469,7 +410,8 @@ class _Run:
         geometry = KVGeometry(**self.geometry) if self.geometry else None
         extra = PytestBlisHeader(
             tool_version=__version__, vllm_version=self.vllm_version, server_url=self.base_url,
-            kv_geometry=geometry, kv_hit_rates=hit_rates, tier_io=tier_io, scrape=self.scrape_info,
+            kv_geometry=geometry, kv_hit_rates=hit_rates, tier_io=tier_io,
+            scrape=self.window.info if self.window is not None else None,
             phases=self.phase_infos, partial=interrupted,
             partial_reason=(f"interrupted by {self.signal_name or 'a stop request'}" if interrupted else ""),
             warnings=list(self.warnings))
@@ -510,14 +452,6 @@ def _measured_phases(plan: WorkloadPlan, window_phases: tuple[str, ...] | None) 
 def _ttft_gap_rows(rows: list[TraceRecord]) -> list[TraceRecord]:
     return [r for r in rows if r.status == "ok" and r.streaming and r.first_content_time_us
             and r.first_content_time_us - r.first_chunk_time_us > FIRST_CONTENT_GAP_US]
-
-
-def _family(sample_name: str) -> str:
-    """The family a sample belongs to (counter ``_total``, histogram parts stripped)."""
-    for suffix in ("_total", "_bucket", "_count", "_sum"):
-        if sample_name.endswith(suffix):
-            return sample_name[: -len(suffix)]
-    return sample_name
 
 
 def _wire(p: PlannedRequest, builder: PromptBuilder, seed: int, no_streaming: bool, record_itl: bool) -> WireRequest:
