@@ -194,12 +194,14 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
         raise UsageError(str(exc)) from None
 
 
-def _write_outputs(args: argparse.Namespace, results: list[Any], metrics: Any,
-                   trace: Any = None) -> None:
+def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) -> None:
+    """Write the requested files; results are built, written and dropped before the metrics, so
+    the two large object lists are never alive together."""
     from blis_sim.formats import metrics_output_text, write_metrics_output, write_sim_results
 
     if args.results_path:
-        write_sim_results(results, args.results_path)
+        write_sim_results(outcome.results, args.results_path)
+    metrics = outcome.metrics(include_requests=bool(args.metrics_path))
     if args.metrics_path:
         write_metrics_output(metrics, args.metrics_path)
     if trace is not None and getattr(args, "trace_output", None):
@@ -220,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
     trace = out.trace(workload_spec=str(args.workload_spec)) if args.trace_output else None
-    _write_outputs(args, out.results, out.metrics(include_requests=bool(args.metrics_path)), trace)
+    _write_outputs(args, out, trace)
     return 0
 
 
@@ -239,8 +241,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError("LLM name not provided (--model). Exiting simulation.")
     options = options_from_args(args, trace.header)
     out = replay_outcome(trace, options)
-    _write_outputs(args, out.results, out.metrics(include_requests=bool(args.metrics_path)),
-                   out.trace() if args.trace_output else None)
+    _write_outputs(args, out, out.trace() if args.trace_output else None)
     return 0
 
 
