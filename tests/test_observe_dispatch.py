@@ -61,6 +61,10 @@ async def _handler(request: web.Request) -> web.StreamResponse:
         await resp.write(b"data: {not json\n\n")
     elif mode == "errorevent":
         await resp.write(b'data: {"error": {"message": "boom", "code": 500}}\n\n')
+    elif mode == "endless":  # one line that never ends
+        for _ in range(100):
+            await resp.write(b"x" * (1 << 20))
+        return resp
     elif mode == "truncated":
         await resp.write(_chunk("a"))
         return resp
@@ -206,6 +210,7 @@ async def test_split_events_crlf_and_comments(server: Any) -> None:
     ("garbage", False, "error", "JSON parse error"),
     ("errorevent", True, "error", "streaming error: server error event: boom"),
     ("truncated", True, "error", "streaming error: stream ended before any finish_reason"),
+    ("endless", True, "error", "streaming error: an SSE line longer than"),
     ("drop", True, "error", "streaming error"),
     ("stall", True, "timeout", "streaming timeout"),
     ("slowhead", True, "timeout", "HTTP timeout"),

@@ -25,7 +25,7 @@ import aiohttp
 
 from blis_sim.observe.records import (STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord,
                                       RunClock, WireRequest)
-from blis_sim.observe.sse import LineSplitter, classify, interpret, usage_numbers
+from blis_sim.observe.sse import LineSplitter, LineTooLong, classify, interpret, usage_numbers
 
 API_FORMATS = ("completions", "chat")
 _ERROR_BODY_LIMIT = 2048
@@ -107,6 +107,8 @@ async def send(session: aiohttp.ClientSession, target: Target, record: RequestRe
     except aiohttp.ClientError as exc:
         where = "streaming error" if record.first_byte_ns else "HTTP error"
         record.fail(STATUS_ERROR, f"{where}: {type(exc).__name__}: {exc}")
+    except LineTooLong as exc:
+        record.fail(STATUS_ERROR, f"streaming error: {exc}")
     except (OSError, UnicodeError, ValueError) as exc:  # e.g. a reset below aiohttp, a broken encoding
         record.fail(STATUS_ERROR, f"HTTP error: {type(exc).__name__}: {exc}")
 

@@ -19,6 +19,13 @@ from typing import Any
 DONE = "[DONE]"
 
 
+MAX_LINE_BYTES = 8 << 20  # a longer unterminated line is garbage, not an SSE event
+
+
+class LineTooLong(ValueError):
+    pass
+
+
 class LineSplitter:
     """Incremental byte → line splitter that tolerates lines split across network reads."""
 
@@ -38,6 +45,8 @@ class LineSplitter:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         parts = buf.split(b"\n")
         self._buf = parts.pop()
+        if len(self._buf) > MAX_LINE_BYTES:
+            raise LineTooLong(f"an SSE line longer than {MAX_LINE_BYTES} bytes without a line end")
         return parts
 
     def flush(self) -> list[bytes]:
