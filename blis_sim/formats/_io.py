@@ -1,0 +1,56 @@
+"""File plumbing shared by the format readers and writers.
+
+- :func:`atomic_write` — write a text file via a temp file in the same directory and a rename, so an
+  interrupted run leaves the old file or the new one, never half of one.
+- :func:`csv_rows` — ``(first line number, fields)`` per CSV row, blank lines skipped as Go's csv.Reader does,
+  any read/decode/quoting problem a located :class:`~blis_sim.errors.FormatError`.
+- :func:`go_quote` — a value quoted as Go's ``%q`` would, for messages that mirror the reference's.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from blis_sim.errors import FormatError
+
+
+def atomic_write(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or Path("."))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, fields) per CSV row; blank lines skipped like Go's csv.Reader."""
+    try:
+        f = path.open(newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("file not found", file=str(path)) from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    with f:
+        reader = csv.reader(f, strict=True)
+        line = 1
+        try:
+            for row in reader:
+                start, line = line, reader.line_num + 1
+                if row and row != [""]:
+                    yield start, row
+        except csv.Error as exc:
+            raise FormatError(f"malformed CSV: {exc}", file=str(path), line=reader.line_num) from None
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"not UTF-8 text ({exc.reason})", file=str(path), line=line) from None
+
+
+def go_quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

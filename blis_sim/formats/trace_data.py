@@ -1,0 +1,294 @@
+"""The TraceV2 data CSV (blis-pipeline.md §1.4): one :class:`TraceRecord` per request.
+
+API::
+
+    records = read_trace_data("t.csv")                      # -> list[TraceRecord] (file order = completion order)
+    write_trace_data(records, "o.csv", mode="real")         # mode decides the conditional vllm_priority column
+    data_text(records, mode=...) -> str; columns_for(records, mode) -> the header row that would be written
+
+:class:`TraceRecord` — the 27 base columns, the optional ``vllm_priority`` and ``slo_target_us`` (inserted
+positionally), the reference's trailing ``x_request_id``, ``adapter``, ``think_time_us``, and OUR trailing
+columns ``phase``, ``warmup``, ``cached_tokens`` (-1 = not reported), ``first_byte_time_us``,
+``first_content_time_us`` (0 = unknown). Properties ``ttft_us`` / ``e2e_us`` = first / last chunk time − send
+time (client side, include the network).
+
+Reading follows the reference: positional base columns shifted by the inline optional columns found in the
+header row, trailing columns by header name, extra columns tolerated, Go ``ParseInt``/``ParseBool`` forms, the
+reference's range checks and messages, each a FormatError naming file, line and column. Writing follows Go's
+``encoding/csv`` (minimal quoting, ``\\n`` line ends); an optional column is written only when some record
+carries it.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from blis_sim.errors import FormatError
+from blis_sim.formats import _go
+from blis_sim.formats._io import atomic_write, csv_rows, go_quote
+from blis_sim.formats._model import StrictModel
+
+
+class TraceRecord(StrictModel):
+    """One request of the trace: a data CSV row (times are integer µs)."""
+
+    request_id: int
+    client_id: str = ""
+    tenant_id: str = ""
+    slo_class: str = ""
+    vllm_priority: int = Field(default=0, ge=0)
+    session_id: str = ""
+    round_index: int = 0
+    prefix_group: str = ""
+    prefix_length: int = Field(default=0, ge=0)
+    streaming: bool = False
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    text_tokens: int = Field(default=0, ge=0)
+    image_tokens: int = Field(default=0, ge=0)
+    audio_tokens: int = Field(default=0, ge=0)
+    video_tokens: int = Field(default=0, ge=0)
+    reason_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    model: str = ""
+    deadline_us: int = Field(default=0, ge=0)
+    slo_target_us: int = Field(default=0, ge=0)
+    server_input_tokens: int = Field(default=0, ge=0)
+    arrival_time_us: int = 0
+    send_time_us: int = 0
+    first_chunk_time_us: int = 0
+    last_chunk_time_us: int = 0
+    num_chunks: int = Field(default=0, ge=0)
+    status: str = "ok"
+    error_message: str = ""
+    finish_reason: str = ""
+    # the reference's trailing optional columns
+    x_request_id: str = ""
+    adapter: str = ""
+    think_time_us: int = Field(default=0, ge=0)
+    # OUR trailing columns (docs/formats.md)
+    phase: str = ""
+    warmup: bool = False
+    cached_tokens: int = Field(default=-1, ge=-1)
+    first_byte_time_us: int = 0
+    first_content_time_us: int = 0
+
+    @model_validator(mode="after")
+    def _deadline_after_arrival(self) -> TraceRecord:
+        if self.deadline_us > 0 and self.arrival_time_us > 0 and self.deadline_us < self.arrival_time_us:
+            raise ValueError(f"deadline_us {self.deadline_us} precedes arrival_time_us {self.arrival_time_us}")
+        return self
+
+    @property
+    def ttft_us(self) -> int:
+        """Client-side TTFT: first chunk − send (µs)."""
+        return self.first_chunk_time_us - self.send_time_us
+
+    @property
+    def e2e_us(self) -> int:
+        """Client-side E2E: last chunk − send (µs)."""
+        return self.last_chunk_time_us - self.send_time_us
+
+
+# Base columns in positional order; the inline optional columns are inserted after their anchor.
+BASE_COLUMNS: tuple[str, ...] = (
+    "request_id", "client_id", "tenant_id", "slo_class", "session_id", "round_index", "prefix_group",
+    "prefix_length", "streaming", "input_tokens", "output_tokens", "text_tokens", "image_tokens",
+    "audio_tokens", "video_tokens", "reason_ratio", "model", "deadline_us", "server_input_tokens",
+    "arrival_time_us", "send_time_us", "first_chunk_time_us", "last_chunk_time_us", "num_chunks", "status",
+    "error_message", "finish_reason",
+)
+REFERENCE_TRAILING: tuple[str, ...] = ("x_request_id", "adapter", "think_time_us")
+OUR_TRAILING: tuple[str, ...] = ("phase", "warmup", "cached_tokens", "first_byte_time_us",
+                                 "first_content_time_us")
+
+_NONNEG = frozenset({"prefix_length", "input_tokens", "output_tokens", "text_tokens", "image_tokens",
+                     "audio_tokens", "video_tokens", "server_input_tokens", "num_chunks", "vllm_priority",
+                     "think_time_us"})
+_INTS = frozenset({"request_id", "round_index", "prefix_length", "input_tokens", "output_tokens",
+                   "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "deadline_us",
+                   "slo_target_us", "server_input_tokens", "arrival_time_us", "send_time_us",
+                   "first_chunk_time_us", "last_chunk_time_us", "num_chunks", "vllm_priority", "think_time_us",
+                   "cached_tokens", "first_byte_time_us", "first_content_time_us"})
+_BOOLS = frozenset({"streaming", "warmup"})
+_SUFFIX = {"deadline_us": " (use 0 for no timeout)", "slo_target_us": " (use 0 for no target)"}
+_DEFAULTS: dict[str, Any] = {name: f.get_default(call_default_factory=True)
+                             for name, f in TraceRecord.model_fields.items() if name != "request_id"}
+
+
+def columns_for(records: Sequence[TraceRecord], mode: str) -> list[str]:
+    """The header row the reference would write for ``records`` (plus ours when any record carries them)."""
+    cols = list(BASE_COLUMNS[:4])
+    if any(r.vllm_priority != 0 for r in records) or (mode == "real" and any(r.slo_class for r in records)):
+        cols.append("vllm_priority")
+    cols += BASE_COLUMNS[4:18]
+    if any(r.slo_target_us > 0 for r in records):
+        cols.append("slo_target_us")
+    cols += BASE_COLUMNS[18:]
+    # x_request_id: the reference writes it in mode "real" only; we write it whenever a record has one, so a
+    # round trip never drops data (only observe sets it, so the two rules agree on every real file).
+    if any(r.x_request_id for r in records):
+        cols.append("x_request_id")
+    if any(r.adapter for r in records):
+        cols.append("adapter")
+    if any(r.think_time_us != 0 for r in records):
+        cols.append("think_time_us")
+    carried = {"phase": any(r.phase for r in records), "warmup": any(r.warmup for r in records),
+               "cached_tokens": any(r.cached_tokens != -1 for r in records),
+               "first_byte_time_us": any(r.first_byte_time_us != 0 for r in records),
+               "first_content_time_us": any(r.first_content_time_us != 0 for r in records)}
+    cols += [c for c in OUR_TRAILING if carried[c]]
+    return cols
+
+
+def _formatter(col: str) -> Any:
+    """The cell writer of one column: Go's FormatBool / %d / FormatFloat('f', -1) / quoted string."""
+    if col in _BOOLS:
+        return _go.format_bool
+    if col in _INTS:
+        return str
+    if col == "reason_ratio":
+        return _go.fixed_float
+    return _go.csv_field
+
+
+def _column_positions(header: list[str]) -> dict[str, int]:
+    has_pri = "vllm_priority" in header
+    has_slo = "slo_target_us" in header
+    pos: dict[str, int] = {}
+    i = 0
+    for name in BASE_COLUMNS:
+        pos[name] = i
+        i += 1
+        if name == "slo_class" and has_pri:
+            pos["vllm_priority"] = i
+            i += 1
+        if name == "deadline_us" and has_slo:
+            pos["slo_target_us"] = i
+            i += 1
+    for name in REFERENCE_TRAILING + OUR_TRAILING:
+        if name in header:
+            pos[name] = header.index(name)
+    return pos
+
+
+def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
+    if col in _INTS:
+        v = _go.parse_int(raw)
+        if v is None:
+            why = "value out of range" if _go.looks_int(raw) else "invalid syntax"
+            raise FormatError(f"parsing {col} {go_quote(raw)}: {why}", file=file, line=line, field=col)
+        if v < 0 and (col in _NONNEG or col in _SUFFIX):
+            raise FormatError(f"parsing {col}: negative value {v} not allowed{_SUFFIX.get(col, '')}",
+                              file=file, line=line, field=col)
+        if col == "cached_tokens" and v < -1:
+            raise FormatError(f"parsing {col}: {v} is not a token count (-1 = not reported)",
+                              file=file, line=line, field=col)
+        return v
+    if col in _BOOLS:
+        b = _go.parse_bool(raw)
+        if b is None:
+            raise FormatError(f"parsing {col} {go_quote(raw)}: invalid syntax (expected true or false)",
+                              file=file, line=line, field=col)
+        return b
+    if col == "reason_ratio":
+        f = _go.parse_float(raw)
+        if f is None:
+            raise FormatError(f"parsing reason_ratio {go_quote(raw)}: invalid syntax", file=file, line=line,
+                              field=col)
+        if math.isnan(f) or not 0.0 <= f <= 1.0:
+            raise FormatError(f"parsing reason_ratio {go_quote(raw)}: must be in range [0.0, 1.0], got {f:g}",
+                              file=file, line=line, field=col)
+        return f
+    return raw
+
+
+def read_trace_data(path: str | Path) -> list[TraceRecord]:
+    """Read a TraceV2 data CSV with the reference's positional rules (blis-pipeline.md §1.4)."""
+    p = Path(path)
+    file = str(p)
+    rows = csv_rows(p)
+    try:
+        _, header = next(rows)
+    except StopIteration:
+        raise FormatError("reading CSV header: EOF (the file has no header row)", file=file, line=1) from None
+    pos = _column_positions(header)
+    min_cols = len(BASE_COLUMNS) + ("vllm_priority" in pos) + ("slo_target_us" in pos)
+    parse_row = _row_parser(pos, min_cols, file)
+    out: list[TraceRecord] = []
+    for line, row in rows:
+        n = len(row)
+        if n < min_cols:
+            raise FormatError(f"CSV row has {n} columns, expected at least {min_cols}", file=file, line=line)
+        values = parse_row(row, n, line)
+        d, a = values["deadline_us"], values["arrival_time_us"]
+        if d > 0 and a > 0 and d < a:
+            raise FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} (corrupt trace?)",
+                              file=file, line=line, field="deadline_us")
+        out.append(_fast_record(values))
+    return out
+
+
+def _row_parser(pos: dict[str, int], min_cols: int, file: str) -> Any:
+    """A row -> field-values function specialised to this header's column positions.
+
+    Generated source (like ``dataclasses`` and ``namedtuple`` do) so each cell is one inlined fast check —
+    plain ASCII digits, ``true``/``false``, ``0`` — with everything else (signs, errors, range checks, the
+    reference's messages) in :func:`_parse_cell`. A loop over a column plan cost twice as much per row.
+    """
+    body = ["def parse_row(row, n, line):", "    d = dict(DEFAULTS)"]
+    for col, i in sorted(pos.items(), key=lambda kv: kv[1]):
+        pad = "    "
+        if i >= min_cols:  # a trailing column a short row may lack: keep the default
+            body.append(f"    if n > {i}:")
+            pad = "        "
+        if col in _INTS:
+            body += [f"{pad}v = row[{i}]",
+                     f"{pad}d[{col!r}] = int(v) if v.isdigit() and v.isascii() and len(v) < 19 "
+                     f"else slow({col!r}, v, FILE, line)"]
+        elif col in _BOOLS:
+            body += [f"{pad}v = row[{i}]",
+                     f"{pad}d[{col!r}] = (v == 'true') if v in TF else slow({col!r}, v, FILE, line)"]
+        elif col == "reason_ratio":
+            body += [f"{pad}v = row[{i}]", f"{pad}d[{col!r}] = 0.0 if v == '0' else slow({col!r}, v, FILE, line)"]
+        else:
+            body.append(f"{pad}d[{col!r}] = row[{i}]")
+    body.append("    return d")
+    namespace: dict[str, Any] = {"DEFAULTS": _DEFAULTS, "slow": _parse_cell, "FILE": file,
+                                 "TF": frozenset({"true", "false"})}
+    exec("\n".join(body), namespace)  # noqa: S102 - source built above from fixed column names only
+    return namespace["parse_row"]
+
+
+_RECORD_FIELDS = frozenset(TraceRecord.model_fields)
+
+
+def _fast_record(values: dict[str, Any]) -> TraceRecord:
+    """``TraceRecord.model_construct(**values)`` without its per-field loop (values are already checked).
+
+    The reader's checks are the model's constraints (tests compare both on the same inputs), so skipping
+    pydantic here loses nothing but time: model_construct cost ~10x the whole parse of a row.
+    """
+    rec = TraceRecord.__new__(TraceRecord)
+    object.__setattr__(rec, "__dict__", values)
+    object.__setattr__(rec, "__pydantic_fields_set__", set(_RECORD_FIELDS))
+    object.__setattr__(rec, "__pydantic_extra__", None)
+    object.__setattr__(rec, "__pydantic_private__", None)
+    return rec
+
+
+def data_text(records: Sequence[TraceRecord], *, mode: str) -> str:
+    cols = columns_for(records, mode)
+    plan = [(c, _formatter(c)) for c in cols]
+    parts = [_go.csv_line(cols)]
+    for r in records:
+        v = r.__dict__
+        parts.append(",".join([fmt(v[c]) for c, fmt in plan]) + "\n")
+    return "".join(parts)
+
+
+def write_trace_data(records: Sequence[TraceRecord], path: str | Path, *, mode: str) -> None:
+    atomic_write(path, data_text(records, mode=mode))

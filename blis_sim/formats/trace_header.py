@@ -1,0 +1,256 @@
+"""The TraceV2 header YAML (blis-pipeline.md §1.1–§1.3) and our ``pytest_blis`` block.
+
+API::
+
+    header = read_trace_header("t.yaml")                       # -> TraceHeader
+    write_trace_header(header, "o.yaml", blis_compatible=False)
+    header_text(header, blis_compatible=False) -> str
+
+:class:`TraceHeader` has every key of the reference header in its order: ``trace_version, time_unit,
+created_at, mode, warm_up_requests, workload_seed, workload_spec, session_context_growth, server``
+(:class:`TraceServerConfig`), ``network`` (:class:`TraceNetworkConfig`), ``goodput_slo_targets``
+({class: :class:`SLOTargets`}), ``kv_offload`` (:class:`TraceKVOffloadConfig`, §1.2; convert with
+``blis_sim.formats.offload``), ``observed_kv_metrics`` (:class:`ObservedKVMetrics`, §1.3), then OUR block
+``pytest_blis`` (:class:`PytestBlisHeader`: tool/vLLM versions, KV geometry, per-definition ``kv_hit_rates``,
+per-tier I/O, scrape info, phases, partial flag, offload extensions, latency model). ``blis_compatible=True``
+leaves our block out so BLIS can read the file back.
+
+Reading is strict (unknown or duplicate keys, wrong types, out-of-range values → FormatError with file, line
+and field); writing lays the file out as yaml.v3 does (4-space indent, ``hit_rate: 0`` explicit, absent
+blocks absent), atomically.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from blis_sim.formats._io import atomic_write
+from blis_sim.formats._model import StrictModel, to_go
+from blis_sim.formats._strict import load_yaml, validate
+from blis_sim.formats._yamlout import dump
+from blis_sim.formats.hitrate import KVHitRate
+
+SOURCE_TIERED = "tiered"
+SOURCE_GPU_FALLBACK = "gpu-prefix-cache-fallback"
+
+
+class TraceServerConfig(StrictModel):
+    """``server:`` — observe writes type and model; the rest is schema the reference never fills."""
+
+    type: str = ""
+    model: str = ""
+    tensor_parallel: int = Field(default=0, ge=0)
+    max_num_seqs: int = Field(default=0, ge=0)
+    block_size: int = Field(default=0, ge=0)
+    gpu_memory_utilization: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_model_len: int = Field(default=0, ge=0)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset(
+        {"type", "model", "tensor_parallel", "max_num_seqs", "block_size", "gpu_memory_utilization",
+         "max_model_len"})
+
+
+class TraceNetworkConfig(StrictModel):
+    """``network:`` — observe always writes it (``network: {}`` when no RTT was measured)."""
+
+    measured_rtt_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"measured_rtt_ms"})
+
+
+class SLOTargets(StrictModel):
+    """One ``goodput_slo_targets`` class: targets in ms, 0 = not gated."""
+
+    ttft_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    itl_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    e2e_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"ttft_ms", "itl_ms", "e2e_ms"})
+
+
+class TraceTierConfig(StrictModel):
+    """One resolved secondary tier of the ``kv_offload`` header block (bandwidths bytes/µs, latency µs)."""
+
+    type: str = ""
+    root_dir: str = ""
+    n_read_threads: int = Field(default=0, ge=0)
+    n_write_threads: int = Field(default=0, ge=0)
+    locality: str = ""
+    enable_kv_events: bool = False
+    direct_io: bool = False
+    device_class: str = ""
+    read_bandwidth: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    write_bandwidth: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    base_latency: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    saturation_queue_depth: int = Field(default=0, ge=0)
+    single_transfer_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    latency_jitter_stddev: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"locality", "device_class"})
+
+
+class TraceKVOffloadConfig(StrictModel):
+    """``kv_offload:`` — the resolved offload config (§1.2); convert with ``blis_sim.formats.offload``."""
+
+    cpu_bytes_to_use: int = Field(default=0, ge=0)
+    per_block_bytes: int = Field(default=0, ge=0)
+    block_size: int = Field(default=0, ge=0)
+    blocks_per_chunk: int = Field(default=0, ge=0)
+    tokens_per_hash: int = Field(default=0, ge=0)
+    eviction_policy: str = ""
+    offload_prompt_only: bool = False
+    self_describing_kv_events: bool = False
+    secondary_tiers: list[TraceTierConfig] = Field(default_factory=list)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"secondary_tiers"})
+
+
+class ObservedKVMetrics(StrictModel):
+    """``observed_kv_metrics:`` — the real side's primary hit-rate (§1.3). ``hit_rate: 0`` is written."""
+
+    source: Literal["tiered", "gpu-prefix-cache-fallback"]
+    hit_rate: float = Field(ge=0.0, le=1.0)
+    block_hits: int = Field(default=0, ge=0)
+    block_queries: int = Field(default=0, ge=0)
+    read_time_total: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    write_time_total: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    vllm_commit: str = ""
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"read_time_total", "write_time_total", "vllm_commit"})
+
+    @model_validator(mode="after")
+    def _hits_within_queries(self) -> ObservedKVMetrics:
+        if self.block_hits > self.block_queries:
+            raise ValueError(f"block_hits ({self.block_hits}) exceed block_queries ({self.block_queries})")
+        return self
+
+
+# ----- our header block
+
+
+class KVGeometry(StrictModel):
+    """The server's KV geometry (``vllm:cache_config_info``): tokens per GPU block, GPU blocks."""
+
+    block_size: int | None = Field(default=None, ge=1)
+    num_gpu_blocks: int | None = Field(default=None, ge=1)
+
+
+class TierIO(StrictModel):
+    """Per-tier transfer counters over the window (vLLM's native units: bytes, seconds)."""
+
+    tier: str
+    read_bytes: int = Field(default=0, ge=0)
+    write_bytes: int = Field(default=0, ge=0)
+    read_time_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    write_time_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+
+class ScrapeInfo(StrictModel):
+    """How the counter window was taken (times are epoch µs)."""
+
+    metrics_url: str = ""
+    start_time_us: int = 0
+    end_time_us: int = 0
+    settle_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    families: list[str] = Field(default_factory=list)   # the metric families seen at the end of the window
+    warnings: list[str] = Field(default_factory=list)   # e.g. why a definition was omitted
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"metrics_url", "families", "warnings"})
+
+
+class PhaseInfo(StrictModel):
+    """One workload phase as dispatched (times are epoch µs; 0 = unknown)."""
+
+    name: str
+    warmup: bool = False
+    measured: bool = True      # inside the counter window
+    requests: int = Field(default=0, ge=0)
+    start_time_us: int = 0
+    end_time_us: int = 0
+
+
+class OffloadExtensions(StrictModel):
+    """Offload settings the reference's ``kv_offload`` block cannot hold (INV-13 for our additions)."""
+
+    store_threshold: int = Field(default=0, ge=0)
+    tier_max_bytes: list[int | None] = Field(default_factory=list)  # per secondary tier; None = unbounded
+
+    @field_validator("tier_max_bytes")
+    @classmethod
+    def _positive(cls, v: list[int | None]) -> list[int | None]:
+        for i, b in enumerate(v):
+            if b is not None and b <= 0:
+                raise ValueError(f"tier_max_bytes[{i}] must be > 0 or null, got {b}")
+        return v
+
+
+class LatencyModelInfo(StrictModel):
+    """The latency model a sim-generated trace was produced with (design D7)."""
+
+    name: str
+    coefficients: dict[str, float] = Field(default_factory=dict)
+    source: str = ""
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"source"})
+
+
+class PytestBlisHeader(StrictModel):
+    """``pytest_blis:`` — everything we add to the header; omitted with ``blis_compatible=True``."""
+
+    tool_version: str = ""
+    vllm_version: str = ""
+    server_url: str = ""
+    kv_geometry: KVGeometry | None = None
+    kv_hit_rates: list[KVHitRate] = Field(default_factory=list)
+    tier_io: list[TierIO] = Field(default_factory=list)
+    scrape: ScrapeInfo | None = None
+    phases: list[PhaseInfo] = Field(default_factory=list)
+    partial: bool = False
+    partial_reason: str = ""
+    offload: OffloadExtensions | None = None
+    latency_model: LatencyModelInfo | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset(
+        {"tool_version", "vllm_version", "server_url", "kv_hit_rates", "tier_io", "phases", "partial",
+         "partial_reason", "warnings"})
+
+
+class TraceHeader(StrictModel):
+    """The TraceV2 header (§1.1), keys in the reference's order, plus ``pytest_blis``."""
+
+    trace_version: int = 3
+    time_unit: str = "us"
+    created_at: str = ""
+    mode: Literal["real", "generated", "replayed"]
+    warm_up_requests: int = Field(default=0, ge=0)
+    workload_seed: int | None = None
+    workload_spec: str = ""
+    session_context_growth: Literal["", "accumulate"] = ""
+    server: TraceServerConfig | None = None
+    network: TraceNetworkConfig | None = None
+    goodput_slo_targets: dict[str, SLOTargets] = Field(default_factory=dict)
+    kv_offload: TraceKVOffloadConfig | None = None
+    observed_kv_metrics: ObservedKVMetrics | None = None
+    pytest_blis: PytestBlisHeader | None = None
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset(
+        {"created_at", "workload_spec", "session_context_growth", "goodput_slo_targets"})
+
+
+def read_trace_header(path: str | Path) -> TraceHeader:
+    """Read a TraceV2 header YAML strictly (unknown keys, duplicate keys, bad values → FormatError)."""
+    return validate(TraceHeader, load_yaml(path), plain_strings=True)
+
+
+def header_text(header: TraceHeader, *, blis_compatible: bool = False) -> str:
+    data = to_go(header)
+    if blis_compatible:
+        data.pop("pytest_blis", None)
+    return dump(data)
+
+
+def write_trace_header(header: TraceHeader, path: str | Path, *, blis_compatible: bool = False) -> None:
+    atomic_write(path, header_text(header, blis_compatible=blis_compatible))
