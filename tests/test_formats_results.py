@@ -111,3 +111,17 @@ def test_fast_float_path_equals_go_format(f: float) -> None:
 
     assert _float(f) == json_float(f)
     assert float(_float(f)) == f
+
+
+def test_model_fast_path_equals_the_general_rules() -> None:
+    from blis_sim.formats._model import to_go
+
+    metrics = load_metrics_output(BLIS / "simagg.json").model_copy(update={
+        "saturation": {"z": 1, "a": [1.5, {"y": None, "b": "x"}]}, "per_class": {"b": 1, "a": 2},
+        "kv_hit_rates": [KVHitRate(definition="by_source", tier="host", unit="tokens", hits=1, queries=2,
+                                   hit_rate=0.5)]})
+    assert go_json(metrics) == go_json(to_go(metrics))
+    result = SimResult(request_id=1, ttft_us=1, e2e_us=2, input_tokens=3, output_tokens=4,
+                       cached_tokens_by_source={"host": 1, "device": 2})
+    assert go_json(result) == go_json(to_go(result))
+    assert '"saturation": {\n    "a": [' in go_json(metrics)  # Go maps: sorted keys
