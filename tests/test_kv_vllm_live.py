@@ -1,0 +1,146 @@
+"""Differential test against a running real vLLM (design D4): the KV core predicts every request's
+``cached_tokens`` under heavy eviction, block for block.
+
+A random workload (shared prefixes, truncated prefixes, exact repeats, fresh prompts; several times
+the GPU cache, so LRU eviction, tail-first freeing and the front placement of partial blocks all
+decide the hits) is sent one request at a time (``max_tokens=1``) to the server and replayed
+through :class:`blis_sim.kv.KVCache` with the server's own geometry (``vllm:cache_config_info``).
+The prediction only depends on this test's requests: the free queue holds ``num_gpu_blocks − 1``
+blocks on an idle server whatever was cached before, and the prompts are fresh random token ids.
+
+Server: ``BLIS_VLLM_URL``, else the real-vLLM lane's server (``tools/vllm_cpu.py start``) when it is
+up. It is never started here; without one the test skips (fails with ``BLIS_REQUIRE_VLLM=1``).
+The lane's ``counters.lock`` keeps other tests' traffic out while it runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import os
+import random
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from blis_sim.kv import KVCache, KVConfig, hash_blocks
+
+pytestmark = pytest.mark.vllm
+LANE = Path(__file__).resolve().parent / "vllm" / "vllm_lane.py"
+
+
+def _lane() -> ModuleType:
+    if "vllm_lane" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("vllm_lane", LANE)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["vllm_lane"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["vllm_lane"]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _server_url() -> str:
+    if os.environ.get("BLIS_SKIP_VLLM") == "1":
+        pytest.skip("BLIS_SKIP_VLLM=1")
+    url = os.environ.get("BLIS_VLLM_URL", "").rstrip("/")
+    if not url and LANE.exists():
+        lane = _lane().lane
+        state = lane.ServerState.load(lane.cache_paths().state_file)
+        url = state.url if state is not None else ""
+    if url and _healthy(url):
+        return url
+    reason = "no healthy vLLM server (set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`)"
+    if os.environ.get("BLIS_REQUIRE_VLLM") == "1":
+        pytest.fail(f"BLIS_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def _exclusive() -> Iterator[None]:
+    """The lane's counters.lock: no other test sends requests meanwhile."""
+    lane = _lane()
+    lock = lane.lane.cache_paths().root / "counters.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+            time.sleep(lane.SETTLE_S)
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def workload(rng: random.Random, n_requests: int, unique: Any) -> list[list[int]]:
+    """Prompts with shared, truncated and repeated prefixes, and fresh ones."""
+    groups = [unique(rng, rng.randrange(600, 2200)) for _ in range(5)]
+    prompts: list[list[int]] = []
+    for _ in range(n_requests):
+        roll = rng.random()
+        if prompts and roll < 0.2:
+            prompts.append(list(rng.choice(prompts)))  # an exact repeat
+        elif roll < 0.8:
+            g = rng.choice(groups)
+            cut = len(g) if rng.random() < 0.5 else rng.randrange(20, len(g))
+            prompts.append(g[:cut] + unique(rng, rng.randrange(0, 300)))
+        else:
+            prompts.append(unique(rng, rng.randrange(5, 2500)))
+    return prompts
+
+
+def predict(prompts: list[list[int]], block_size: int, num_gpu_blocks: int) -> list[int]:
+    cache = KVCache(KVConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size))
+    hits = []
+    for rid, p in enumerate(prompts):
+        toks = np.array(p, dtype=np.int64)
+        cache.add_request(rid, hash_blocks(toks, block_size), len(p))
+        lk = cache.lookup(rid, float(rid))
+        assert cache.admit(rid, len(p) - lk.gpu_tokens, float(rid)) is not None
+        cache.free(rid)
+        hits.append(lk.gpu_tokens)
+    return hits
+
+
+def test_cached_tokens_match_a_real_vllm_under_eviction() -> None:
+    url = _server_url()
+    lane = _lane()
+    client = lane.client
+    snap = lane.run(lambda s: client.scrape(s, url))
+    info = snap.labels_of("vllm:cache_config_info")[0]
+    block_size, num_gpu_blocks = int(info["block_size"]), int(info["num_gpu_blocks"])
+    rng = random.Random(time.time_ns())  # fresh token ids: nothing of this run is cached yet
+    prompts = workload(rng, 60, client.unique_prompt)
+    total_blocks = sum(len(p) // block_size for p in prompts)
+    assert total_blocks > 2 * num_gpu_blocks, "the workload must cycle the whole cache"
+
+    async def send(session: Any) -> list[Any]:
+        return [await client.complete(session, url, p, 1) for p in prompts]
+
+    with _exclusive():
+        done = lane.run(send)
+    assert all(c.status == 200 and c.done for c in done), [c.raw_lines[-1:] for c in done]
+    observed = [c.cached_tokens for c in done]
+    assert None not in observed, "the server needs --enable-prompt-tokens-details"
+    predicted = predict(prompts, block_size, num_gpu_blocks)
+    mismatches = [(i, len(prompts[i]), o, p) for i, (o, p) in enumerate(zip(observed, predicted))
+                  if o != p]
+    assert not mismatches, f"(request, prompt length, vLLM, predicted): {mismatches}"
+    # The test has teeth: eviction changed hits (an unbounded cache would predict more).
+    unbounded = predict(prompts, block_size, 10 * total_blocks)
+    assert sum(observed) > 0 and unbounded != observed
+    print(f"{len(prompts)} requests, {total_blocks} blocks, hits {sum(observed)} "
+          f"(unbounded cache: {sum(unbounded)})")
