@@ -18,6 +18,9 @@ API::
 - ``kv_bytes_per_token`` (per TP rank), ``bytes_per_chunk`` = ``int(kv_bytes_per_token × block_size)`` (the
   header's ``per_block_bytes``), ``cpu_bytes_to_use``, ``cpu_capacity_chunks`` = ``cpu_bytes_to_use //
   bytes_per_chunk`` (vLLM 0.33 sizes the CPU tier in chunks; its alignment round-up is not modelled).
+  Caveat for TP > 1: vLLM divides ``cpu_bytes_to_use`` by the chunk size of *all* ranks (× world size), the
+  reference by one rank's; both agree at TP = 1, the calibration setup. Pass ``kv_bytes_per_token × TP``
+  to get vLLM's capacity.
 - ``eviction_policy`` (``lru`` | ``arc``), ``offload_prompt_only`` (default true), ``store_threshold``
   (0 = off; values 0 and 1 are both "off" and resolve to 0; ≥2 = a chunk must be offered that many times before
   it is stored, only without secondary tiers, as vLLM's ``CPUOffloadingSpec``), ``self_describing_kv_events``.
