@@ -143,6 +143,7 @@ async def measure(url: str, seed: int, fills: tuple[int, ...]) -> dict[str, Any]
         snap = await client.scrape(session, url)
         config = snap.labels_of("vllm:cache_config_info")[0]
         await client.complete(session, url, client.unique_prompt(rng, 16), 2)  # warm the path once
+        await asyncio.sleep(SETTLE_S)  # ... and keep it out of the first counter window
         sequences = await counter_sequences(session, url, rng)
         curve = await eviction_curve(session, url, rng, int(config["num_gpu_blocks"]), fills)
         timings = [await timing(session, url, rng, 1, 40), await timing(session, url, rng, 4, 80)]

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from vllm_lane import VllmServer, client, lane, run
+from vllm_lane import SETTLE_S, VllmServer, client, lane, run
 
 
 def _required() -> bool:
@@ -106,13 +106,19 @@ def vllm_server() -> Iterator[VllmServer]:
 
 @pytest.fixture()
 def kv_window(vllm_server: VllmServer) -> Iterator[VllmServer]:
-    """Exclusive use of the server for one test, so that its counter deltas hold only its own requests."""
+    """Exclusive use of the server for one test, so that counter deltas hold only the measuring test's requests.
+
+    Every test that sends generation requests takes it (not only the counter tests), and keeps it until the
+    engine has published the stats of its last request (``SETTLE_S``), so that nothing it sent can land in
+    the next test's window.
+    """
     lock = lane.cache_paths().root / "counters.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield vllm_server
+            time.sleep(SETTLE_S)
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 

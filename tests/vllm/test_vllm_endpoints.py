@@ -41,7 +41,8 @@ def test_counters_carry_engine_and_model_labels_and_no_legacy_names(vllm_server:
     assert not [f for f in snap.families if f.startswith("vllm:kv_offload")]  # no offloading on CPU
 
 
-def test_tokenize_counts_what_a_completion_reports_as_prompt_tokens(vllm_server: VllmServer) -> None:
+def test_tokenize_counts_what_a_completion_reports_as_prompt_tokens(kv_window: VllmServer) -> None:
+    vllm_server = kv_window
     text = "def calibrate(trace, simulator):\n    return simulator.replay(trace)\n"
 
     async def both(session: Any) -> Any:
@@ -59,12 +60,13 @@ def test_tokenize_counts_what_a_completion_reports_as_prompt_tokens(vllm_server:
     assert done.usage["prompt_tokens"] == tokenized["count"]
 
 
-def test_stream_framing_with_include_usage(vllm_server: VllmServer, rng: random.Random) -> None:
+def test_stream_framing_with_include_usage(kv_window: VllmServer, rng: random.Random) -> None:
+    vllm_server = kv_window
     prompt = client.unique_prompt(rng, 40)
     done = run(lambda s: client.complete(s, vllm_server.url, prompt, 6, ignore_eos=True))
     assert done.status == 200
     # Events: "data: <json>" lines, each followed by one blank line; the stream ends with "data: [DONE]".
-    lines = [line for line in done.raw_lines]
+    lines = done.raw_lines
     events = lines[0::2]
     assert all(line == "" for line in lines[1::2])
     assert all(e.startswith("data: ") for e in events)
@@ -86,7 +88,9 @@ def test_stream_framing_with_include_usage(vllm_server: VllmServer, rng: random.
     assert done.first_byte <= done.first_token <= done.end
 
 
-def test_stream_without_include_usage_has_no_usage_chunk(vllm_server: VllmServer, rng: random.Random) -> None:
+def test_stream_without_include_usage_has_no_usage_chunk(kv_window: VllmServer,
+                                                         rng: random.Random) -> None:
+    vllm_server = kv_window
     prompt = client.unique_prompt(rng, 40)
     done = run(lambda s: client.complete(s, vllm_server.url, prompt, 3, ignore_eos=True, stream_options=None))
     assert done.status == 200 and done.done

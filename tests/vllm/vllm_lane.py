@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 T = TypeVar("T")
+SETTLE_S = 1.2  # > the engine's stats interval (0.1-1 s): a scrape after it holds every finished request
 
 
 def _load(name: str) -> ModuleType:
@@ -53,7 +54,7 @@ def run(fn: Callable[[Any], Awaitable[T]]) -> T:
 
 
 async def window(session: Any, url: str, requests: Callable[[], Awaitable[T]],
-                 settle: float = 1.2) -> tuple[T, dict[str, int]]:
+                 settle: float = SETTLE_S) -> tuple[T, dict[str, int]]:
     """Scrape, run ``requests()``, wait for the engine's next stats publication, scrape: (result, KV deltas)."""
     before = await client.scrape(session, url)
     result = await requests()
