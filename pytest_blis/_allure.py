@@ -42,12 +42,17 @@ def attach_text(config: pytest.Config, text: str, name: str) -> None:
         allure.attach(text, name=name, attachment_type=allure.attachment_type.TEXT)
 
 
-def describe(config: pytest.Config, *, title: str, scenario: str, parameters: dict[str, Any],
-             volatile: dict[str, Any]) -> None:
+def describe(config: pytest.Config, *, title: str, file: str, scenario: str, description: str,
+             parameters: dict[str, Any], volatile: dict[str, Any]) -> None:
+    """Dynamic title, feature (the file), story and label (the scenario), description, parameters."""
     if not active(config):
         return
     allure.dynamic.title(title)
+    allure.dynamic.feature(file)
+    allure.dynamic.story(scenario)
     allure.dynamic.label("scenario", scenario)
+    if description:
+        allure.dynamic.description(description)
     for k, v in parameters.items():
         allure.dynamic.parameter(k, str(v))
     for k, v in volatile.items():  # kept out of the history id, so Allure trends keep working

@@ -123,18 +123,48 @@ def summarize(nodeid: str, path: str, report: CalibrationReport, note: str = "")
     return cell
 
 
+def ttft_pairs(trace: Trace, sim_results: list[Any]) -> tuple[list[float], list[float]]:
+    """Real and simulated TTFT (µs) of the requests both sides completed, as calibrate pairs them
+    (real: first chunk − send, client side)."""
+    sim = {r.request_id: r.ttft_us for r in sim_results}
+    real_out, sim_out = [], []
+    for rec in trace.records:
+        if rec.status == "ok" and rec.first_chunk_time_us > rec.send_time_us > 0 and rec.request_id in sim:
+            real_out.append(float(rec.first_chunk_time_us - rec.send_time_us))
+            sim_out.append(float(sim[rec.request_id]))
+    return real_out, sim_out
+
+
+def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
+                report: CalibrationReport) -> None:
+    """The cell's two plots as SVG files beside its other artifacts."""
+    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg
+
+    real, sim = ttft_pairs(trace, sim_results)
+    mape = f", MAPE {report.ttft_tolerance.mape * 100:.1f}%" if report.ttft_tolerance is not None else ""
+    ctx.paths.ttft_plot.write_text(ttft_cdf_svg(real, sim, f"{point.scenario_name} / {point.name}: TTFT{mape}"))
+    rows = [(e.definition + (f"/{e.tier}" if e.tier else ""), e.real_hit_rate, e.sim_hit_rate)
+            for e in report.kv_hit_rates or []]
+    if report.hit_rate is not None and not rows:
+        rows = [(f"hit_rate[{report.hit_rate.source}]", report.hit_rate.real_hit_rate, report.hit_rate.sim_hit_rate)]
+    ctx.paths.hit_rate_plot.write_text(hit_rates_svg(rows, f"{point.scenario_name} / {point.name}: KV hit-rates"))
+
+
 def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: Any) -> CalibrationReport:
     point, target, opts = ctx.point, ctx.target, ctx.options
     spec = point.spec
     item = request.node
     cid = cell_id(point)
+    _allure.describe(request.config, title=f"{point.scenario_name} / {point.name}", file=Path(point.file).name,
+                     scenario=point.scenario_name, description=spec.description,
+                     parameters={**point.values, "path": spec.expect.path},
+                     volatile={"server": target.url, "seed": spec.seed})
     reason = unable_reason(ctx)
     if reason:
         skipped = CellSummary(nodeid=cid, outcome="", path=spec.expect.path, note=f"skipped: {reason}")
         item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(skipped))))
-        pytest.skip(reason)
-    _allure.describe(request.config, title=f"{point.scenario_name} / {point.name}", scenario=point.scenario_name,
-                     parameters=dict(point.values), volatile={"server": target.url})
+        # Reported at the scenario's line in the YAML file, as a skip mark would be.
+        raise pytest.skip.Exception(reason, _use_item_location=True)
     plan = build_plan(spec, cell_id=cid, capacity=target.capacity(), base_dir=Path(point.file).parent)
     window = measured_phase_names(spec, plan)
     obs_opts = ObserveOptions(
@@ -153,26 +183,33 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         ttft_mape_threshold=opts.ttft_mape_threshold if thr is None else thr)
     with _allure.step("calibrate"):
         report = calibrate_step(trace, sim_results, sim_metrics, cal_opts, ctx.paths)
+    write_plots(ctx, point, trace, sim_results, report)
     for path, name in ((ctx.paths.trace_header, "trace header"), (ctx.paths.trace_data, "trace data"),
                        (ctx.paths.sim_results, "sim results"), (ctx.paths.sim_metrics, "sim metrics"),
-                       (ctx.paths.report, "calibration report")):
+                       (ctx.paths.report, "calibration report"), (ctx.paths.ttft_plot, "TTFT CDF, real vs sim"),
+                       (ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim")):
         _allure.attach_file(request.config, path, name)
 
     rows: list[VerdictRow] = [r for r in report.verdicts() if spec.expect.check_ttft or r.unit != "mape"]
     problem = path_problem(spec.expect.path, trace)
     notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
+    summary.ttft_checked = spec.expect.check_ttft
     item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
     if report.hit_rate is not None:
         item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))
     if report.ttft_tolerance is not None:
         item.user_properties.append(("ttft_mape", report.ttft_tolerance.mape))
-    if problem:
-        raise CellFailure(f"{cid}: {problem}", rows, notes)
+    failure: CellFailure | None = None
     failed = [r for r in rows if not r.within]
-    if failed:
-        raise CellFailure(f"{cid}: {len(failed)} verdict(s) out of tolerance", rows, notes)
-    if report.hit_rate is None:
-        raise CellFailure(f"{cid}: no hit-rate comparison (the server's counters were not scraped)", rows,
-                          notes + [f"warning: {w}" for w in report.notes or []])
+    if problem:
+        failure = CellFailure(f"{cid}: {problem}", rows, notes)
+    elif failed:
+        failure = CellFailure(f"{cid}: {len(failed)} verdict(s) out of tolerance", rows, notes)
+    elif report.hit_rate is None:
+        failure = CellFailure(f"{cid}: no hit-rate comparison (the server's counters were not scraped)", rows,
+                              notes + [f"warning: {w}" for w in report.notes or []])
+    if failure is not None:
+        _allure.attach_text(request.config, str(failure), "calibration failure")
+        raise failure
     return report

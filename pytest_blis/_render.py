@@ -12,8 +12,11 @@ from typing import Any
 
 
 @dataclass
-class CellFailure(Exception):
-    """Raised by a calibration item whose verdicts failed, or whose cache path was not elicited."""
+class CellFailure(AssertionError):
+    """Raised by a calibration item whose verdicts failed, or whose cache path was not elicited.
+
+    An ``AssertionError``, so reporters that tell failures from errors (Allure: failed vs broken,
+    JUnit: failure vs error) file it as a failed check, not a crash."""
 
     title: str
     rows: Sequence[Any] = field(default_factory=list)  # blis_sim.calibrate.VerdictRow

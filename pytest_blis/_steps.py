@@ -7,6 +7,7 @@ cell's directory, so a failing cell leaves everything needed to reproduce it wit
     <artifacts>/<cell>/trace.yaml, trace.csv      observe
     <artifacts>/<cell>/sim.json, simagg.json      replay
     <artifacts>/<cell>/calibration.json           calibrate
+    <artifacts>/<cell>/ttft-cdf.svg, hit-rates.svg   plots (also attached to Allure)
 """
 from __future__ import annotations
 
@@ -45,6 +46,14 @@ class CellPaths:
     @property
     def report(self) -> Path:
         return self.root / "calibration.json"
+
+    @property
+    def ttft_plot(self) -> Path:
+        return self.root / "ttft-cdf.svg"
+
+    @property
+    def hit_rate_plot(self) -> Path:
+        return self.root / "hit-rates.svg"
 
 
 def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: CellPaths) -> ObserveResult:
