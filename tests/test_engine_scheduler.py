@@ -163,3 +163,20 @@ def test_both_loops_agree_on_random_workloads() -> None:
                      "status", "itl_values", "itl_weights", "step_dur", "step_features"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=f"{trial}:{name}")
         assert a.steps == b.steps and a.preemption_count == b.preemption_count
+
+
+class _NoRoomForThePromotion(CountingPort):
+    """The lookup saw the tiers, but the admission loaded nothing (no room in the CPU tier)."""
+
+    def admit(self, i: int, num_new_tokens: int, now: float):
+        self.calls.append(("admit", i, num_new_tokens, now))
+        if not self._fit(i, num_new_tokens + self.external_hits.get(i, 0)):
+            return None
+        return (0, now)
+
+
+def test_an_admission_that_loads_nothing_computes_the_prompt_once(loop) -> None:
+    port = _NoRoomForThePromotion(num_blocks=100, external_hits={0: 64})
+    r, port = sim(loop, [0], [100], [1], port=port)
+    assert r.step_features[:, 1].tolist() == [100.0] and r.ttft_us[0] == 1100.0
+    assert [c for c in port.calls if c[0] == "admit"] == [("admit", 0, 0, 0.0)]

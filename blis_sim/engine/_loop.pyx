@@ -57,6 +57,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef double[::1] load_done = np.zeros(n)
     cdef long[::1] sched_n = np.zeros(n, dtype=np.int64)
     cdef long[::1] kv_end = np.zeros(n, dtype=np.int64)
+    cdef signed char[::1] in_kv = np.zeros(n, dtype=np.int8)
     cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
     cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
     cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
@@ -147,6 +148,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     status[victim] = WAITING
                     computed[victim] = 0
                     kv_end[victim] = 0
+                    in_kv[victim] = 0
                     preempts[victim] += 1
                     preemption_count += 1
                     waiting.push_front(victim)
@@ -171,7 +173,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     waiting.pop_front()
                     continue
                 total = plen[i] + num_out[i]
-                if computed[i] == 0:
+                if not in_kv[i]:
                     lk = port.lookup(i, t)
                     local = lk[0]
                     external = lk[1]
@@ -180,6 +182,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         if res is None:
                             break
                         waiting.pop_front()
+                        in_kv[i] = 1
                         computed[i] = res[0]
                         kv_end[i] = computed[i]
                         done = res[len(res) - 1]
@@ -199,6 +202,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     res = port.admit(i, k, t)
                     if res is None:
                         break
+                    in_kv[i] = 1
                     computed[i] = res[0]
                     kv_end[i] = computed[i] + k
                 else:

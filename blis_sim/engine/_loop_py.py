@@ -55,6 +55,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     load_done = np.zeros(n)
     sched_n = np.zeros(n, dtype=np.int64)
     kv_end = np.zeros(n, dtype=np.int64)  # tokens the KV cache has been told about
+    in_kv = np.zeros(n, dtype=bool)  # admitted to the KV cache (blocks held) and not preempted since
     w = weights.astype(np.float64)
     wc0, wc1, wc2, wc3, wc4, wc5 = (float(x) for x in w[0])
     wm0, wm1, wm2, wm3, wm4, wm5 = (float(x) for x in w[1])
@@ -130,6 +131,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     status[victim] = WAITING
                     computed[victim] = 0
                     kv_end[victim] = 0
+                    in_kv[victim] = False
                     preempts[victim] += 1
                     preemption_count += 1
                     waiting.appendleft(victim)
@@ -153,7 +155,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     skipped.append(waiting.popleft())
                     continue
                 total = plen[i] + num_out[i]
-                if computed[i] == 0:  # new, or preempted: look it up (GPU, then offload tiers)
+                if not in_kv[i]:  # new, or preempted: look it up (GPU, then offload tiers)
                     lk = port.lookup(i, t)
                     local = int(lk[0])
                     external = int(lk[1])
@@ -162,6 +164,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                         if res is None:
                             break
                         waiting.popleft()
+                        in_kv[i] = True
                         computed[i] = int(res[0])
                         kv_end[i] = computed[i]
                         done = float(res[-1])
@@ -181,9 +184,10 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     res = port.admit(i, int(k), t)
                     if res is None:
                         break
+                    in_kv[i] = True
                     computed[i] = int(res[0])
                     kv_end[i] = computed[i] + k
-                else:  # its load has finished: the loaded tokens count as computed
+                else:  # admitted with a load that has finished: loaded tokens count as computed
                     k = total - computed[i]
                     if 0 < long_prefill_token_threshold < k:
                         k = long_prefill_token_threshold
