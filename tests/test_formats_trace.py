@@ -221,7 +221,8 @@ def _records(draw: st.DrawFn) -> TraceRecord:
 def test_data_round_trip_is_lossless(tmp_path: Path, records: list[TraceRecord], mode: str) -> None:
     path = tmp_path / "t.csv"
     path.write_text(data_text(records, mode=mode), newline="")
-    assert read_trace_data(path) == records
+    expected = records if mode == "real" else [r.model_copy(update={"x_request_id": ""}) for r in records]
+    assert read_trace_data(path) == expected
 
 
 def test_files_are_replaced_atomically(tmp_path: Path) -> None:
@@ -306,3 +307,24 @@ def test_header_round_trip_with_arbitrary_strings_and_floats(tmp_path: Path, tex
     path = tmp_path / "h.yaml"
     path.write_text(header_text(header), encoding="utf-8")
     assert read_trace_header(path) == header
+
+
+def test_reference_read_rules_for_trailing_columns(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    row = ["0"] * 27
+    row[8], row[24], row[25], row[26] = "false", "ok", "  HTTP 500: x \t", " stop "
+    path.write_text(",".join(BASE) + ",x_request_id,adapter,think_time_us\n" + ",".join(row) + ", id-1 , lora , \n")
+    rec = read_trace_data(path)[0]
+    # strings.TrimSpace on error_message, finish_reason, x_request_id, adapter; an empty think time is 0
+    assert (rec.error_message, rec.finish_reason, rec.x_request_id, rec.adapter, rec.think_time_us) == (
+        "HTTP 500: x", "stop", "id-1", "lora", 0)
+    # every optional column the header declares counts towards the minimum row length
+    path.write_text(",".join(BASE) + ",x_request_id\n" + ",".join(row) + "\n")
+    with pytest.raises(FormatError, match="CSV row has 27 columns, expected at least 28"):
+        read_trace_data(path)
+
+
+def test_model_trims_like_the_reader_and_x_request_id_needs_mode_real() -> None:
+    rec = TraceRecord(request_id=1, error_message=" boom\n", x_request_id="id")
+    assert rec.error_message == "boom"
+    assert "x_request_id" in columns_for([rec], "real") and "x_request_id" not in columns_for([rec], "replayed")

@@ -138,6 +138,16 @@ def parse_float(s: str) -> float | None:
     return _SPECIAL_FLOATS.get(s.lower())
 
 
+# unicode.IsSpace: what Go's strings.TrimSpace strips (Python's str.strip() also strips \x1c-\x1f).
+GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" \
+           "\u2028\u2029\u202f\u205f\u3000"
+
+
+def trim_space(s: str) -> str:
+    """``strings.TrimSpace``."""
+    return s.strip(GO_SPACE)
+
+
 def format_bool(b: bool) -> str:
     return "true" if b else "false"
 

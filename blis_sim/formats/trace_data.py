@@ -25,12 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._io import atomic_write, csv_rows, go_quote
 from blis_sim.formats._model import StrictModel
+
+
+_TRIMMED = ("error_message", "finish_reason", "x_request_id", "adapter")
 
 
 class TraceRecord(StrictModel):
@@ -75,6 +78,12 @@ class TraceRecord(StrictModel):
     cached_tokens: int = Field(default=-1, ge=-1)
     first_byte_time_us: int = 0
     first_content_time_us: int = 0
+
+    @field_validator(*_TRIMMED)
+    @classmethod
+    def _trimmed(cls, v: str) -> str:
+        # The reference trims these on read (strings.TrimSpace): storing them trimmed keeps a round trip exact.
+        return _go.trim_space(v)
 
     @model_validator(mode="after")
     def _deadline_after_arrival(self) -> TraceRecord:
@@ -128,9 +137,9 @@ def columns_for(records: Sequence[TraceRecord], mode: str) -> list[str]:
     if any(r.slo_target_us > 0 for r in records):
         cols.append("slo_target_us")
     cols += BASE_COLUMNS[18:]
-    # x_request_id: the reference writes it in mode "real" only; we write it whenever a record has one, so a
-    # round trip never drops data (only observe sets it, so the two rules agree on every real file).
-    if any(r.x_request_id for r in records):
+    # x_request_id: only in mode "real", as the reference (a replay re-export must not carry the real run's
+    # request ids, which no longer match any server-side decision).
+    if mode == "real" and any(r.x_request_id for r in records):
         cols.append("x_request_id")
     if any(r.adapter for r in records):
         cols.append("adapter")
@@ -216,7 +225,8 @@ def read_trace_data(path: str | Path) -> list[TraceRecord]:
     except StopIteration:
         raise FormatError("reading CSV header: EOF (the file has no header row)", file=file, line=1) from None
     pos = _column_positions(header)
-    min_cols = len(BASE_COLUMNS) + ("vllm_priority" in pos) + ("slo_target_us" in pos)
+    # As the reference: every optional column the header declares counts (ours too), trailing ones included.
+    min_cols = len(pos)
     parse_row = _row_parser(pos, min_cols, file)
     out: list[TraceRecord] = []
     for line, row in rows:
@@ -242,10 +252,15 @@ def _row_parser(pos: dict[str, int], min_cols: int, file: str) -> Any:
     body = ["def parse_row(row, n, line):", "    d = dict(DEFAULTS)"]
     for col, i in sorted(pos.items(), key=lambda kv: kv[1]):
         pad = "    "
-        if i >= min_cols:  # a trailing column a short row may lack: keep the default
+        if i >= min_cols:  # placed after unknown extra columns: a row may still lack it (keep the default)
             body.append(f"    if n > {i}:")
             pad = "        "
-        if col in _INTS:
+        if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
+            body += [f"{pad}v = TRIM(row[{i}])",
+                     f"{pad}d[{col!r}] = slow({col!r}, v, FILE, line) if v else 0"]
+        elif col in _TRIMMED:
+            body.append(f"{pad}d[{col!r}] = TRIM(row[{i}])")
+        elif col in _INTS:
             body += [f"{pad}v = row[{i}]",
                      f"{pad}d[{col!r}] = int(v) if v.isdigit() and v.isascii() and len(v) < 19 "
                      f"else slow({col!r}, v, FILE, line)"]
@@ -257,7 +272,7 @@ def _row_parser(pos: dict[str, int], min_cols: int, file: str) -> Any:
         else:
             body.append(f"{pad}d[{col!r}] = row[{i}]")
     body.append("    return d")
-    namespace: dict[str, Any] = {"DEFAULTS": _DEFAULTS, "slow": _parse_cell, "FILE": file,
+    namespace: dict[str, Any] = {"DEFAULTS": _DEFAULTS, "slow": _parse_cell, "FILE": file, "TRIM": _go.trim_space,
                                  "TF": frozenset({"true", "false"})}
     exec("\n".join(body), namespace)  # noqa: S102 - source built above from fixed column names only
     return namespace["parse_row"]
