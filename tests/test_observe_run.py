@@ -27,6 +27,7 @@ from aiohttp import web
 from blis_sim.cli import main as blis_main
 from blis_sim.formats.trace import load_trace
 from blis_sim.formats.workload import parse_workload_spec
+from blis_sim.observe.capture import percentile as capture_percentile
 from blis_sim.observe.run import ObserveOptions, observe, write_result
 
 BLOCK = 4
@@ -43,6 +44,7 @@ class FakeVllm:
     api_key: str = ""  # when set, every route answers 401 without "Authorization: Bearer <key>"
     unauthorized: list[str] = field(default_factory=list)
     closing: bool = False
+    early_stop: bool = False  # one token, finish_reason "stop", whatever min_tokens says
     queries: int = 0
     hits: int = 0
     created: float = 1795972159.0
@@ -105,7 +107,7 @@ class FakeVllm:
         self.requests.append(body)
         toks = self.tokens(body["prompt"])
         cached = self.admit(toks)
-        n_out = body.get("max_tokens", 16)
+        n_out = 1 if self.early_stop else body.get("max_tokens", 16)
         usage = {"prompt_tokens": len(toks), "completion_tokens": n_out,
                  "prompt_tokens_details": {"cached_tokens": cached}}
         if not body.get("stream"):
@@ -116,7 +118,8 @@ class FakeVllm:
         while time.monotonic() < until and not self.closing:  # short steps: teardown must not wait
             await asyncio.sleep(0.02)
         for i in range(n_out):
-            chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n_out - 1 else None}]}
+            finish = ("stop" if self.early_stop else "length") if i == n_out - 1 else None
+            chunk = {"choices": [{"index": 0, "text": " tok", "finish_reason": finish}]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -514,3 +517,15 @@ def test_bad_window_phases_fail_before_any_request(fake: tuple[FakeVllm, str]) -
     with pytest.raises(UsageError, match="unknown phases \\['nope'\\]"):
         observe(url, parse_workload_spec(PHASES), _opts(window_phases=("nope",)))
     assert server.requests == []
+
+
+def test_early_stops_and_late_sends_are_reported(fake: tuple[FakeVllm, str]) -> None:
+    server, url = fake
+    server.early_stop = True
+    server.delay_s = 0.02
+    spec = SPEC.replace("num_requests: 4", "num_requests: 24")  # 200 req/s, one at a time: sends fall behind
+    result = observe(url, parse_workload_spec(spec), _opts(scrape_kv_metrics=False))
+    assert all(r.status == "ok" and r.output_tokens == 1 and r.finish_reason == "stop" for r in result.trace.records)
+    assert any(w.startswith("24 requests stopped before min_tokens") for w in result.warnings), result.warnings
+    assert any(w.startswith("sends were late against the schedule") for w in result.warnings), result.warnings
+    assert capture_percentile(result.lateness_ms, 99) > 10

@@ -56,6 +56,7 @@ PREWARM_WORKERS = 4
 WARM_CONNECTIONS = 64  # keep-alive connections opened before dispatch (at most --max-concurrency)
 PREWARM_PROMPT = "warm " * 256
 DRIFT_WARN_FRACTION = 0.02
+LATENESS_WARN_MS = 10.0  # p99 send lateness above this is reported
 FIRST_CONTENT_GAP_US = 1000  # first chunk vs first content: more than this is worth a warning  # warn when prompts are on average more than 2 % off on the server
 
 
@@ -374,6 +375,27 @@ class _Run:
                       "their first generated text (first_chunk_time_us < first_content_time_us): TTFT from the "
                       "first chunk understates the real one for them")
 
+    def _check_finish_reasons(self, rows: list[TraceRecord]) -> None:
+        """The reference's per-request warnings, counted once: aborts, and outputs shorter than asked."""
+        aborted = [r.request_id for r in rows if r.finish_reason == "abort"]
+        if aborted:
+            self.warn(f"{len(aborted)} requests finished with finish_reason=abort (ids {aborted[:5]}...)")
+        asked = {rec.request_id: rec.wire.min_tokens for rec in self.completed}  # the CSV lacks it
+        early = [r.request_id for r in rows if r.status == "ok" and r.finish_reason == "stop"
+                 and 0 < r.output_tokens < asked.get(r.request_id, 0)]
+        if early:
+            self.warn(f"{len(early)} requests stopped before min_tokens (the server may not support min_tokens; "
+                      f"ids {early[:5]}...)")
+
+    def _check_lateness(self, records: list[RequestRecord]) -> None:
+        """Sends later than the schedule change the arrival process the simulator replays; say so."""
+        late = capture.lateness_ms(records)
+        if len(late) >= 20:
+            p99 = capture.percentile(late, 99)
+            if p99 > LATENESS_WARN_MS:
+                self.warn(f"sends were late against the schedule: p50 {capture.percentile(late, 50):.1f} ms, p99 "
+                          f"{p99:.1f} ms (waiting for a --max-concurrency slot counts; a busy client machine too)")
+
     def _compare_server_ttft(self, rows: list[TraceRecord]) -> None:
         """Log client vs server-side TTFT over the window (vllm-cpu.md: they differ under load)."""
         window = self.window.result if self.window is not None else None
@@ -399,6 +421,8 @@ class _Run:
                                                                    and drift.mismatched)):
             self.warn(drift.message())
         self._check_first_chunks(rows)
+        self._check_finish_reasons(rows)
+        self._check_lateness(self.completed)
         self._compare_server_ttft(rows)
         interrupted = self.stop.is_set()
         window = self.window.result if self.window is not None else None
