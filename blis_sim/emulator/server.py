@@ -415,21 +415,9 @@ class Handlers:
                       chat: bool, headers: dict[str, str], cut: bool, delay: float
                       ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8"})
-        created = int(time.time())
-        if chat:
-            head = (f'data: {{"id":"{req.rid}","object":"chat.completion.chunk","created":{created},'
-                    f'"model":{_dumps(self.model)},"choices":[{{"index":0,"delta":{{')
-            role = (head + '"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
-            mid = '},"logprobs":null,"finish_reason":null}]}\n\n'
-            obj = "chat.completion.chunk"
-        else:
-            head = (f'data: {{"id":"{req.rid}","object":"text_completion","created":{created},'
-                    f'"model":{_dumps(self.model)},"choices":[{{"index":0,"text":')
-            role = ""
-            mid = ',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
-            obj = "text_completion"
+        fmt = _SseFormat(req.rid, self.model, chat)
+        cut_after = self.faults.stream_cut_after_tokens if cut else None
         sent = 0
-        decode = self.tok.decode
         try:
             await resp.prepare(request)
             while True:
@@ -438,58 +426,20 @@ class Handlers:
                     continue
                 if sent == 0 and delay:
                     await asyncio.sleep(delay)
-                outs = req.tokens[req.prompt_len + sent:req.prompt_len + req.num_output]
                 done = req.state == FINISHED
-                parts: list[str] = []
-                if sent == 0 and role and outs:
-                    parts.append(role)
-                last = len(outs) - 1
-                first_content = len(parts)
-                for i, tid in enumerate(outs):
-                    text = _dumps(decode([tid]))
-                    if chat:
-                        body = '"content":' + text
-                        if done and i == last:
-                            parts.append(head + body + '},"logprobs":null,"finish_reason":'
-                                         f'"{req.finish_reason}","stop_reason":null}}]}}\n\n')
-                        else:
-                            parts.append(head + body + mid)
-                    elif done and i == last:
-                        parts.append(head + text + ',"logprobs":null,"finish_reason":'
-                                     f'"{req.finish_reason}","stop_reason":null,'
-                                     '"prompt_token_ids":null,"token_ids":null}]}\n\n')
-                    else:
-                        parts.append(head + text + mid)
-                if params.include_usage and params.continuous_usage:
-                    # continuous_usage_stats: every chunk carries the usage so far.
-                    for i in range(first_content, len(parts)):
-                        done_tokens = sent + i - first_content + 1
-                        usage = {"prompt_tokens": req.prompt_len,
-                                 "total_tokens": req.prompt_len + done_tokens,
-                                 "completion_tokens": done_tokens}
-                        parts[i] = parts[i][:-3] + ',"usage":' + _dumps(usage) + "}\n\n"
-                if cut and sent + len(outs) >= self.faults.stream_cut_after_tokens and not done:
-                    keep = max(0, self.faults.stream_cut_after_tokens - sent) + (1 if role and sent == 0 else 0)
+                parts = self._token_events(fmt, req, params, sent, done)
+                n_new = req.num_output - sent
+                if cut_after is not None and sent + n_new >= cut_after and not done:
+                    keep = max(0, cut_after - sent) + (1 if chat and sent == 0 else 0)
                     if keep:
                         await resp.write("".join(parts[:keep]).encode())
                     self.engine.abort(req)
                     if request.transport is not None:
                         request.transport.close()
                     return resp
-                sent += len(outs)
+                sent += n_new
                 if done:
-                    if req.finish_reason in ("abort", "error") and not outs:
-                        # vLLM sends the error as a data event, then [DONE].
-                        parts.append("data: " + _dumps(error_body(
-                            500, f"request {req.finish_reason}ed" if req.finish_reason == "abort"
-                            else f"the emulator engine failed: {self.engine.crashed!r}",
-                            "InternalServerError")) + "\n\n")
-                    if params.include_usage:
-                        parts.append("data: " + _dumps({
-                            "id": req.rid, "object": obj, "created": created, "model": self.model,
-                            "choices": [], "usage": self._usage(req),
-                            "system_fingerprint": self._fingerprint}) + "\n\n")
-                    parts.append("data: [DONE]\n\n")
+                    parts.extend(self._closing_events(fmt, req, params, had_tokens=n_new > 0))
                     await resp.write("".join(parts).encode())
                     break
                 await resp.write("".join(parts).encode())
@@ -500,6 +450,74 @@ class Handlers:
         except ConnectionResetError:  # the client went away: free the request, nothing to answer
             self.engine.abort(req)
         return resp
+
+    def _token_events(self, fmt: _SseFormat, req: Request, params: GenParams, sent: int,
+                      done: bool) -> list[str]:
+        """One event per token generated since ``sent`` (chat: the role event first)."""
+        outs = req.tokens[req.prompt_len + sent:req.prompt_len + req.num_output]
+        events: list[str] = [fmt.role()] if fmt.chat and sent == 0 and outs else []
+        usage_each = params.include_usage and params.continuous_usage
+        last = len(outs) - 1
+        for i, tid in enumerate(outs):
+            usage = None
+            if usage_each:  # continuous_usage_stats: every chunk carries the usage so far
+                n = sent + i + 1
+                usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + n,
+                         "completion_tokens": n}
+            finish = req.finish_reason if done and i == last else None
+            events.append(fmt.token(self.tok.decode([tid]), finish, usage))
+        return events
+
+    def _closing_events(self, fmt: _SseFormat, req: Request, params: GenParams, *,
+                        had_tokens: bool) -> list[str]:
+        """Error event (a request that ended without tokens), usage chunk, then [DONE]."""
+        events: list[str] = []
+        if req.finish_reason in ("abort", "error") and not had_tokens:
+            # vLLM sends the error as a data event, then [DONE].
+            message = ("request aborted" if req.finish_reason == "abort"
+                       else f"the emulator engine failed: {self.engine.crashed!r}")
+            events.append(fmt.event(error_body(500, message, "InternalServerError")))
+        if params.include_usage:
+            events.append(fmt.usage(self._usage(req), self._fingerprint))
+        events.append("data: [DONE]\n\n")
+        return events
+
+
+class _SseFormat:
+    """vLLM's SSE chunks for one request, from templates (a JSON dump per token would cost more)."""
+
+    def __init__(self, rid: str, model: str, chat: bool) -> None:
+        self.rid = rid
+        self.model = model
+        self.chat = chat
+        self.created = int(time.time())
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+        self.head = (f'data: {{"id":"{rid}","object":"{self.obj}","created":{self.created},'
+                     f'"model":{_dumps(model)},"choices":[{{"index":0,')
+        # Completions chunks carry the same keys, in the same order, as vLLM 0.32's.
+        self.tail = ('"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]' if chat else
+                     '"logprobs":null,"finish_reason":{finish},"stop_reason":null,'
+                     '"prompt_token_ids":null,"token_ids":null}}]')
+
+    def role(self) -> str:
+        return self.head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def token(self, text: str, finish: str | None, usage: dict[str, int] | None) -> str:
+        content = ('"delta":{"content":' + _dumps(text) + "},") if self.chat else ('"text":' + _dumps(text) + ",")
+        if self.chat and finish is None:
+            tail = '"logprobs":null,"finish_reason":null}]'  # vLLM's chat deltas omit stop_reason
+        else:
+            tail = self.tail.format(finish="null" if finish is None else f'"{finish}"')
+        extra = "" if usage is None else ',"usage":' + _dumps(usage)
+        return self.head + content + tail + extra + "}\n\n"
+
+    def usage(self, usage: dict[str, Any], fingerprint: str) -> str:
+        return self.event({"id": self.rid, "object": self.obj, "created": self.created, "model": self.model,
+                           "choices": [], "usage": usage, "system_fingerprint": fingerprint})
+
+    @staticmethod
+    def event(payload: dict[str, Any]) -> str:
+        return "data: " + _dumps(payload) + "\n\n"
 
 
 class _Waiter:
