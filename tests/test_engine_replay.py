@@ -219,3 +219,41 @@ def test_the_kv_twin_gives_the_same_replay() -> None:
     a = replay_outcome(trace, opts(kv_backend="cython"))
     b = replay_outcome(trace, opts(kv_backend="python", loop_backend=_loop_py))
     assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())
+
+
+SESSIONS = """
+version: "2"
+seed: 5
+aggregate_rate: 4
+num_requests: 40
+clients:
+  - id: chat
+    rate_fraction: 1.0
+    streaming: true
+    arrival: {process: poisson}
+    input_distribution:  {type: gaussian, params: {mean: 256, std_dev: 64, min: 32, max: 1024}}
+    output_distribution: {type: gaussian, params: {mean: 64, std_dev: 16, min: 16, max: 256}}
+    reasoning:
+      reason_ratio_distribution: {type: constant, params: {value: 0}}
+      multi_turn: {max_rounds: 3, think_time_us: 200000, context_growth: accumulate}
+"""
+
+
+def test_closed_loop_sessions_run_and_replay_identically(tmp_path: Path) -> None:
+    from blis_sim.formats.workload import parse_workload_spec
+
+    out = run_outcome(parse_workload_spec(SESSIONS), opts(num_gpu_blocks=2000))
+    src = out.outcome.table.source
+    later = [i for i, r in enumerate(src) if r.round_index > 0]
+    assert later, "the plan released follow-up rounds"
+    lp = out.outcome.loop
+    prev = {(r.session_id, r.round_index): i for i, r in enumerate(src)}
+    for i in later:
+        p = prev[(src[i].session_id, src[i].round_index - 1)]
+        assert lp.arrival_us[i] == np.ceil(lp.finish_us[p] + 200000)  # after the previous + think
+        assert out.outcome.cached[i, 0] > 0  # reuses the previous rounds' KV
+    write_trace(out.trace("s.yaml"), tmp_path / "t.yaml", tmp_path / "t.csv")
+    trace = load_trace(tmp_path / "t.yaml", tmp_path / "t.csv")
+    assert trace.header.session_context_growth == "accumulate"
+    rep = replay_outcome(trace, opts(num_gpu_blocks=2000))
+    assert metrics_output_text(rep.metrics()) == metrics_output_text(out.metrics())

@@ -71,9 +71,13 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True) -> MetricsOu
     done = o.completed
     status = lp.status
     n_done = int(done.sum())
-    ttft_ms = o.ttft_us[done] / 1e3
-    e2e_ms = o.e2e_us[done] / 1e3
-    sched_ms = (lp.first_sched_us[done] - lp.arrival_us[done]) / 1e3
+    # aggregates in request-id order, so a run and the replay of its trace (rows in another
+    # order) sum in the same order: byte-identical means (INV-13)
+    order = np.flatnonzero(done)
+    order = order[np.argsort(o.table.request_id[order], kind="stable")]
+    ttft_ms = o.ttft_us[order] / 1e3
+    e2e_ms = o.e2e_us[order] / 1e3
+    sched_ms = (lp.first_sched_us[order] - lp.arrival_us[order]) / 1e3
     itl_v, itl_w = lp.itl_values / 1e3, lp.itl_weights
     n_itl = int(itl_w.sum())
     duration_s = lp.end_us / 1e6
