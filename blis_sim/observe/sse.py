@@ -29,28 +29,37 @@ class LineTooLong(ValueError):
 class LineSplitter:
     """Incremental byte → line splitter that tolerates lines split across network reads."""
 
-    __slots__ = ("_buf", "_pending_cr")
+    __slots__ = ("_parts", "_size", "_pending_cr")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._parts: list[bytes] = []  # the unterminated tail, kept as received (no quadratic joins)
+        self._size = 0
         self._pending_cr = False
 
     def feed(self, data: bytes) -> list[bytes]:
         if self._pending_cr and data.startswith(b"\n"):
             data = data[1:]  # the \n of a \r\n split across two reads
         self._pending_cr = False
-        buf = self._buf + data
+        if b"\n" not in data and b"\r" not in data:
+            self._parts.append(data)
+            self._size += len(data)
+            if self._size > MAX_LINE_BYTES:
+                raise LineTooLong(f"an SSE line longer than {MAX_LINE_BYTES} bytes without a line end")
+            return []
+        self._parts.append(data)
+        buf = b"".join(self._parts)
         if b"\r" in buf:
             self._pending_cr = buf.endswith(b"\r")
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        parts = buf.split(b"\n")
-        self._buf = parts.pop()
-        if len(self._buf) > MAX_LINE_BYTES:
-            raise LineTooLong(f"an SSE line longer than {MAX_LINE_BYTES} bytes without a line end")
-        return parts
+        lines = buf.split(b"\n")
+        tail = lines.pop()
+        self._parts = [tail] if tail else []
+        self._size = len(tail)
+        return lines
 
     def flush(self) -> list[bytes]:
-        tail, self._buf = self._buf, b""
+        tail = b"".join(self._parts)
+        self._parts, self._size = [], 0
         return [tail] if tail else []
 
 
