@@ -244,12 +244,16 @@ class _Run:
             await self._open_connections(min(self.opts.max_concurrency, WARM_CONNECTIONS))
             start_ns = self.clock.now_ns()
             # Objects made so far (plan, modules, session) need no cycle collection during dispatch:
-            # frozen, collections scan only what dispatch creates, which keeps GC pauses short.
-            gc.freeze()
+            # frozen, collections scan only what dispatch creates, which keeps GC pauses short. Left
+            # alone when someone else in the process froze first (unfreezing would undo theirs).
+            freeze = gc.get_freeze_count() == 0
+            if freeze:
+                gc.freeze()
             try:
                 await self._phases()
             finally:
-                gc.unfreeze()
+                if freeze:
+                    gc.unfreeze()
             wall_s = (self.clock.now_ns() - start_ns) / 1e9
         return self._result(wall_s)
 
