@@ -142,6 +142,7 @@ def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
     from blis_sim.formats import TraceRecord
 
     lp = o.loop
+    defaults = _default_fields()
     out = []
     for i in range(len(o.table)):
         if lp.status[i] == NOT_ARRIVED or o.dropped[i]:
@@ -157,11 +158,11 @@ def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
                       finish_reason="", server_input_tokens=0,
                       cached_tokens=int(o.cached[i].sum()) if o.admitted[i] else -1,
                       first_byte_time_us=0, first_content_time_us=0)
-        out.append(TraceRecord.model_construct(**{**_DEFAULT_FIELDS(), **fields}))
+        out.append(TraceRecord.model_construct(**{**defaults, **fields}))
     return out
 
 
-def _DEFAULT_FIELDS() -> dict[str, Any]:  # noqa: N802 - a constant built lazily
+def _default_fields() -> dict[str, Any]:
     from blis_sim.formats import TraceRecord
 
     return {name: f.get_default(call_default_factory=True)
