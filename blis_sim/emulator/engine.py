@@ -13,7 +13,8 @@ API (all on the loop the engine was started on)::
 Each step: schedule, sleep for the modelled duration (``profile.step_seconds`` x seeded noise),
 then apply the step's results at the real end time, so server-side TTFT is measured, not assumed.
 Consecutive steps are paced from the previous step's target end time (up to 20 ms of timer lateness
-is absorbed), so a long decode keeps the modelled inter-token latency on average.
+is absorbed), so a long decode keeps the modelled inter-token latency on average; timers aim 0.5 ms
+early and yield to the exact target, so epoll's 1 ms rounding adds no bias.
 Zero-duration steps still yield to the loop once, so HTTP handlers keep running. Stats are
 published every ``stats_interval_s`` (0 = after every step), like vLLM's stats logging.
 """
@@ -57,6 +58,8 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, target: float) -> None:
 
 
 class Engine:
+    """One emulated vLLM engine core: scheduler, caches, stats, and the real-time step loop."""
+
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self.geometry = config.geometry()

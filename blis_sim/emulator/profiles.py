@@ -12,8 +12,8 @@ A step's duration is linear in the work scheduled in it (the same shape vLLM cos
           + per_decode_seq * decode_seqs + per_context_token * context_tokens
 
 ``context_tokens`` is the KV already present for the scheduled requests (attention reads). The
-engine multiplies ``t`` by a log-normal-free, bounded noise factor ``1 + noise_cv * u`` with ``u``
-uniform in [-1, 1] from a seeded RNG, so runs are repeatable for a given seed.
+engine multiplies ``t`` by a bounded noise factor ``1 + noise_cv * u``, ``u`` uniform in [-1, 1]
+from a seeded RNG, so the modelled durations repeat for a given seed.
 
 Profiles:
 
