@@ -101,6 +101,8 @@ CASES: list[tuple[str, str, str, Callable[[Path], Any], str, str]] = [
     ("json-nested-request-entry", "agg.json", (BLIS / "simagg.json").read_text().replace(
         '"requestID": "request_1"', '"requestID": 1'), load_metrics_output,
      "agg.json:45: field 'requests[1].requestID'", "valid string"),
+    ("itl-negative", "t.itl.csv", "request_id,chunk_index,timestamp_us\n1,0,10\n1,1,-5\n", read_itl,
+     "t.itl.csv:3: field 'timestamp_us'", "negative value -5 not allowed"),
     ("itl-bad-integer", "t.itl.csv", "request_id,chunk_index,timestamp_us\n1,0,10\n1,1,1e3\n", read_itl,
      "t.itl.csv:3: field 'timestamp_us'", "invalid syntax"),
 ]

@@ -183,14 +183,14 @@ def test_extra_trailing_columns_tolerated_and_blank_lines_skipped(tmp_path: Path
 def test_itl_round_trip(tmp_path: Path) -> None:
     rows = [ITLRecord(request_id=5, chunk_index=1, timestamp_us=20), ITLRecord(request_id=5, chunk_index=0,
                                                                               timestamp_us=10),
-            ITLRecord(request_id=6, chunk_index=0, timestamp_us=-3)]
+            ITLRecord(request_id=6, chunk_index=0, timestamp_us=3)]
     path = default_itl_path(tmp_path / "trace.csv")
     assert path.name == "trace.itl.csv"
     write_itl(rows, path)
-    assert path.read_text() == "request_id,chunk_index,timestamp_us\n5,1,20\n5,0,10\n6,0,-3\n"
+    assert path.read_text() == "request_id,chunk_index,timestamp_us\n5,1,20\n5,0,10\n6,0,3\n"
     back = read_itl(path)
     assert back == rows
-    assert itl_by_request(back) == {5: [10, 20], 6: [-3]}
+    assert itl_by_request(back) == {5: [10, 20], 6: [3]}
 
 
 _text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)

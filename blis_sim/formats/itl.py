@@ -22,9 +22,9 @@ from blis_sim.formats._model import StrictModel
 class ITLRecord(StrictModel):
     """One SSE chunk of one request (``observe --record-itl``): epoch µs."""
 
-    request_id: int
+    request_id: int = Field(ge=0)
     chunk_index: int = Field(ge=0)
-    timestamp_us: int
+    timestamp_us: int = Field(ge=0)
 
 
 ITL_COLUMNS: tuple[str, ...] = ("request_id", "chunk_index", "timestamp_us")
@@ -37,6 +37,7 @@ def default_itl_path(data_path: str | Path) -> Path:
 
 
 def read_itl(path: str | Path) -> list[ITLRecord]:
+    """Read an ITL CSV. Stricter than the reference on one point: the header row must name the three columns."""
     p = Path(path)
     file = str(p)
     rows = csv_rows(p)
@@ -57,9 +58,9 @@ def read_itl(path: str | Path) -> list[ITLRecord]:
             if v is None:
                 raise FormatError(f"parsing {col} {go_quote(raw)}: invalid syntax", file=file, line=line, field=col)
             vals.append(v)
-        if vals[1] < 0:
-            raise FormatError(f"parsing chunk_index: negative value {vals[1]} not allowed", file=file,
-                              line=line, field="chunk_index")
+        for col, v in zip(ITL_COLUMNS, vals):  # the reference rejects a negative value in any column
+            if v < 0:
+                raise FormatError(f"parsing {col}: negative value {v} not allowed", file=file, line=line, field=col)
         out.append(ITLRecord.model_construct(request_id=vals[0], chunk_index=vals[1], timestamp_us=vals[2]))
     return out
 
