@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -291,7 +291,7 @@ class _Where:
     def __init__(self, file: str | None, doc: YamlDoc | None, root: str) -> None:
         self.file, self.doc, self.root = file, doc, root
 
-    def fail(self, field: str, message: str) -> None:
+    def fail(self, field: str, message: str) -> NoReturn:
         path = tuple(int(p) if p.isdigit() else p for p in f"{self.root}.{field}".split(".") if p)
         line = self.doc.line_of(path) if self.doc is not None else None
         raise ConfigError(message, file=self.file, line=line, field=".".join(str(p) for p in path))
@@ -380,7 +380,8 @@ def _resolve_tier(i: int, t: _TierSpec, classes: Mapping[str, DeviceClass], wher
     if t.direct_io is None:
         where.fail(f + ".direct_io",
                    f"kv_offload: secondary_tiers[{i}].direct_io must be set explicitly (vLLM probes O_DIRECT at run "
-                   "time; direct vs buffered I/O are materially different storage physics)")
+                   "time; like the reference, we make it an explicit config axis: direct vs buffered I/O are "
+                   "materially different storage physics)")
     assert t.direct_io is not None
     device: dict[str, Any] = {"saturation_queue_depth": 1, "single_transfer_fraction": 1.0,
                               "latency_jitter_stddev": 0.0}
