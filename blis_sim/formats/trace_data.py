@@ -184,12 +184,21 @@ def _column_positions(header: list[str]) -> dict[str, int]:
     return pos
 
 
+# Columns the reference parses with strconv.ParseInt (int64); the other integer columns use strconv.Atoi.
+_PARSEINT = frozenset({"deadline_us", "slo_target_us", "arrival_time_us", "send_time_us", "first_chunk_time_us",
+                       "last_chunk_time_us", "think_time_us", "cached_tokens", "first_byte_time_us",
+                       "first_content_time_us"})
+
+
 def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
+    """One cell the fast path did not take, with the reference's checks and message texts."""
     if col in _INTS:
         v = _go.parse_int(raw)
         if v is None:
+            fn = "strconv.ParseInt" if col in _PARSEINT else "strconv.Atoi"
             why = "value out of range" if _go.looks_int(raw) else "invalid syntax"
-            raise FormatError(f"parsing {col} {go_quote(raw)}: {why}", file=file, line=line, field=col)
+            raise FormatError(f"parsing {col} {go_quote(raw)}: {fn}: parsing {go_quote(raw)}: {why}",
+                              file=file, line=line, field=col)
         if v < 0 and (col in _NONNEG or col in _SUFFIX):
             raise FormatError(f"parsing {col}: negative value {v} not allowed{_SUFFIX.get(col, '')}",
                               file=file, line=line, field=col)
@@ -200,14 +209,14 @@ def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
     if col in _BOOLS:
         b = _go.parse_bool(raw)
         if b is None:
-            raise FormatError(f"parsing {col} {go_quote(raw)}: invalid syntax (expected true or false)",
-                              file=file, line=line, field=col)
+            raise FormatError(f"parsing {col} {go_quote(raw)}: strconv.ParseBool: parsing {go_quote(raw)}: "
+                              "invalid syntax", file=file, line=line, field=col)
         return b
     if col == "reason_ratio":
         f = _go.parse_float(raw)
         if f is None:
-            raise FormatError(f"parsing reason_ratio {go_quote(raw)}: invalid syntax", file=file, line=line,
-                              field=col)
+            raise FormatError(f"parsing reason_ratio {go_quote(raw)}: strconv.ParseFloat: parsing {go_quote(raw)}: "
+                              "invalid syntax", file=file, line=line, field=col)
         if math.isnan(f) or not 0.0 <= f <= 1.0:
             raise FormatError(f"parsing reason_ratio {go_quote(raw)}: must be in range [0.0, 1.0], got {f:g}",
                               file=file, line=line, field=col)
