@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import time
 from typing import Any
@@ -120,8 +121,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.ERROR)  # observe's own warnings (late sends) repeat the figures
     scale = 0.25 if args.quick else 1.0
+    print("load average at start: %.2f %.2f %.2f (2 cores; other work on the machine inflates every figure)"
+          % os.getloadavg())
     t0 = time.perf_counter()
     # (a) the fixed 20 ms delay of the issue: at 16 and 64 users this asks for 800 and 3200 req/s, more
     # than client + emulator can serve on 2 cores, so it measures saturation as much as overhead.
@@ -143,7 +146,8 @@ def main() -> None:
               f"{r['lateness_p99_ms']:.2f} ms  max {r['lateness_max_ms']:.2f} ms  failed {r['failed']:.0f}")
     wall = time.perf_counter() - t0
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"wall {wall:.1f} s, client peak RSS {rss_mib:.0f} MiB")
+    print(f"wall {wall:.1f} s, client peak RSS {rss_mib:.0f} MiB, load average at end: "
+          "%.2f %.2f %.2f" % os.getloadavg())
 
 
 if __name__ == "__main__":
