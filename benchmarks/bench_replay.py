@@ -12,7 +12,9 @@ replay's alone; the trace is generated before the clock starts.
     BLIS_PURE_PYTHON=1 python benchmarks/bench_replay.py --sizes 10000   # the pure-Python twin
 
 Targets (50,000 requests): ≤ 3.5 s wall, ≤ 250 MB peak RSS. Wall time here is the whole replay
-command: loading the trace, simulating, writing SimResult and MetricsOutput JSON.
+command: loading the trace, simulating, writing SimResult and MetricsOutput JSON. CPU time (this
+process's user + system) is printed too, with the machine's load average: on a shared 2-core
+machine wall time is only meaningful when the load average is below ~1.
 """
 from __future__ import annotations
 
@@ -74,18 +76,20 @@ def replay_once(prefix: str, out_dir: str) -> dict:
     from blis_sim.formats import load_trace, write_metrics_output, write_sim_results
     from blis_sim.kv import COMPILED as kv_compiled
 
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     trace = load_trace(f"{prefix}.yaml", f"{prefix}.csv")
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     out = replay_outcome(trace, EngineOptions(model="qwen/qwen3-14b", num_gpu_blocks=1000))
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     write_sim_results(out.results, os.path.join(out_dir, "sim.json"))  # as `blis replay` does:
     write_metrics_output(out.metrics(), os.path.join(out_dir, "simagg.json"))  # one list at a time
-    t4 = time.perf_counter()
+    t4, c4 = time.perf_counter(), time.process_time()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     o = out.outcome
     return {"requests": len(trace.records), "import_s": t1 - t0, "load_s": t2 - t1,
             "simulate_s": t3 - t2, "write_s": t4 - t3, "replay_s": t4 - t1,
+            "load_cpu_s": c2 - c1, "simulate_cpu_s": c3 - c2, "write_cpu_s": c4 - c3,
+            "replay_cpu_s": c4 - c1, "load_average": os.getloadavg()[0],
             "peak_rss_mb": rss_mb, "steps": o.loop.steps, "completed": int(o.completed.sum()),
             "prefix_cache_hit_rate": o.hit_rates[0]["hit_rate"],
             "loop_compiled": loop_compiled, "kv_compiled": kv_compiled}
@@ -109,7 +113,9 @@ def main() -> None:
             r = json.loads(res.stdout.strip().splitlines()[-1])
             print(f"{r['requests']:>7} requests: replay {r['replay_s']:.2f} s wall "
                   f"(load {r['load_s']:.2f} + simulate {r['simulate_s']:.2f} + write "
-                  f"{r['write_s']:.2f}; imports {r['import_s']:.2f}), peak RSS "
+                  f"{r['write_s']:.2f}; imports {r['import_s']:.2f}); CPU {r['replay_cpu_s']:.2f} s "
+                  f"(load {r['load_cpu_s']:.2f} + simulate {r['simulate_cpu_s']:.2f} + write "
+                  f"{r['write_cpu_s']:.2f}); machine load average {r['load_average']:.1f}; peak RSS "
                   f"{r['peak_rss_mb']:.0f} MB, {r['steps']} steps, {r['completed']} completed, "
                   f"prefix-cache hit-rate {r['prefix_cache_hit_rate']:.3f} "
                   f"[loop {'cython' if r['loop_compiled'] else 'python'}, kv "
