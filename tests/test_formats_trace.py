@@ -328,3 +328,46 @@ def test_model_trims_like_the_reader_and_x_request_id_needs_mode_real() -> None:
     rec = TraceRecord(request_id=1, error_message=" boom\n", x_request_id="id")
     assert rec.error_message == "boom"
     assert "x_request_id" in columns_for([rec], "real") and "x_request_id" not in columns_for([rec], "replayed")
+
+
+REFERENCE_OBSERVE_HEADER = """\
+trace_version: 3
+time_unit: us
+created_at: "2026-08-20T15:14:23Z"
+mode: real
+warm_up_requests: 0
+workload_seed: 42
+workload_spec: sweep.yaml
+server:
+    type: vllm
+    model: qwen/qwen3-14b
+network: {}
+observed_kv_metrics:
+    source: tiered
+    hit_rate: 0.734
+    block_hits: 7340
+    block_queries: 10000
+    read_time_total: 12.5
+    write_time_total: 3.25
+    vllm_commit: 63a9a5010a6d1539c52957646ef9d6bbcf7a4deb
+"""
+
+
+def test_reference_observe_header_example_round_trips_byte_identical(tmp_path: Path) -> None:
+    # the example of blis-pipeline.md §1.1, as the reference's observe writes it with --scrape-kv-metrics
+    (tmp_path / "h.yaml").write_text(REFERENCE_OBSERVE_HEADER)
+    header = read_trace_header(tmp_path / "h.yaml")
+    obs = header.observed_kv_metrics
+    assert obs == ObservedKVMetrics(source="tiered", hit_rate=0.734, block_hits=7340, block_queries=10000,
+                                    read_time_total=12.5, write_time_total=3.25,
+                                    vllm_commit="63a9a5010a6d1539c52957646ef9d6bbcf7a4deb")
+    assert header_text(header) == REFERENCE_OBSERVE_HEADER
+
+
+def test_negative_think_time_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    row = ["0"] * 27
+    row[8], row[24] = "false", "ok"
+    path.write_text(",".join(BASE) + ",think_time_us\n" + ",".join(row) + ",-3\n")
+    with pytest.raises(FormatError, match=r"t.csv:2: field 'think_time_us': parsing think_time_us: negative value -3"):
+        read_trace_data(path)
