@@ -257,3 +257,28 @@ def test_closed_loop_sessions_run_and_replay_identically(tmp_path: Path) -> None
     assert trace.header.session_context_growth == "accumulate"
     rep = replay_outcome(trace, opts(num_gpu_blocks=2000))
     assert metrics_output_text(rep.metrics()) == metrics_output_text(out.metrics())
+
+
+def _counter(path: Path, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(path.read_text()):
+        for s in fam.samples:
+            if s.name == name:
+                return s.value
+    raise AssertionError(f"{name} not in {path}")
+
+
+def test_replay_of_the_real_vllm_trace_matches_its_prefix_cache_counters() -> None:
+    """The real vLLM 0.32 run (block 32, 512 GPU blocks): the simulated prefix-cache hit-rate over
+    the same requests lands within 1 pp of the server's counter delta."""
+    name = "vllm:prefix_cache_hits_total"
+    hits = _counter(VLLM_CPU / "metrics-after.txt", name) - _counter(VLLM_CPU / "metrics-before.txt", name)
+    name = "vllm:prefix_cache_queries_total"
+    queries = (_counter(VLLM_CPU / "metrics-after.txt", name)
+               - _counter(VLLM_CPU / "metrics-before.txt", name))
+    trace = load_trace(VLLM_CPU / "trace.yaml", VLLM_CPU / "trace.csv")
+    out = replay_outcome(trace, opts(model="tiny-llama", block_size=32, num_gpu_blocks=512))
+    sim = out.outcome.hit_rates[0]
+    assert sim["definition"] == "prefix_cache"
+    assert abs(sim["hit_rate"] - hits / queries) < 0.01
