@@ -4,18 +4,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blis_sim.errors import ConfigError, FormatError, InputError
 from blis_sim.formats import (
     DeviceClass,
     OffloadConfig,
+    PytestBlisHeader,
+    TraceHeader,
     load_device_classes,
     load_offload_config,
     parse_offload_config,
     read_trace_header,
     resolve_offload_config,
 )
-from blis_sim.formats.trace import OffloadExtensions, TraceKVOffloadConfig
+from blis_sim.formats.trace import OffloadExtensions, TraceKVOffloadConfig, header_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 BLIS = SHARED / "samples" / "blis"
@@ -209,3 +213,37 @@ def test_configs_built_in_code_are_checked_too() -> None:
         good.model_validate({**good.model_dump(), "blocks_per_chunk": 2})
     with pytest.raises(ValueError):
         good.secondary_tiers[0].model_validate({**good.secondary_tiers[0].model_dump(), "read_bandwidth": 0.0})
+
+_pos = st.floats(min_value=1e-3, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def _configs(draw: st.DrawFn) -> dict:
+    tiers = [{"type": "fs", "root_dir": draw(st.text(min_size=1, max_size=8).filter(lambda s: s.strip() == s)),
+              "direct_io": draw(st.booleans()), "read_bandwidth": draw(_pos), "write_bandwidth": draw(_pos),
+              "base_latency": draw(st.floats(0, 1e7)), "n_read_threads": draw(st.integers(1, 64)),
+              "locality": draw(st.sampled_from(["LOCAL", "REMOTE"])),
+              **({"max_bytes": draw(st.integers(1 << 30, 1 << 40))} if draw(st.booleans()) else {})}
+             for _ in range(draw(st.integers(0, 2)))]
+    block = {"cpu_bytes_to_use": draw(st.integers(1 << 30, 1 << 40)), "blocks_per_chunk": draw(st.integers(1, 8)),
+             "eviction_policy": draw(st.sampled_from(["lru", "arc"])), "offload_prompt_only": draw(st.booleans()),
+             "tokens_per_hash": draw(st.integers(1, 64)), "secondary_tiers": tiers}
+    if not tiers:
+        block["store_threshold"] = draw(st.integers(0, 5))
+    return {"kv_offload": block}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=_configs(), kv=st.integers(1, 1 << 20), gpu_bs=st.sampled_from([16, 32]))
+def test_config_to_header_yaml_and_back_is_the_identity(tmp_path_factory: pytest.TempPathFactory, data: dict,
+                                                        kv: int, gpu_bs: int) -> None:
+    cfg = resolve_offload_config(data, kv_bytes_per_token=kv, gpu_block_size=gpu_bs)
+    header = TraceHeader(mode="generated", kv_offload=cfg.to_header(),
+                         pytest_blis=PytestBlisHeader(offload=cfg.extensions()))
+    path = tmp_path_factory.mktemp("h") / "h.yaml"
+    path.write_text(header_text(header))
+    back = read_trace_header(path)
+    assert back == header
+    ext = back.pytest_blis.offload if back.pytest_blis else None
+    assert back.kv_offload is not None
+    assert OffloadConfig.from_header(back.kv_offload, ext) == cfg
