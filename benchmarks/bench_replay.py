@@ -70,7 +70,7 @@ def make_trace(n: int, prefix: Path, seed: int = 42) -> None:
 def replay_once(prefix: str, out_dir: str) -> dict:
     """Run in a fresh process: the full replay path, timed; returns the figures."""
     t0 = time.perf_counter()
-    from blis_sim.engine.replay import replay_outcome
+    from blis_sim.engine.replay_trace import replay_outcome
     from blis_sim.engine.scheduler import COMPILED as loop_compiled
     from blis_sim.engine.simulate import EngineOptions
     from blis_sim.formats import load_trace, write_metrics_output, write_sim_results

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from blis_sim.engine.fit import evaluate, fit
+from blis_sim.engine.fitting import evaluate, fit
 from blis_sim.engine.latency import FrontendCoefficients, LatencyCoefficients, StepCoefficients
-from blis_sim.engine.run import run_outcome
+from blis_sim.engine.run_spec import run_outcome
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.formats.workload import parse_workload_spec
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from blis_sim.engine import _loop_py
-from blis_sim.engine.replay import BC10_MESSAGE, replay, replay_outcome
-from blis_sim.engine.run import run_outcome
+from blis_sim.engine.replay_trace import BC10_MESSAGE, replay, replay_outcome
+from blis_sim.engine.run_spec import run_outcome
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import ConfigError, UsageError
 from blis_sim.formats import (PhaseInfo, PytestBlisHeader, Trace, TraceHeader, TraceRecord, load_trace,

@@ -214,7 +214,7 @@ def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) ->
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from blis_sim.engine.run import run_outcome
+    from blis_sim.engine.run_spec import run_outcome
     from blis_sim.formats.workload import load_workload_spec
 
     _need(args, "workload_spec")
@@ -234,7 +234,7 @@ def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from blis_sim.engine.replay import replay_outcome
+    from blis_sim.engine.replay_trace import replay_outcome
 
     trace = _load(args, "trace_header", "trace_data")
     if not args.model:
@@ -246,7 +246,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from blis_sim.engine.fit import evaluate, fit
+    from blis_sim.engine.fitting import evaluate, fit
 
     trace = _load(args, "trace_header", "trace_data")
     if args.latency_model != "linear":

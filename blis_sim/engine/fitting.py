@@ -30,7 +30,7 @@ import numpy as np
 
 from blis_sim.engine.latency import (FitReport, FrontendCoefficients, LatencyCoefficients,
                                      StepCoefficients)
-from blis_sim.engine.replay import replay_outcome
+from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.simulate import EngineOptions, SimOutcome
 from blis_sim.errors import ConfigError
 
