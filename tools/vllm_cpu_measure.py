@@ -187,15 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     args = parser.parse_args(argv)
     url = args.url
+    lane = _load("vllm_cpu")
     if url is None:
-        lane = _load("vllm_cpu")
         state, healthy = lane.server_status()
         if not healthy:
             print("no healthy server recorded: run `python tools/vllm_cpu.py start` or pass --url", file=sys.stderr)
             return 2
         url = state.url
     fills = tuple(int(k) for k in args.evict.split(","))
-    result = asyncio.run(measure(url.rstrip("/"), args.seed, fills))
+    with lane.counters_locked():  # no other lane client's traffic in these windows (tests/vllm take it too)
+        result = asyncio.run(measure(url.rstrip("/"), args.seed, fills))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     md = render_markdown(result)

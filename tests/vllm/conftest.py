@@ -12,7 +12,6 @@ their ``/metrics`` delta window even under xdist.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import random
 import time
@@ -112,15 +111,9 @@ def kv_window(vllm_server: VllmServer) -> Iterator[VllmServer]:
     engine has published the stats of its last request (``SETTLE_S``), so that nothing it sent can land in
     the next test's window.
     """
-    lock = lane.cache_paths().root / "counters.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield vllm_server
-            time.sleep(SETTLE_S)
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with lane.counters_locked():
+        yield vllm_server
+        time.sleep(SETTLE_S)
 
 
 @pytest.fixture()
