@@ -10,8 +10,9 @@ settle wait (the engine publishes its stats every 0.1-1 s), and records the coun
 
 Sequences (vllm-cpu.md): a 1024-token prompt twice; its 1024 tokens + a new 50-token suffix; 1025, 1000 and 20
 tokens each twice; a repeat of a cached prompt with ``prompt_logprobs``; the eviction curve with the small GPU
-cache (a victim prompt, then distinct prompts sized to evict e of its blocks, then the victim again); then timing of a short
-request (64 prompt tokens, 8 output tokens) at concurrency 1 and 4.
+cache (a victim prompt, then distinct prompts sized to evict e of its blocks, then the victim again); then TTFT against prompt
+length (64-2048 tokens, cold and prefix-cached, 8 requests each); then timing of a short request (64 prompt
+tokens, 8 output tokens) at concurrency 1 and 4.
 """
 from __future__ import annotations
 
@@ -100,6 +101,24 @@ async def eviction_curve(session: aiohttp.ClientSession, url: str, rng: random.R
     return out
 
 
+async def prefill_sweep(session: aiohttp.ClientSession, url: str, rng: random.Random,
+                        lengths: tuple[int, ...] = (64, 256, 1024, 2048), reps: int = 8) -> list[dict[str, Any]]:
+    """TTFT against prompt length, cold (distinct prompts) and prefix-cached (the same prompts again), one at a
+    time, 1 output token: the data a step-time model's per-prefill-token term is fitted to."""
+    out = []
+    for n in lengths:
+        prompts = [client.unique_prompt(rng, n) for _ in range(reps)]
+        for state in ("cold", "cached"):
+            s = await step(session, url, f"{n} {state}", prompts)
+            ttft = sorted(s["client_ttft_ms"])
+            out.append({"prompt_tokens": n, "state": state, "requests": reps,
+                        "hits_per_request": s["deltas"]["prefix_cache_hits"] // reps,
+                        "server_ttft_mean_ms": s["server_ttft_mean_ms"],
+                        "client_ttft_median_ms": round(statistics.median(ttft), 2),
+                        "client_ttft_min_ms": ttft[0], "client_ttft_max_ms": ttft[-1]})
+    return out
+
+
 async def timing(session: aiohttp.ClientSession, url: str, rng: random.Random, concurrency: int,
                  requests: int, prompt_len: int = 64, max_tokens: int = 8) -> dict[str, Any]:
     prompts = [client.unique_prompt(rng, prompt_len) for _ in range(requests)]
@@ -146,12 +165,13 @@ async def measure(url: str, seed: int, fills: tuple[int, ...]) -> dict[str, Any]
         await asyncio.sleep(SETTLE_S)  # ... and keep it out of the first counter window
         sequences = await counter_sequences(session, url, rng)
         curve = await eviction_curve(session, url, rng, int(config["num_gpu_blocks"]), fills)
+        sweep = await prefill_sweep(session, url, rng)
         timings = [await timing(session, url, rng, 1, 40), await timing(session, url, rng, 4, 80)]
     return {"url": url, "vllm_version": version, "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             "cache_config": {k: config[k] for k in ("block_size", "num_gpu_blocks", "enable_prefix_caching")
                              if k in config},
-            "sequences": sequences, "eviction": curve, "timing": timings}
+            "sequences": sequences, "eviction": curve, "prefill_sweep": sweep, "timing": timings}
 
 
 def render_markdown(m: dict[str, Any]) -> str:
@@ -167,6 +187,12 @@ def render_markdown(m: dict[str, Any]) -> str:
             f"{d['prefix_cache_queries']} | {d['prefix_cache_hits']} | {d['prompt_tokens_cached_by_source[device]']} | "
             f"{d['prompt_tokens_by_source[local_compute]']} / {d['prompt_tokens_by_source[local_cache_hit]']} | "
             f"{s['server_ttft_mean_ms']} ms ({s['server_ttft_requests']}) | {s['client_ttft_ms']} ms |")
+    lines += ["", "| prompt tokens | cache | requests | hits/request | server TTFT mean | client TTFT median (min-max) |",
+              "|---|---|---|---|---|---|"]
+    for r in m.get("prefill_sweep", []):
+        lines.append(f"| {r['prompt_tokens']} | {r['state']} | {r['requests']} | {r['hits_per_request']} | "
+                     f"{r['server_ttft_mean_ms']} ms | {r['client_ttft_median_ms']} ms ({r['client_ttft_min_ms']}-"
+                     f"{r['client_ttft_max_ms']}) |")
     lines += ["", "| concurrency | requests | req/s | client TTFT median (p10-p90) | client E2E median | "
               "ITL median | server TTFT mean |", "|---|---|---|---|---|---|---|"]
     for t in m["timing"]:
