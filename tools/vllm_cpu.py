@@ -362,12 +362,14 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int = NUM_GPU_BLOC
     """Start the server unless a healthy one is recorded. Returns (state, started_now)."""
     paths = paths or cache_paths()
     state, healthy = server_status(paths)
-    if state is not None:
-        if healthy:
-            _say(f"start: already running (PID {state.pid}) at {state.url}")
-            return state, False
-        raise VllmCpuError(f"start: PID {state.pid} from {paths.state_file} is alive but {state.url}/health "
-                           "does not answer 200; wait for it or run `python tools/vllm_cpu.py stop`", EXIT_SERVER)
+    if state is not None and not healthy:
+        state, healthy = _wait_for_other_start(paths, state, timeout)
+    if state is not None and healthy:
+        _say(f"start: already running (PID {state.pid}) at {state.url}")
+        if state.num_gpu_blocks != num_gpu_blocks:
+            _say(f"start: warning: it has {state.num_gpu_blocks} GPU blocks, not the {num_gpu_blocks} asked for; "
+                 "stop it first to change that")
+        return state, False
     if not installed(paths):
         raise VllmCpuError(f"start: vLLM is not installed in {paths.venv}; run `python tools/vllm_cpu.py install`")
     if not model_built(paths):
@@ -403,6 +405,22 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int = NUM_GPU_BLOC
     _say(f"start: healthy after {state.startup_seconds:.0f} s (PID {proc.pid}, {got_blocks} GPU blocks of "
          f"{got_block_size} tokens)")
     return state, True
+
+
+def _wait_for_other_start(paths: CachePaths, state: ServerState, timeout: float) -> tuple[ServerState | None, bool]:
+    """A recorded server that is alive but not healthy is another process's start in progress: wait for it.
+    Returns the server once healthy, or (None, False) when it went away (then this call starts one)."""
+    _say(f"start: PID {state.pid} ({state.url}) is starting; waiting for its /health")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current, healthy = server_status(paths)
+        if current is None or current.pid != state.pid:
+            return server_status(paths)
+        if healthy and current.num_gpu_blocks:  # its starter has finished checking the geometry
+            return current, True
+        time.sleep(1.0)
+    raise VllmCpuError(f"start: PID {state.pid} from {paths.state_file} has not become healthy within "
+                       f"{timeout:.0f} s; see {paths.log_file} or run `python tools/vllm_cpu.py stop`", EXIT_SERVER)
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
@@ -520,8 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "build-model":
             build_model(paths)
         elif args.command == "start":
-            state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, enforce_eager=args.enforce_eager,
-                             timeout=args.timeout)
+            with locked(paths):  # concurrent starts serialize; the later one reuses the first one's server
+                state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, enforce_eager=args.enforce_eager,
+                                 timeout=args.timeout)
             print(state.url)
         elif args.command == "stop":
             stop(paths)

@@ -100,7 +100,15 @@ def vllm_server() -> Iterator[VllmServer]:
         snap = run(lambda s: client.scrape(s, live_url))
         config = snap.labels_of("vllm:cache_config_info")[0]
         yield VllmServer(url=live_url, block_size=int(config["block_size"]),
-                         num_gpu_blocks=int(config["num_gpu_blocks"]), started_by_lane=not url)
+                         num_gpu_blocks=int(config["num_gpu_blocks"]), requested_gpu_blocks=_requested_blocks(live_url))
+
+
+def _requested_blocks(url: str) -> int | None:
+    """``--num-gpu-blocks-override`` of the lane's server when ``url`` is that server, else None."""
+    state = lane.ServerState.load(lane.cache_paths().state_file)
+    if state is None or state.url != url or "--num-gpu-blocks-override" not in state.argv:
+        return None
+    return int(state.argv[state.argv.index("--num-gpu-blocks-override") + 1])
 
 
 @pytest.fixture()

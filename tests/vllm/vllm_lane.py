@@ -39,7 +39,7 @@ class VllmServer:
     url: str
     block_size: int
     num_gpu_blocks: int
-    started_by_lane: bool
+    requested_gpu_blocks: int | None  # the lane's --num-gpu-blocks-override, when this is the lane's server
 
 
 def run(fn: Callable[[Any], Awaitable[T]]) -> T:
