@@ -371,3 +371,14 @@ def test_negative_think_time_is_rejected(tmp_path: Path) -> None:
     path.write_text(",".join(BASE) + ",think_time_us\n" + ",".join(row) + ",-3\n")
     with pytest.raises(FormatError, match=r"t.csv:2: field 'think_time_us': parsing think_time_us: negative value -3"):
         read_trace_data(path)
+
+
+def test_records_read_share_state_safely(tmp_path: Path) -> None:
+    records = read_trace_data(BLIS / "trace.csv")
+    a, b = records[0], records[1]
+    assert a.model_fields_set is b.model_fields_set  # one shared set: 2 KB less per record
+    changed = a.model_copy(update={"client_id": "other"})
+    assert changed.client_id == "other" and a.client_id == "g0" and b.model_fields_set == set(TraceRecord.model_fields)
+    with pytest.raises(ValueError):
+        a.client_id = "x"  # type: ignore[misc]  (frozen: nothing can add to the shared set)
+    assert records[0].status is records[1].status  # repeated strings are one object
