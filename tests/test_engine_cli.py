@@ -107,7 +107,7 @@ def test_fit_writes_coefficients_that_run_accepts(run_trace: Path) -> None:
     coeffs = run_trace / "fitted.yaml"
     out = blis("fit", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
                run_trace / "t.yaml", "--trace-data", run_trace / "t.csv", "--output", coeffs,
-               "--max-iterations", "4", "--validate-header", run_trace / "t.yaml",
+               "--max-iterations", "2", "--validate-header", run_trace / "t.yaml",
                "--validate-data", run_trace / "t.csv")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
