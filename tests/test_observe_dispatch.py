@@ -73,6 +73,7 @@ async def _handler(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(5)
     elif mode == "drop":
         await resp.write(_chunk("a"))
+        assert request.transport is not None
         request.transport.close()  # reset mid-stream
         return resp
     elif mode == "splitcrlf":  # events split at awkward places, CRLF framing, comments

@@ -118,7 +118,11 @@ def test_chat_api_and_non_streaming() -> None:
     (FaultConfig(stall_rate=1.0), "timeout", ""),
 ])
 def test_request_faults_are_recorded_per_request(faults: FaultConfig, status: str, message: str) -> None:
-    result = _run(_cfg(faults=faults), timeout_s=1.0, scrape_kv_metrics=False)
+    # 200 output tokens: the emulator cuts a stream only while its request is still generating, so the
+    # request must outlast a loaded machine's scheduling hiccups.
+    spec = SPEC.replace("params: {value: 4}", "params: {value: 200}")
+    result = _run(_cfg(faults=faults), spec, timeout_s=10.0 if faults.stream_cut_rate else 1.0,
+                  scrape_kv_metrics=False)
     assert len(result.trace.records) == 4
     assert all(r.status == status and message in r.error_message for r in result.trace.records), \
         [(r.status, r.error_message) for r in result.trace.records]
@@ -136,7 +140,7 @@ def test_first_token_delay_shows_in_client_ttft() -> None:
     ("hang", "scrape failed"),
 ])
 def test_metrics_faults_warn_and_keep_the_trace(metrics_fault: str, reason: str) -> None:
-    result = _run(_cfg(faults=FaultConfig(metrics=metrics_fault)), timeout_s=1.0)
+    result = _run(_cfg(faults=FaultConfig(metrics=metrics_fault)), timeout_s=1.0)  # type: ignore[arg-type]
     assert result.trace.header.observed_kv_metrics is None
     assert any(reason in w for w in result.warnings), result.warnings
     assert [r.status for r in result.trace.records] == ["ok"] * 4

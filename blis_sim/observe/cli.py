@@ -114,9 +114,8 @@ def synthesized_spec(args: argparse.Namespace) -> Any:
     from blis_sim.formats.workload import WorkloadSpec
 
     def gaussian(prefix: str) -> dict[str, Any]:
-        g = lambda k: getattr(args, f"{prefix}{k}")  # noqa: E731
-        return {"type": "gaussian", "params": {"mean": g(""), "std_dev": g("_stdev"), "min": g("_min"),
-                                               "max": g("_max")}}
+        mean, std, lo, hi = (getattr(args, prefix + k) for k in ("", "_stdev", "_min", "_max"))
+        return {"type": "gaussian", "params": {"mean": mean, "std_dev": std, "min": lo, "max": hi}}
 
     client: dict[str, Any] = {"id": "distribution", "streaming": True,
                               "input_distribution": gaussian("prompt_tokens"),

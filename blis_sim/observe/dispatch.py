@@ -162,7 +162,7 @@ class Dispatcher:
         tasks = list(inflight)
         if self.stop.is_set():
             self.interrupted = True
-            pending = set(tasks)
+            pending: set[asyncio.Future[Any]] = set(tasks)
             deadline = asyncio.get_running_loop().time() + self.grace_s
             abort_wait = asyncio.ensure_future(self.abort.wait())
             try:

@@ -35,8 +35,9 @@ import aiohttp
 
 from blis_sim import __version__
 from blis_sim.errors import UsageError
+from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, PhaseInfo, PytestBlisHeader,
-                                    TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
+                                    SLOTargets, TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
                                     TraceServerConfig, write_itl, write_trace)
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import capture
@@ -149,7 +150,7 @@ async def observe_async(server_url: str, spec: WorkloadSpec | WorkloadPlan,
         spec, seed=options.seed, num_requests=options.num_requests, horizon=options.horizon_us)
     run = _Run(server_url.rstrip("/"), plan, options)
     loop = asyncio.get_running_loop()
-    installed: list[int] = []
+    installed: list[signal.Signals] = []
     if options.handle_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -438,7 +439,7 @@ class _Run:
         geometry = KVGeometry(**self.geometry) if self.geometry else None
         extra = PytestBlisHeader(
             tool_version=__version__, vllm_version=self.vllm_version, server_url=self.base_url,
-            kv_geometry=geometry, kv_hit_rates=hit_rates, tier_io=tier_io,
+            kv_geometry=geometry, kv_hit_rates=[KVHitRate(**e) for e in hit_rates], tier_io=tier_io,
             scrape=self.window.info if self.window is not None else None,
             phases=self.phase_infos, partial=interrupted,
             partial_reason=(f"interrupted by {self.signal_name or 'a stop request'}" if interrupted else ""),
@@ -452,7 +453,7 @@ class _Run:
             server=TraceServerConfig(type=self.opts.server_type, model=self.opts.model,
                                      block_size=(self.geometry or {}).get("block_size", 0)),
             network=TraceNetworkConfig(measured_rtt_ms=self.opts.rtt_ms),
-            goodput_slo_targets={k: v.model_dump() for k, v in spec.goodput_slo_targets.items()},
+            goodput_slo_targets={k: SLOTargets(**v.model_dump()) for k, v in spec.goodput_slo_targets.items()},
             observed_kv_metrics=ObservedKVMetrics(**observed) if observed else None,
             pytest_blis=extra)
         records = list(self.completed)
