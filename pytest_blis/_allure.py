@@ -54,6 +54,6 @@ def describe(config: pytest.Config, *, title: str, file: str, scenario: str, des
     if description:
         allure.dynamic.description(description)
     for k, v in parameters.items():
-        allure.dynamic.parameter(k, str(v))
+        allure.dynamic.parameter(k, v)
     for k, v in volatile.items():  # kept out of the history id, so Allure trends keep working
-        allure.dynamic.parameter(k, str(v), excluded=True)
+        allure.dynamic.parameter(k, v, excluded=True)

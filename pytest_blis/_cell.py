@@ -165,7 +165,8 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(skipped))))
         # Reported at the scenario's line in the YAML file, as a skip mark would be.
         raise pytest.skip.Exception(reason, _use_item_location=True)
-    plan = build_plan(spec, cell_id=cid, capacity=target.capacity(), base_dir=Path(point.file).parent)
+    content_id = f"{cid}@{target.namespace}" if target.namespace else cid
+    plan = build_plan(spec, cell_id=content_id, capacity=target.capacity(), base_dir=Path(point.file).parent)
     window = measured_phase_names(spec, plan)
     obs_opts = ObserveOptions(
         model=target.model, scrape_kv_metrics=True, max_concurrency=spec.concurrency, window_phases=window,

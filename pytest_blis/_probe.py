@@ -2,7 +2,7 @@
 
 A scenario's own requests are never used to fit what they are judged against, so every server gets
 its probe once per worker, before its first cell, and the fitted coefficients are an artifact
-(``<artifacts>/probe-<server>/latency.json``, the probe's trace beside it).
+(``<artifacts>/probe-<server>-<worker>/latency.json``, the probe's trace beside it).
 
 The probe is designed so the least squares can tell the terms of the linear model apart:
 
@@ -28,6 +28,7 @@ from blis_sim.observe.run import ObserveOptions
 from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan
 from pytest_blis._phases import _EMPTY_SPEC, cell_seed
 from pytest_blis._server import ServerTarget
+from pytest_blis._session import worker_id
 from pytest_blis._steps import CellPaths, observe_step
 
 PROBE_LENGTHS = (64, 256, 1024, 2048, 4096)  # prefix lengths (tokens) of the cold/cached pairs
@@ -49,7 +50,8 @@ def probe_plan(target: ServerTarget) -> WorkloadPlan:
     """The probe's phases (see the module docstring), sized to the server's GPU cache."""
     from blis_sim.formats.workload import WorkloadSpec
 
-    seed = cell_seed(7, f"probe::{target.url}")
+    # Per worker and run: two workers' probes on one external server must not hit each other's prefixes.
+    seed = cell_seed(7, f"probe::{target.url}::{worker_id()}::{target.namespace}")
     phases: list[PhasePlan] = []
 
     def add(name: str, reqs: list[dict[str, Any]]) -> None:
@@ -88,7 +90,7 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
     """Observe the probe and fit the latency model; returns the engine's ``LatencyCoefficients``."""
     from pytest_blis._replay import fit_latency_model
 
-    paths = CellPaths(artifacts_dir / f"probe-{target.key}")
+    paths = CellPaths(artifacts_dir / f"probe-{target.key}-{worker_id()}")
     plan = probe_plan(target)
     options = ObserveOptions(model=target.model, max_concurrency=max(RAMP), progress=False,
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")

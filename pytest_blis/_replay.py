@@ -6,14 +6,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from blis_sim.engine.simulate import EngineOptions
+    from blis_sim.engine import EngineOptions
     from pytest_blis._cell import CellContext
     from pytest_blis._server import ServerTarget
 
 
-def engine_options(target: ServerTarget, *, max_num_seqs: int, max_num_batched_tokens: int,
+def engine_options(target: ServerTarget, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                    latency: Any = None, total_kv_blocks: int | None = None) -> EngineOptions:
-    from blis_sim.engine.simulate import EngineOptions
+    """The simulator's options for replaying ``target``'s traces (``latency``: fitted coefficients)."""
+    from blis_sim.engine import EngineOptions
 
     extra: dict[str, Any] = {}
     if latency is not None:
@@ -36,7 +37,7 @@ def replay_options(ctx: CellContext) -> EngineOptions:
 
 def fit_latency_model(trace: Any, target: ServerTarget, out: Path, **limits: int) -> Any:
     """Fit the engine's linear latency model on a probe trace; the coefficients are written to ``out``."""
-    from blis_sim.engine.fit import fit
+    from blis_sim.engine import fit
 
     coeffs = fit(trace, engine_options(target, **limits), name="probe")
     out.parent.mkdir(parents=True, exist_ok=True)

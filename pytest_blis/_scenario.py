@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._strict import YamlDoc, describe, load_yaml
+from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*(gpu|cpu)\s*$")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -295,7 +295,19 @@ def _validate_scenario(raw: Mapping[str, Any], doc: YamlDoc, prefix: tuple[str |
 
 def load_scenario_file(path: str | Path) -> list[SweepPoint]:
     """Parse, validate and expand a scenario file into sweep points (file order, deterministic)."""
-    doc = load_yaml(path)
+    return expand(load_yaml(path))
+
+
+def load_scenario_text(text: str, file: str = "<scenario>") -> list[SweepPoint]:
+    """:func:`load_scenario_file` for YAML held in a string (user tests building their own cells);
+    ``file`` names it in error messages and is the base of relative paths in it."""
+    import textwrap
+
+    return expand(parse_yaml(textwrap.dedent(text), file))
+
+
+def expand(doc: YamlDoc) -> list[SweepPoint]:
+    """Validate a parsed scenario document and expand it into sweep points."""
     if doc.data is None:
         raise FormatError("file is empty", file=doc.file)
     try:

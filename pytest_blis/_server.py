@@ -36,6 +36,7 @@ class ServerTarget:
     offload_path: Path | None
     lock_dir: Path
     capabilities: frozenset[str] = field(default_factory=frozenset)  # "cpu", "storage"
+    namespace: str = ""  # mixed into prompt content (see SessionState.namespace)
 
     @property
     def key(self) -> str:
@@ -150,4 +151,5 @@ class ServerPool:
                                           kv_bytes_per_token=self.options.kv_bytes_per_token)
         return ServerTarget(url=url, model=str(model), embedded=False, block_size=block_size,
                             num_gpu_blocks=blocks, offload=offload, offload_path=path,
-                            lock_dir=self.options.artifacts_dir / ".locks", capabilities=_capabilities(offload))
+                            lock_dir=self.options.artifacts_dir / ".locks", capabilities=_capabilities(offload),
+                            namespace=self.state.namespace)

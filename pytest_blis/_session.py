@@ -54,6 +54,10 @@ class SessionState:
 
     closers: list[Any] = field(default_factory=list)
     cells: list[CellSummary] = field(default_factory=list)
+    # Content namespace of this run on external servers: a long-lived server keeps earlier runs'
+    # prefixes cached, so each run's prompts must differ from the last run's (the controller draws
+    # it, workers receive it). Embedded emulators start empty and use "" (reproducible content).
+    namespace: str = ""
 
     def close(self) -> None:
         while self.closers:
@@ -80,6 +84,17 @@ class XdistHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:  # pragma: no cover - runs in the controller
         node.workerinput["blis_artifacts_dir"] = str(node.config.stash[OPTIONS].artifacts_dir)
+        node.workerinput["blis_namespace"] = node.config.stash[STATE].namespace
+
+
+def new_state(config: pytest.Config) -> SessionState:
+    """This process's state; a worker takes the controller's content namespace."""
+    import secrets
+
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "blis_namespace" in workerinput:
+        return SessionState(namespace=workerinput["blis_namespace"])
+    return SessionState(namespace=secrets.token_hex(4))
 
 
 def report_header(config: pytest.Config) -> list[str]:

@@ -69,7 +69,7 @@ def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: C
 
 def replay_step(trace: Trace, replay_options: Any, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
     """Replay a trace through the simulator and write SimResult + MetricsOutput."""
-    from blis_sim.engine.replay import replay  # the engine is only imported when a cell replays
+    from blis_sim.engine import replay  # the engine is only imported when a cell replays
 
     results, metrics = replay(trace, replay_options)
     write_sim_results(results, paths.sim_results)

@@ -37,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "blis: a calibration cell collected from a *.blis.yaml file")
     config.addinivalue_line("markers", "blis_live: needs a real vLLM server (--blis-server-url)")
     config.stash[_session.OPTIONS] = _options.resolve(config)
-    config.stash[_session.STATE] = _session.SessionState()
+    config.stash[_session.STATE] = _session.new_state(config)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_session.XdistHooks(), "blis-xdist")
 
