@@ -102,15 +102,21 @@ async def send(session: aiohttp.ClientSession, target: Target, record: RequestRe
             else:
                 await _read_body(resp, record, clock)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        where = "streaming timeout" if record.first_byte_ns else "HTTP timeout"
+        where = _phase(record, "timeout")
         record.fail(STATUS_TIMEOUT, f"{where}: no complete answer within {target.timeout_s:g} s {exc}".strip())
     except aiohttp.ClientError as exc:
-        where = "streaming error" if record.first_byte_ns else "HTTP error"
-        record.fail(STATUS_ERROR, f"{where}: {type(exc).__name__}: {exc}")
+        record.fail(STATUS_ERROR, f"{_phase(record, 'error')}: {type(exc).__name__}: {exc}")
     except LineTooLong as exc:
         record.fail(STATUS_ERROR, f"streaming error: {exc}")
     except (OSError, UnicodeError, ValueError) as exc:  # e.g. a reset below aiohttp, a broken encoding
         record.fail(STATUS_ERROR, f"HTTP error: {type(exc).__name__}: {exc}")
+
+
+def _phase(record: RequestRecord, what: str) -> str:
+    """Where a failure happened, as the reference words it: before the response head, or while reading."""
+    if not record.first_byte_ns:
+        return f"HTTP {what}"
+    return f"streaming {what}" if record.wire.streaming else f"body read {what}"
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, clock: RunClock,
