@@ -282,3 +282,17 @@ def test_replay_of_the_real_vllm_trace_matches_its_prefix_cache_counters() -> No
     sim = out.outcome.hit_rates[0]
     assert sim["definition"] == "prefix_cache"
     assert abs(sim["hit_rate"] - hits / queries) < 0.01
+
+
+def test_window_hit_rates_equal_the_kv_counters_when_every_row_is_in_the_window(sample_run) -> None:
+    out, trace, _ = sample_run
+    rep = replay_outcome(trace, opts())
+    assert rep.outcome.loop.preemption_count == 0
+    ours = {(e["definition"], e["tier"]): (e["hits"], e["queries"]) for e in rep.outcome.hit_rates}
+    c = rep.outcome.kv_counters
+    assert ours[("prefix_cache", None)] == (c["prefix_cache_hits"], c["prefix_cache_queries"])
+    assert ours[("external", None)] == (c["external_hits"], c["external_queries"])
+    for src in ("device", "host", "disk"):
+        assert ours[("by_source", src)][0] == c["cached_by_source"][src]
+    for label, t in c["tiers"].items():
+        assert ours[("tiered", label)] == (t["chunk_hits"], t["chunk_queries"])
