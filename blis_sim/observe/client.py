@@ -16,6 +16,7 @@ timings it had.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -43,7 +44,11 @@ class Target:
     timeout_s: float = 300.0
     record_itl: bool = False
 
-    @property
+    @functools.cached_property
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.timeout_s)
+
+    @functools.cached_property
     def endpoint(self) -> str:
         path = "/v1/chat/completions" if self.api_format == "chat" else "/v1/completions"
         return self.base_url.rstrip("/") + path
@@ -88,7 +93,7 @@ async def send(session: aiohttp.ClientSession, target: Target, record: RequestRe
     record.x_request_id = record.x_request_id or str(uuid.uuid4())
     body = json.dumps(build_body(target, wire)).encode()
     headers = build_headers(target, wire, record.x_request_id)
-    timeout = aiohttp.ClientTimeout(total=target.timeout_s)
+    timeout = target.client_timeout
     record.send_ns = clock.now_ns()
     try:
         async with session.post(target.endpoint, data=body, headers=headers, timeout=timeout) as resp:
@@ -173,6 +178,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, cloc
 
 async def _drain_after_done(resp: aiohttp.ClientResponse) -> None:
     """Read the stream's tail so aiohttp can reuse the connection; never wait long for it."""
+    if resp.content.at_eof():
+        return  # the usual case: [DONE] and the end of the body came in one read
     try:
         await asyncio.wait_for(resp.content.read(), timeout=_DRAIN_TIMEOUT_S)
     except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
