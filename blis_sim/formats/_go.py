@@ -152,7 +152,8 @@ def format_bool(b: bool) -> str:
     return "true" if b else "false"
 
 
-_NEEDS_QUOTES = re.compile(r'[,"\r\n]|\A[\s\x85\xa0]|\A\\\.\Z')
+# Go quotes a field holding a comma, quote, CR or LF, starting with a unicode.IsSpace rune, or equal to \.
+_NEEDS_QUOTES = re.compile('[,"\r\n]|\\A[' + re.escape(GO_SPACE) + r']|\A\\\.\Z')
 
 
 def csv_field(s: str) -> str:
