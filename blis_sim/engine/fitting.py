@@ -96,7 +96,7 @@ class _StepIntegral:
 def _design(outcome: SimOutcome, obs: Observed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows (features, target, weight) for the least squares; columns: 4 step + 2 frontend."""
     lp = outcome.loop
-    if lp.step_start is None:
+    if lp.step_start is None or lp.step_dur is None or lp.step_features is None:
         raise ValueError("the replay was run without a step log")
     integ = _StepIntegral(lp.step_start, lp.step_dur, lp.step_features @ _LINEAR_FROM_FEATURES)
     done = ~np.isnan(lp.finish_us)
@@ -157,8 +157,8 @@ def _robust_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray, rounds: int = 4) 
     return c
 
 
-def _to_coefficients(c: np.ndarray) -> LatencyCoefficients:
-    c = [float(v) for v in c]
+def _to_coefficients(values: np.ndarray) -> LatencyCoefficients:
+    c = [float(v) for v in values]
     return LatencyCoefficients(
         step=StepCoefficients(base_us=c[0], per_prefill_token_us=c[1], per_decode_seq_us=c[2],
                               per_context_token_us=c[3]),

@@ -8,7 +8,7 @@ original header's observation blocks verbatim.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from blis_sim import __version__
 from blis_sim.formats import KVGeometry, KVHitRate, LatencyModelInfo, PytestBlisHeader, TraceHeader
@@ -38,7 +38,8 @@ def latency_info(options: Any) -> LatencyModelInfo:
     return LatencyModelInfo(name=name, coefficients=coeffs, source=options.latency_source)
 
 
-def sim_header(outcome: Any, options: Any, *, mode: str, base: Any = None,
+def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replayed"],
+               base: Any = None,
                workload_seed: int | None = None, workload_spec: str = "",
                accumulate: bool = False) -> TraceHeader:
     ext = PytestBlisHeader(

@@ -164,13 +164,11 @@ def _combine(parts: list[SimOutcome], kv: Any, offload: Any) -> SimOutcome:
         steps=sum(lp.steps for lp in loops),
         preemption_count=sum(lp.preemption_count for lp in loops), end_us=loops[-1].end_us)
 
-    class _Port:  # what hit_rates() reads
-        admitted = cat(lambda p: p.admitted)
-        cached = cat(lambda p: p.cached)
-
+    admitted, cached = cat(lambda p: p.admitted), cat(lambda p: p.cached)
     counters = kv.snapshot()
-    return SimOutcome(table=t, loop=loop, cached=_Port.cached, admitted=_Port.admitted,
+    return SimOutcome(table=t, loop=loop, cached=cached, admitted=admitted,
                       frontend_us=cat(lambda p: p.frontend_us), kv_counters=counters,
-                      hit_rates=hit_rates(t, _Port, counters, None, tiers=offload is not None),
+                      hit_rates=hit_rates(t, admitted, cached, counters, None,
+                                          tiers=offload is not None),
                       block_size=parts[0].block_size, num_gpu_blocks=parts[0].num_gpu_blocks,
                       offload=offload, dropped=cat(lambda p: p.dropped))

@@ -153,8 +153,8 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
                     log_steps=log_steps, backend=options.loop_backend)
     frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
-    rates = hit_rates(table, port, counters, port.window_snapshot if first >= 0 else None,
-                      tiers=offload is not None)
+    rates = hit_rates(table, port.admitted, port.cached, counters,
+                      port.window_snapshot if first >= 0 else None, tiers=offload is not None)
     return SimOutcome(table=table, loop=loop, cached=port.cached, admitted=port.admitted,
                       frontend_us=frontend, kv_counters=counters, hit_rates=rates,
                       block_size=block_size, num_gpu_blocks=num_gpu_blocks, offload=offload,
@@ -166,13 +166,15 @@ def _entry(definition: str, tier: str | None, unit: str, hits: int, queries: int
             "queries": int(queries), "hit_rate": hits / queries if queries else 0.0, "metric": None}
 
 
-def hit_rates(table: RequestTable, port: KVPort, end: dict[str, Any],
-              start: dict[str, Any] | None, *, tiers: bool) -> list[dict[str, Any]]:
+def hit_rates(table: RequestTable, admitted: np.ndarray, cached_tokens: np.ndarray,
+              end: dict[str, Any], start: dict[str, Any] | None, *,
+              tiers: bool) -> list[dict[str, Any]]:
     """Design D2's definitions over the window: token ones summed per request at first admission
-    (exactly vLLM's counting), per-tier chunk ones from counter deltas."""
-    sel = table.in_window & port.admitted
+    (exactly vLLM's counting; ``cached_tokens[i]`` = device/host/disk), per-tier chunk ones from
+    the counter snapshots ``start`` (None: from zero) and ``end``."""
+    sel = table.in_window & admitted
     prompt = table.prompt_len[sel]
-    cached = port.cached[sel]
+    cached = cached_tokens[sel]
     queries = int(prompt.sum())
     device = int(cached[:, 0].sum())
     out = [_entry("prefix_cache", None, "tokens", device, queries)]
