@@ -235,6 +235,13 @@ def test_prefix_group_hit_rate_by_hand(fake: tuple[FakeVllm, str]) -> None:
                for r in rows)
     assert all(r.first_content_time_us == r.first_chunk_time_us for r in rows)
     assert [r.arrival_time_us for r in rows] == [5000, 10000, 15000, 20000]  # 200 req/s, constant
+    # Lateness can be recomputed from the files: the arrival origin is the first phase's start.
+    origin = extra.phases[0].start_time_us
+    from_files = [(r.send_time_us - origin - r.arrival_time_us) / 1000 for r in rows]
+    by_id = {rec.request_id: rec for rec in result.records}
+    assert all(late >= 0 for late in from_files)
+    assert from_files == pytest.approx([(by_id[r.request_id].send_ns - by_id[r.request_id].scheduled_ns) / 1e6
+                                        for r in rows], abs=0.002)
     assert result.prompt_mode.startswith("exact")
     assert not result.warnings
 
