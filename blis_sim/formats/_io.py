@@ -1,7 +1,9 @@
 """File plumbing shared by the format readers and writers.
 
 - :func:`atomic_write` — write a text file via a temp file in the same directory and a rename, so an
-  interrupted run leaves the old file or the new one, never half of one.
+  interrupted run leaves the old file or the new one, never half of one. An unwritable path raises
+  ``OSError``: the caller knows which flag named it and wraps it in an InputError (the writers of every
+  format, ``write_trace`` etc., behave the same).
 - :func:`csv_rows` — ``(first line number, fields)`` per CSV row, blank lines skipped as Go's csv.Reader does,
   any read/decode/quoting problem a located :class:`~blis_sim.errors.FormatError`.
 - :func:`go_quote` — a value quoted as Go's ``%q`` would, for messages that mirror the reference's.
