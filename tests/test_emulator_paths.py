@@ -71,7 +71,7 @@ def _run(emu, client: httpx.Client, prompt: list[int]) -> tuple[Counters, int]: 
 
 
 def test_four_canonical_paths(tiered) -> None:  # type: ignore[no-untyped-def]
-    a = _prompt(1000, 96)  # 3 blocks = 3 chunks; max hit = floor(95/32)*32 = 64
+    a = _prompt(1000, 96)  # 3 blocks = 3 chunks; GPU max hit = floor(95/32)*32 = 64
     with httpx.Client(base_url=tiered.url, timeout=10) as client:
         # 1. Full miss: chunk 0 misses the CPU tier, then the fs tier; the lookup stops there.
         miss, cached = _run(tiered, client, a)
@@ -79,41 +79,47 @@ def test_four_canonical_paths(tiered) -> None:  # type: ignore[no-untyped-def]
         assert miss.tier0 == (1, 0) and miss.tier1 == (1, 0)
         assert miss.by_source == {"device": 0, "host": 0, "disk": 0}
 
-        # 2. GPU hit: blocks 0-1 still cached on the GPU (the last token is always recomputed).
+        # 2. GPU hit: blocks 0-1 still cached on the GPU (the last token is never a GPU hit). The
+        # connector then looks up what the GPU missed and, as in vLLM, finds chunk 2 in the CPU
+        # tier: the whole prompt is cached (the last token is recomputed after the load).
         gpu, cached = _run(tiered, client, a)
-        assert gpu.prefix == (96, 64) and cached == 64
-        assert gpu.external == (32, 0)  # queries = num_tokens - local hit; nothing after chunk 2
-        assert gpu.by_source == {"device": 64, "host": 0, "disk": 0}
-        assert gpu.tier0 == (0, 0) and gpu.tier1 == (0, 0)
+        assert gpu.prefix == (96, 64) and cached == 96
+        assert gpu.external == (32, 32)  # queries = num_tokens - local hit
+        assert gpu.by_source == {"device": 64, "host": 32, "disk": 0}
+        assert gpu.tier0 == (1, 1) and gpu.tier1 == (0, 0)
 
-        # B fills all 4 usable GPU blocks: A's cached blocks are evicted from the GPU, but A's
+        # B takes all 4 usable GPU blocks: A's cached blocks are evicted from the GPU, but A's
         # chunks stay in the CPU tier (6 of 8 chunks used).
         _run(tiered, client, _prompt(5000, 127))
 
-        # 3. CPU hit: no GPU hit, chunks 0-1 load from the CPU tier.
+        # 3. CPU hit: no GPU hit; all three chunks load from the CPU tier.
         cpu, cached = _run(tiered, client, a)
-        assert cpu.prefix == (96, 0) and cpu.external == (96, 64) and cached == 64
-        assert cpu.by_source == {"device": 0, "host": 64, "disk": 0}
-        assert cpu.tier0 == (2, 2) and cpu.tier1 == (0, 0)
+        assert cpu.prefix == (96, 0) and cpu.external == (96, 96) and cached == 96
+        assert cpu.by_source == {"device": 0, "host": 96, "disk": 0}
+        assert cpu.tier0 == (3, 3) and cpu.tier1 == (0, 0)
 
         # C, D, E store 9 more chunks: LRU pushes all of A out of the 8-chunk CPU tier; the fs tier
         # (unbounded) still holds them, and the GPU holds none of A.
         for base in (6000, 7000, 8000):
             _run(tiered, client, _prompt(base, 127))
 
-        # 4. Storage hit: chunks 0-1 miss the CPU, hit the fs tier, are promoted, then loaded.
+        # 4. Storage hit: every chunk misses the CPU, hits the fs tier, is promoted, then loaded.
         disk, cached = _run(tiered, client, a)
-        assert disk.prefix == (96, 0) and disk.external == (96, 64) and cached == 64
-        assert disk.by_source == {"device": 0, "host": 0, "disk": 64}
-        assert disk.tier0 == (2, 0) and disk.tier1 == (2, 2)
+        assert disk.prefix == (96, 0) and disk.external == (96, 96) and cached == 96
+        assert disk.by_source == {"device": 0, "host": 0, "disk": 96}
+        assert disk.tier0 == (3, 0) and disk.tier1 == (3, 3)
+
+        # 5. A prefix with a new suffix: the GPU serves the prefix, the suffix is computed.
+        suffix, cached = _run(tiered, client, a[:64] + _prompt(9000, 40))
+        assert suffix.prefix == (104, 64) and suffix.external == (40, 0) and cached == 64
 
         # by_source sums to prefix hits + external hits over the whole run (vLLM 0.33's invariant).
         s = tiered.published().stats
         assert sum(s.cached_by_source.values()) == s.prefix_hits + s.external_hits
         # Per-tier byte counters: every stored chunk was written to both tiers.
         assert s.tiers["0:primary"].write_bytes == s.offload_store_bytes
-        assert s.tiers["1:fs"].read_bytes == 2 * CHUNK_BYTES  # the two promotions
-        assert s.tiers["0:primary"].read_bytes == s.offload_load_bytes == 4 * CHUNK_BYTES
+        assert s.tiers["1:fs"].read_bytes == 3 * CHUNK_BYTES  # the three promotions
+        assert s.tiers["0:primary"].read_bytes == s.offload_load_bytes == 7 * CHUNK_BYTES  # 1 + 3 + 3
 
 
 def test_without_offload_external_counters_stay_zero() -> None:

@@ -4,11 +4,11 @@ API::
 
     tiers = OffloadTiers(spec, block_size=32, kv_bytes_per_token=512, host_bandwidth_Bps=10e9,
                          host_latency_s=20e-6, stats=engine_stats)
-    tiers.lookup(req_id, hashes, start_tokens, max_tokens, now)
+    tiers.lookup(req, hashes, start_tokens, max_tokens, now)
         -> None (ask again next step: a promotion is in flight) | LookupResult(tokens, host, disk, keys)
-    tiers.start_load(result, now) -> completion time of the CPU -> GPU load (keys pinned until then)
-    tiers.store(keys, now)       # write-through GPU -> CPU of newly computed full chunks (+ cascade)
-    tiers.forget_request(req_id) # drop the per-request "already counted" set
+    tiers.start_load(req, result, now) -> completion time of the CPU -> GPU load (keys pinned until then)
+    tiers.store(req, keys, now)  # write-through GPU -> CPU of newly computed full chunks (+ cascade)
+    tiers.finish_request(req)    # the request's chunks get their recency; per-request state dropped
     tiers.next_event_time(now)   # earliest pending promotion completion (the engine wakes for it)
     tiers.gauges(now)            # (CPU share pinned by transfers, active promotions, active cascades)
     tiers.clear()                # empty every tier (a simulated restart)
@@ -21,11 +21,14 @@ Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
   chunk, prompt-only by default); a stored chunk becomes visible when the GPU -> CPU transfer ends,
   then cascades to every secondary tier (CPU -> fs write job; the CPU copy is pinned meanwhile).
 * Lookups run at every admission of a request with nothing computed, chunk by chunk after the GPU
-  hit, and stop at the first miss. A chunk ready in the CPU is a HIT. A chunk only in a secondary
+  hit, over every full chunk of the request (the whole prompt can hit: vLLM then recomputes the
+  last token after the load), and stop at the first miss. A chunk ready in the CPU is a HIT. A chunk only in a secondary
   tier starts a promotion (fs -> CPU) and the lookup answers "retry" (``None``); once promoted it is a
   CPU HIT, and its tokens count as coming from ``disk``. Loads CPU -> GPU are asynchronous.
 * Tiering counters (chunks) are counted once per (request, tier, key) when the lookup resolves:
   tier 0 query (+hit if in the CPU); on a CPU miss, each secondary tier in order gets a query (+hit).
+* LRU recency (vLLM 0.32's ``LRUCachePolicy``): set when a chunk is stored, and when a request
+  finishes for every chunk it loaded or offered, in reverse prefix order; lookups do not touch it.
 * Transfers run on stations of ``n`` parallel FIFO servers: a job of ``b`` bytes takes
   ``latency + b / bandwidth`` of service time after the server frees up. Read/write time counters
   add the service time (device time without queue wait, as vLLM's do).
@@ -132,6 +135,7 @@ class OffloadTiers:
         self._promoted_for: dict[object, set[int]] = {}  # req -> keys promoted on its behalf
         self._pending_promotions: dict[int, float] = {}  # key -> completion time
         self._promotion_tier: dict[int, str] = {}  # key -> label of the tier it is promoted from
+        self._accessed: dict[object, dict[int, int]] = {}  # req -> {chunk key: prefix position}
 
     # -- CPU tier space ----------------------------------------------------------------------------
     def _cpu_make_room(self, now: float, protect: frozenset[int] | set[int] = frozenset()) -> bool:
@@ -146,12 +150,15 @@ class OffloadTiers:
         return False
 
     # -- stores ------------------------------------------------------------------------------------
-    def store(self, keys: Sequence[int], now: float) -> None:
-        """Write-through GPU -> CPU of newly computed chunks, then cascade to secondary tiers."""
+    def store(self, req: object, keys: Sequence[int], now: float) -> None:
+        """Write-through GPU -> CPU of newly computed chunks, then cascade to secondary tiers.
+
+        Resident chunks are not stored again; like every chunk the request offers, they count as
+        accessed and get their recency when the request finishes."""
+        self._record_access(req, keys)
         for key in keys:
             entry = self.cpu.get(key)
             if entry is not None:
-                self.cpu.move_to_end(key)
                 continue
             if not self._cpu_make_room(now):
                 self.stats.offload_allocation_failures += 1
@@ -165,7 +172,6 @@ class OffloadTiers:
             pinned = done
             for tier in self.secondary:
                 if key in tier.entries:
-                    tier.entries.move_to_end(key)
                     continue
                 cascade_done, cascade_service = tier.write.submit(done, self.chunk_bytes)
                 counters = self.stats.tier(tier.label)
@@ -192,7 +198,9 @@ class OffloadTiers:
         """Offload hit after a GPU hit of ``start_tokens``; at most ``max_tokens`` in total."""
         cs = self.chunk_tokens
         first = start_tokens // cs
-        last = max_tokens // cs  # exclusive; chunks ending at or before max_tokens
+        last = min(max_tokens, (len(hashes) // self.blocks_per_chunk) * cs) // cs  # exclusive
+        if last * cs - start_tokens < cs:
+            return LookupResult(0, 0, 0, ())  # less than one chunk could be loaded: no lookup
         keys: list[int] = []
         retry = False
         promoted = self._promoted_for.setdefault(req, set())
@@ -201,7 +209,6 @@ class OffloadTiers:
             entry = self.cpu.get(key)
             if entry is not None and entry.ready_at <= now:
                 self._count(req, 0, key, True)
-                self.cpu.move_to_end(key)
                 keys.append(key)
                 continue
             if entry is not None and entry.promoted:
@@ -213,7 +220,6 @@ class OffloadTiers:
             for i, tier in enumerate(self.secondary, start=1):
                 if tier.has(key, now):
                     self._count(req, i, key, True)
-                    tier.entries.move_to_end(key)
                     # Never evict a chunk this very lookup needs (a tier smaller than the
                     # prefix would otherwise promote and evict in a circle forever).
                     if self._promote(key, tier, now, set(keys)):
@@ -248,7 +254,7 @@ class OffloadTiers:
         return True
 
     # -- loads -------------------------------------------------------------------------------------
-    def start_load(self, result: LookupResult, now: float) -> float:
+    def start_load(self, req: object, result: LookupResult, now: float) -> float:
         """CPU -> GPU load of a lookup's chunks; returns its completion time."""
         nbytes = len(result.keys) * self.chunk_bytes
         done, service = self.host.submit(now, nbytes)
@@ -261,6 +267,7 @@ class OffloadTiers:
             entry = self.cpu.get(key)
             if entry is not None:
                 entry.pinned_until = max(entry.pinned_until, done)
+        self._record_access(req, result.keys)
         return done
 
     def gauges(self, now: float) -> tuple[float, dict[str, int], dict[str, int]]:
@@ -279,7 +286,21 @@ class OffloadTiers:
                     promotions[label] = promotions.get(label, 0) + 1
         return pin_share, promotions, cascades
 
-    def forget_request(self, req: object) -> None:
+    def _record_access(self, req: object, keys: Sequence[int]) -> None:
+        accessed = self._accessed.setdefault(req, {})
+        for key in keys:
+            accessed.setdefault(key, len(accessed))  # position order = prefix order
+
+    def finish_request(self, req: object) -> None:
+        """The request is done: its loaded and offered chunks become the most recent, in reverse
+        prefix order (the first chunk last, so a prefix's tail is evicted before its head)."""
+        accessed = self._accessed.pop(req, {})
+        for key in sorted(accessed, key=accessed.__getitem__, reverse=True):
+            if key in self.cpu:
+                self.cpu.move_to_end(key)
+            for tier in self.secondary:
+                if key in tier.entries:
+                    tier.entries.move_to_end(key)
         self._counted.pop(req, None)
         self._promoted_for.pop(req, None)
 
@@ -296,5 +317,6 @@ class OffloadTiers:
             tier.entries.clear()
         self._counted.clear()
         self._promoted_for.clear()
+        self._accessed.clear()
         self._pending_promotions.clear()
         self._promotion_tier.clear()

@@ -17,9 +17,10 @@ Rules (``vllm-semantics.md`` §A.2-§A.4):
   queue) until the allocation fits.
 * Then, if nothing was preempted in this step, waiting requests in FCFS order while there is token
   budget and fewer than ``max_num_seqs`` running. A request with nothing computed is looked up: GPU
-  prefix hit (whole blocks, at most ``num_tokens - 1``), then the offload tiers after it. A tier
-  answer of "retry" skips the request for this step; an offload hit allocates the blocks and loads
-  asynchronously (the request waits, using no token budget, then computes the rest). An allocation
+  prefix hit (whole blocks, at most ``num_tokens - 1``), then the offload tiers after it (which may
+  match the whole prompt). A tier answer of "retry" skips the request for this step; an offload hit
+  allocates the blocks and loads asynchronously (the request waits, using no token budget, then
+  computes the rest; after a full prompt hit, the last token). An allocation
   failure stops admission for this step.
 * Prefix-cache stats are recorded once, at admission, after allocation succeeds; requests that were
   preempted before, and ``prompt_logprobs`` requests (which skip the cache), are not counted.
@@ -231,7 +232,8 @@ class Scheduler:
                     local = self.pool.find_longest_hit(req.hashes, max_hit)
                 local_tokens = len(local) * self.bs
                 if self.tiers is not None and not req.skip_cache:
-                    ext = self.tiers.lookup(req, req.hashes, local_tokens, max_hit, now)
+                    # The connector may match the whole prompt (not capped at num_tokens - 1).
+                    ext = self.tiers.lookup(req, req.hashes, local_tokens, req.num_tokens, now)
                     if ext is None:  # a promotion is in flight: ask again next step
                         skipped.append(waiting.popleft())
                         continue
@@ -258,7 +260,7 @@ class Scheduler:
                 if ext_tokens:
                     req.state = LOADING
                     req.load_tokens = ext_tokens
-                    req.load_until = self.tiers.start_load(ext, now)  # type: ignore[union-attr]
+                    req.load_until = self.tiers.start_load(req, ext, now)  # type: ignore[union-attr]
                     skipped.append(req)
                     continue
             else:
@@ -282,6 +284,9 @@ class Scheduler:
         req.load_tokens = 0
         req.state = WAITING
         self._cache_full_blocks(req)
+        if req.num_computed >= req.num_tokens:
+            # A full prompt hit: recompute the last token so the next one can be sampled.
+            req.num_computed = req.num_tokens - 1
 
     def _record_admission(self, req: Request, local_tokens: int, ext: LookupResult | None) -> None:
         ext_tokens = ext.tokens if ext is not None else 0
@@ -332,7 +337,7 @@ class Scheduler:
             bpc = tiers.blocks_per_chunk
             keys = [req.hashes[(c + 1) * bpc - 1] for c in range(req.num_stored_chunks, n_chunks)]
             req.num_stored_chunks = n_chunks
-            tiers.store(keys, now)
+            tiers.store(req, keys, now)
 
     # -- after the step ----------------------------------------------------------------------------
     def finish_step(self, plan: StepPlan, now: float) -> int:
@@ -403,7 +408,7 @@ class Scheduler:
             self.pool.free(req.blocks)
             req.blocks = []
         if self.tiers is not None:
-            self.tiers.forget_request(req)
+            self.tiers.finish_request(req)
         s = self.stats
         s.request_success[reason] = s.request_success.get(reason, 0) + 1
         if req.first_token is not None:
