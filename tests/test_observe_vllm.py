@@ -1,7 +1,8 @@
 """`observe()` against a real vLLM on this CPU (the lane of ``tools/vllm_cpu.py``): real SSE, real counters.
 
 Server: ``BLIS_VLLM_URL`` if set, else the lane's server when its state file says a healthy one is up;
-otherwise the test skips (it never starts the 3 GiB server itself: ``python tools/vllm_cpu.py start``).
+otherwise the test skips, or fails with ``BLIS_REQUIRE_VLLM=1`` (it never starts the 3 GiB server itself:
+``python tools/vllm_cpu.py start``).
 The counter window holds the lane's ``counters.lock`` so no other test's traffic lands in it.
 
 By hand (block size 32, one request at a time, a seed never used before so the prefix is cold): four
@@ -49,6 +50,12 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _unavailable(reason: str) -> None:
+    if os.environ.get("BLIS_REQUIRE_VLLM") == "1":
+        pytest.fail(f"BLIS_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def vllm_url() -> Iterator[str]:
     root = _lane_root()
@@ -57,9 +64,9 @@ def vllm_url() -> Iterator[str]:
         try:
             url = json.loads((root / "vllm-server.json").read_text())["url"]
         except (OSError, ValueError, KeyError):
-            pytest.skip("no real vLLM: set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`")
+            _unavailable("no real vLLM: set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`")
     if not _healthy(url):
-        pytest.skip(f"the real vLLM at {url} is not healthy")
+        _unavailable(f"the real vLLM at {url} is not healthy")
     lock = root / "counters.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as fh, contextlib.ExitStack() as stack:
