@@ -208,7 +208,7 @@ def _swap(flag: str, value: str) -> list[str]:
     ("sim-unknown-key", "field '[0].bogus': unknown key 'bogus'"),
     ("sim-empty", "No sim results found"),
     ("sim-no-match", "No matching request IDs found between trace and sim results"),
-    ("metrics-wrong-type", "m.json: field 'cache_hit_rate'"),
+    ("metrics-wrong-type", "m.json:1: field 'cache_hit_rate'"),
     ("report-dir-missing", "failed to write calibration report"),
     ("itl-not-found", "itl.csv: file not found"),
 ])
