@@ -116,10 +116,13 @@ def test_four_canonical_paths(tiered) -> None:  # type: ignore[no-untyped-def]
         # by_source sums to prefix hits + external hits over the whole run (vLLM 0.33's invariant).
         s = tiered.published().stats
         assert sum(s.cached_by_source.values()) == s.prefix_hits + s.external_hits
-        # Per-tier byte counters: every stored chunk was written to both tiers.
-        assert s.tiers["0:primary"].write_bytes == s.offload_store_bytes
+        # Bytes: tiering read/write counters are per secondary tier (promotions / cascades); GPU <-> CPU
+        # traffic is the connector's load/store counters. Every chunk stored to the CPU cascaded to fs.
         assert s.tiers["1:fs"].read_bytes == 3 * CHUNK_BYTES  # the three promotions
-        assert s.tiers["0:primary"].read_bytes == s.offload_load_bytes == 7 * CHUNK_BYTES  # 1 + 3 + 3
+        # Stored chunks: A 3, B 3, C-E 9, the suffix request's new chunk 1 (resident ones are skipped).
+        assert s.tiers["1:fs"].write_bytes == s.offload_store_bytes == 16 * CHUNK_BYTES
+        assert s.offload_load_bytes == 7 * CHUNK_BYTES  # loads of 1 + 3 + 3 chunks
+        assert s.tiers["0:primary"].read_bytes == s.tiers["0:primary"].write_bytes == 0
 
 
 def test_without_offload_external_counters_stay_zero() -> None:

@@ -30,8 +30,13 @@ Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
 * LRU recency (vLLM 0.32's ``LRUCachePolicy``): set when a chunk is stored, and when a request
   finishes for every chunk it loaded or offered, in reverse prefix order; lookups do not touch it.
 * Transfers run on stations of ``n`` parallel FIFO servers: a job of ``b`` bytes takes
-  ``latency + b / bandwidth`` of service time after the server frees up. Read/write time counters
-  add the service time (device time without queue wait, as vLLM's do).
+  ``latency + b / bandwidth`` of service time after the server frees up. Time counters add the
+  service time (device time without queue wait, as vLLM's do); they and the byte counters move when
+  a job is submitted (vLLM: when it finishes; they differ only for jobs in flight at a scrape).
+  As in vLLM 0.32's ``TieringOffloadingMetrics``, tiering read/write bytes and times are per
+  secondary tier only (read = promotions into the CPU, write = cascades from it); GPU <-> CPU
+  traffic is the connector's ``kv_offload_{load,store}_*``. A chunk whose store or promotion is in
+  flight answers HIT_PENDING: the request is deferred and counted when the lookup resolves.
 """
 from __future__ import annotations
 
@@ -166,9 +171,6 @@ class OffloadTiers:
             done, service = self.host.submit(now, self.chunk_bytes)
             self.stats.offload_store_bytes += self.chunk_bytes
             self.stats.offload_store_time += service
-            primary = self.stats.tier(PRIMARY_LABEL)
-            primary.write_bytes += self.chunk_bytes
-            primary.write_time += service
             pinned = done
             for tier in self.secondary:
                 if key in tier.entries:
@@ -211,8 +213,10 @@ class OffloadTiers:
                 self._count(req, 0, key, True)
                 keys.append(key)
                 continue
-            if entry is not None and entry.promoted:
-                retry = True  # HIT_PENDING: promotion in flight
+            if entry is not None:
+                # HIT_PENDING (a store or a promotion in flight): counts as a hit for the
+                # prefix but defers the request; tier counters wait for the resolved answer.
+                retry = True
                 keys.append(key)
                 continue
             self._count(req, 0, key, False)
@@ -260,9 +264,6 @@ class OffloadTiers:
         done, service = self.host.submit(now, nbytes)
         self.stats.offload_load_bytes += nbytes
         self.stats.offload_load_time += service
-        primary = self.stats.tier(PRIMARY_LABEL)
-        primary.read_bytes += nbytes
-        primary.read_time += service
         for key in result.keys:
             entry = self.cpu.get(key)
             if entry is not None:
