@@ -133,6 +133,8 @@ def test_metric_profiles(tmp_path: Path, profile: str, present: list[str], absen
         assert value(text, "vllm:prompt_tokens_cached_by_source_total", source="device") == 64
         assert value(text, "vllm:kv_offload_tiering_write_bytes_total", tier="1:fs") == 3 * 32 * 512
         assert value(text, "vllm:kv_offload_store_bytes_total") == 3 * 32 * 512
+        assert ("vllm:kv_offload_tiering_read_bytes_total",
+                (("engine", "0"), ("model_name", "tiny-llama"), ("tier", "0:primary"))) not in samples(text)
 
 
 def test_tier_series_appear_only_after_a_tier_event(tmp_path: Path) -> None:

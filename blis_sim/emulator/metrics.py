@@ -48,6 +48,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from blis_sim.emulator.config import EmulatorConfig, Geometry, OffloadSpec
+from blis_sim.emulator.offload import PRIMARY_LABEL
 from blis_sim.emulator.stats import CACHE_SOURCES, EngineStats, Histogram
 
 BASE = ("engine", "model_name")
@@ -264,10 +265,13 @@ class VllmCollector(Collector):
             ("vllm:kv_offload_tiering_cascade_job_failures",
              "Failed cascade jobs (primary tier to secondary), per tier.", "cascade_job_failures"),
         )
-        if tiers:
-            for name, doc, attr in per_tier:
-                yield self._labelled_counter(name, doc, "tier",
-                                             {t: getattr(v, attr) for t, v in tiers.items()}, c)
+        for name, doc, attr in per_tier:
+            # Lookups are counted for every tier; transfer jobs run only between the primary tier
+            # and a secondary one, and vLLM labels them with the secondary tier.
+            values = {t: getattr(v, attr) for t, v in tiers.items()
+                      if attr.startswith("chunk_") or t != PRIMARY_LABEL}
+            if values:
+                yield self._labelled_counter(name, doc, "tier", values, c)
         yield self._counter("vllm:kv_offload_tiering_promotion_allocation_failures",
                             "Promotions that found no space in the primary tier.",
                             s.promotion_allocation_failures, c)
