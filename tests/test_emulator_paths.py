@@ -113,6 +113,13 @@ def test_four_canonical_paths(tiered) -> None:  # type: ignore[no-untyped-def]
         suffix, cached = _run(tiered, client, a[:64] + _prompt(9000, 40))
         assert suffix.prefix == (104, 64) and suffix.external == (40, 0) and cached == 64
 
+        # 6. prompt_logprobs skips every cache: no local stats, but the connector still records its
+        # queries (the whole prompt, no hit), as vLLM 0.32's scheduler does.
+        before = tiered.published().stats
+        client.post("/v1/completions", json={"prompt": a, "max_tokens": 1, "prompt_logprobs": 0}).raise_for_status()
+        plp = Counters(before, tiered.published().stats)
+        assert plp.prefix == (0, 0) and plp.external == (96, 0) and plp.tier0 == (0, 0)
+
         # by_source sums to prefix hits + external hits over the whole run (vLLM 0.33's invariant).
         s = tiered.published().stats
         assert sum(s.cached_by_source.values()) == s.prefix_hits + s.external_hits

@@ -295,13 +295,14 @@ class Scheduler:
             req.cached_by_source = {"device": local_tokens,
                                     "host": ext.host_tokens if ext else 0,
                                     "disk": ext.disk_tokens if ext else 0}
-        if req.counted or req.skip_cache or req.num_preemptions > 0:
+        if req.counted or req.num_preemptions > 0:
             return
         req.counted = True
         s = self.stats
-        s.prefix_queries += req.num_tokens
-        s.prefix_hits += local_tokens
-        if self.tiers is not None:
+        if not req.skip_cache:  # prompt_logprobs requests skip the local prefix-cache stats ...
+            s.prefix_queries += req.num_tokens
+            s.prefix_hits += local_tokens
+        if self.tiers is not None:  # ... but not the connector's (vLLM 0.32 records them, 0 hits)
             ext_queries = req.num_tokens - local_tokens
             if ext_queries:
                 s.external_queries += ext_queries
