@@ -68,3 +68,16 @@ def test_a_fitted_model_validates_on_another_trace_and_a_wrong_one_does_not(fitt
     assert good.ttft_mape < 0.03
     wrong = evaluate(other, OPTS)  # the default coefficients
     assert wrong.ttft_mape > 5 * max(good.ttft_mape, 0.005)
+
+
+def test_non_streamed_observe_rows_cannot_be_fitted() -> None:
+    from pathlib import Path
+
+    from blis_sim.errors import ConfigError
+    from blis_sim.formats import load_trace
+
+    vllm = Path(__file__).resolve().parents[2] / "shared" / "samples" / "vllm-cpu"
+    trace = load_trace(vllm / "trace.yaml", vllm / "trace.csv")  # streaming: false everywhere
+    with pytest.raises(ConfigError, match="no completed request with a usable TTFT"):
+        fit(trace, EngineOptions(model="tiny-llama", block_size=32, num_gpu_blocks=512),
+            max_iterations=1)

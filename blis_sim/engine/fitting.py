@@ -17,8 +17,9 @@ with non-negative coefficients (outliers set aside), and the replay is redone wi
 coefficients (the schedule depends on them): a fixed-point iteration that recovers the
 coefficients of a trace the engine generated itself to well under 1 %.
 
-Which requests: ``status ok`` rows with a first token; TTFT = first content (else first chunk) −
-send; ITL mean = (last chunk − first chunk) / (output tokens − 1) for rows with ≥ 2 outputs.
+Which requests: ``status ok`` rows with a first token (in observe traces, streamed ones only: a
+non-streamed response has no first-token time); TTFT = first content (else first chunk) − send;
+ITL mean = (last chunk − first chunk) / (output tokens − 1) for rows with ≥ 2 outputs.
 Rows outside the comparison window (warm-up) are simulated but not fitted.
 """
 from __future__ import annotations
@@ -51,7 +52,9 @@ class Observed:
     load: np.ndarray      # requests in flight (sent earlier, last chunk not yet seen) at each send
 
 
-def observed(outcome: SimOutcome) -> Observed:
+def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
+    """The trace's own latencies per table row. In an observe trace (``mode: real``) only
+    streamed requests have a TTFT and ITLs (a non-streamed response arrives in one piece)."""
     n = len(outcome.table)
     ttft = np.full(n, np.nan)
     itl = np.full(n, np.nan)
@@ -63,6 +66,8 @@ def observed(outcome: SimOutcome) -> Observed:
     load = inflight_at_arrival(send, last).astype(np.float64)
     for i, r in enumerate(outcome.table.source):
         if r.status != "ok" or not outcome.table.in_window[i] or r.send_time_us <= 0:
+            continue
+        if mode == "real" and not r.streaming:
             continue
         first = r.first_content_time_us or r.first_chunk_time_us
         if first > 0:
@@ -201,7 +206,7 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     for _ in range(max_iterations):
         opts = replace(options, latency=coeffs.to_step_model(), latency_source="fit")
         out = replay_outcome(trace, opts, log_steps=True).outcome
-        obs = observed(out)
+        obs = observed(out, trace.header.mode)
         x, y, w = _design(out, obs)
         c = _robust_lstsq(x, y, w)
         coeffs = _to_coefficients(c)
@@ -214,14 +219,15 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     coeffs = _to_coefficients(np.median(np.array(settled), axis=0))
     final = replay_outcome(trace, replace(options, latency=coeffs.to_step_model(),
                                           latency_source="fit")).outcome
-    return coeffs.model_copy(update={"fit": _report(final, observed(final), name, len(history))})
+    return coeffs.model_copy(update={"fit": _report(final, observed(final, trace.header.mode), name,
+                                                    len(history))})
 
 
 def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport:
     """How well ``options.latency`` reproduces ``trace``'s TTFT and ITL (e.g. a model fitted on a
     probe phase, validated on another trace)."""
     out = replay_outcome(trace, options).outcome
-    return _report(out, observed(out), name, 0)
+    return _report(out, observed(out, trace.header.mode), name, 0)
 
 
 def _start(options: EngineOptions) -> LatencyCoefficients:
