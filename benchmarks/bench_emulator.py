@@ -9,8 +9,9 @@
    ``1 / cpu_per_request`` even on a busy machine), and checks the counters: prefix-cache queries,
    generation tokens and ``request_success{length}`` must equal what was sent. Target: >= 300 req/s.
 2. TTFT at low load: profile ``tiny-cpu`` without noise, one request at a time, 64-token unique
-   prompts: client TTFT (first content chunk) and server TTFT (histogram) minus the model's step
-   time for that prefill (7.43 ms). Target: within 2 ms.
+   prompts: client TTFT (first content chunk) and the server's own TTFT (``usage.metrics`` with
+   ``--enable-per-request-metrics``: first token - scheduling) minus the model's step time for that
+   prefill (7.43 ms). Target: within 2 ms.
 
 Prints wall time and peak RSS (server and client). Figures depend on machine load: run it on a quiet
 machine, twice, and quote both runs.
@@ -45,9 +46,10 @@ def counters(text: str) -> dict[str, float]:
     return out
 
 
-async def stream_one(session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int
-                     ) -> tuple[float, int]:
-    """(client TTFT in s, completion tokens) of one streaming completion."""
+async def stream_one(session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int,
+                     server_ttft: list[float] | None = None) -> tuple[float, int]:
+    """(client TTFT in s, completion tokens) of one streaming completion; appends the server's own
+    TTFT (``usage.metrics``, with --enable-per-request-metrics) to ``server_ttft``."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -63,6 +65,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, prompt: list[int]
                 ttft = time.perf_counter() - t0
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+                if server_ttft is not None and "metrics" in chunk["usage"]:
+                    server_ttft.append(chunk["usage"]["metrics"]["time_to_first_token_ms"] / 1000)
     return ttft, tokens
 
 
@@ -87,17 +91,19 @@ async def throughput(url: str, n: int, concurrency: int) -> tuple[float, int]:
         return time.perf_counter() - t0, done
 
 
-async def ttft_low_load(url: str, n: int) -> list[float]:
+async def ttft_low_load(url: str, n: int) -> tuple[list[float], list[float]]:
+    """(client TTFTs, server TTFTs from scheduling) of ``n`` sequential requests after a warm-up."""
     async with aiohttp.ClientSession() as session:
         for i in range(5):  # warm-up: first requests on a fresh server are slower
             await stream_one(session, url, list(range(900_000 + i * 64, 900_064 + i * 64)), 8)
-        out = []
+        client: list[float] = []
+        server: list[float] = []
         for i in range(n):
             base = 20_000 + i * 64
-            ttft, _ = await stream_one(session, url, list(range(base, base + 64)), 8)
-            out.append(ttft)
+            ttft, _ = await stream_one(session, url, list(range(base, base + 64)), 8, server)
+            client.append(ttft)
             await asyncio.sleep(0.005)
-        return out
+        return client, server
 
 
 def pct(values: list[float], q: float) -> float:
@@ -141,19 +147,15 @@ def main() -> int:
 
     # 2. TTFT accuracy at low load.
     model = get_profile("tiny-cpu").step_seconds(64, 0, 0)
-    with spawn_emulator(EmulatorConfig(profile="tiny-cpu", step_noise=0.0)) as proc:
-        import httpx
-        before = counters(httpx.get(proc.url + "/metrics", timeout=10).text)
-        ttfts = asyncio.run(ttft_low_load(proc.url, args.ttft_requests))
-        time.sleep(0.3)
-        after = counters(httpx.get(proc.url + "/metrics", timeout=10).text)
-    n = after["vllm:time_to_first_token_seconds_count"] - before["vllm:time_to_first_token_seconds_count"]
-    server_ttft = (after["vllm:time_to_first_token_seconds_sum"]
-                   - before["vllm:time_to_first_token_seconds_sum"]) / n
+    cfg = EmulatorConfig(profile="tiny-cpu", step_noise=0.0, enable_per_request_metrics=True)
+    with spawn_emulator(cfg) as proc:
+        ttfts, server = asyncio.run(ttft_low_load(proc.url, args.ttft_requests))
     over = [1000 * (t - model) for t in ttfts]
-    print(f"ttft: model {1000 * model:.2f} ms; client TTFT - model over {len(ttfts)} requests: "
+    server_over = [1000 * (t - model) for t in server]
+    print(f"ttft: model {1000 * model:.2f} ms over {len(ttfts)} sequential requests; client TTFT - model: "
           f"p50 {pct(over, 50):+.2f} ms, p90 {pct(over, 90):+.2f} ms, p99 {pct(over, 99):+.2f} ms; "
-          f"server-side mean TTFT - model (includes warm-up) {1000 * (server_ttft - model):+.2f} ms")
+          f"server TTFT (from scheduling, usage.metrics) - model: p50 {pct(server_over, 50):+.2f} ms, "
+          f"p90 {pct(server_over, 90):+.2f} ms")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"wall {time.perf_counter() - t_start:.1f} s, client peak RSS {peak:.0f} MiB, "
           f"load average {os.getloadavg()[0]:.1f} on {len(cores)} cores")

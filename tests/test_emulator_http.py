@@ -92,6 +92,19 @@ def test_continuous_usage_stats(client: httpx.Client) -> None:
     assert chunks[-1]["choices"] == []
 
 
+def test_per_request_metrics() -> None:
+    cfg = EmulatorConfig(profile="tiny-cpu", step_noise=0.0, enable_per_request_metrics=True)
+    with start_emulator(cfg) as e, httpx.Client(base_url=e.url, timeout=10) as c:
+        r = c.post("/v1/completions", json={"prompt": list(range(100, 164)), "max_tokens": 3, "stream": True,
+                                            "stream_options": {"include_usage": True}})
+        usage = json.loads(sse_events(r.text)[-2])["usage"]
+    m = usage["metrics"]
+    assert set(m) == {"time_to_first_token_ms", "queue_time_ms", "mean_itl_ms", "generation_time_ms",
+                      "tokens_per_second"}
+    assert m["time_to_first_token_ms"] >= 7.42  # one 64-token prefill step of the tiny-cpu model
+    assert m["mean_itl_ms"] >= 1.99  # one-sequence decode steps of 2.0 ms
+
+
 def test_streaming_without_usage_ends_with_done(client: httpx.Client) -> None:
     r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "stream": True})
     events = sse_events(r.text)

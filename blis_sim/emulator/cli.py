@@ -43,6 +43,7 @@ _BOOL_FLAGS: tuple[tuple[str, str, bool], ...] = (
     ("--no-enable-prefix-caching", "enable_prefix_caching", False),
     ("--no-enable-chunked-prefill", "enable_chunked_prefill", False),
     ("--enable-prompt-tokens-details", "enable_prompt_tokens_details", True),
+    ("--enable-per-request-metrics", "enable_per_request_metrics", True),
     ("--no-created-series", "created_series", False),
     ("--add-bos", "add_bos", True),
 )
@@ -93,6 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="omit *_created samples (vLLM multiprocess mode)")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage.prompt_tokens_details.cached_tokens per request")
+    g.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="server-side timings (usage.metrics) in each request's final usage object")
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault-metrics", choices=METRICS_FAULTS, default="ok",
                    help="/metrics answers: ok, http500, drop (connection closed), hang")

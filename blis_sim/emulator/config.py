@@ -142,6 +142,7 @@ class EmulatorConfig:
     created_series: bool = True  # `_created` samples, as the real vLLM 0.32 on CPU serves them
     stats_interval_s: float = 0.05  # counters published this often (0: after every engine step)
     enable_prompt_tokens_details: bool = False
+    enable_per_request_metrics: bool = False  # server-side timings in the final usage object
     add_bos: bool = False
     eos_probability: float = 0.0  # per generated token, when not ignore_eos and past min_tokens
     step_noise: float | None = None  # overrides the profile's noise_cv

@@ -409,6 +409,8 @@ class Handlers:
                                  "completion_tokens": req.num_output}
         if self.config.enable_prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+        if self.config.enable_per_request_metrics and req.first_token is not None:
+            usage["metrics"] = _request_metrics(req)
         return usage
 
     async def _stream(self, request: web.Request, req: Request, params: GenParams, waiter: _Waiter,
@@ -481,6 +483,20 @@ class Handlers:
             events.append(fmt.usage(self._usage(req), self._fingerprint))
         events.append("data: [DONE]\n\n")
         return events
+
+
+def _request_metrics(req: Request) -> dict[str, float]:
+    """vLLM's ``--enable-per-request-metrics`` timings (ms): TTFT from scheduling, not arrival."""
+    assert req.first_token is not None
+    scheduled = req.first_scheduled if req.first_scheduled is not None else req.arrival
+    end = req.finish_time if req.finish_time is not None else req.last_token or req.first_token
+    n = req.num_output
+    itl = (req.last_token - req.first_token) / (n - 1) if n > 1 and req.last_token else 0.0
+    return {"time_to_first_token_ms": round(1000 * (req.first_token - scheduled), 3),
+            "queue_time_ms": round(1000 * (scheduled - req.arrival), 3),
+            "mean_itl_ms": round(1000 * itl, 3),
+            "generation_time_ms": round(1000 * (end - req.first_token), 3),
+            "tokens_per_second": round(n / (end - scheduled), 3) if end > scheduled else 0.0}
 
 
 class _SseFormat:
