@@ -102,7 +102,8 @@ def test_per_request_metrics() -> None:
     assert set(m) == {"time_to_first_token_ms", "queue_time_ms", "mean_itl_ms", "generation_time_ms",
                       "tokens_per_second"}
     assert m["time_to_first_token_ms"] >= 7.42  # one 64-token prefill step of the tiny-cpu model
-    assert m["mean_itl_ms"] >= 1.99  # one-sequence decode steps of 2.0 ms
+    # Decode steps of 2.0 ms, paced from the previous step's target: one may absorb earlier lateness.
+    assert m["mean_itl_ms"] > 1.0 and m["generation_time_ms"] >= m["mean_itl_ms"]
 
 
 def test_streaming_without_usage_ends_with_done(client: httpx.Client) -> None:
