@@ -28,14 +28,16 @@ KEYS = {
 def emu() -> Iterator[RunningEmulator]:
     # As the lane starts the real server: --block-size 32 --num-gpu-blocks-override 512
     # --enable-prompt-tokens-details, tiny model.
+    # Counters published at every scrape (stats_interval_s=0), so the windows do not depend on a
+    # settle delay on a loaded machine; the interval itself is tested in test_emulator_metrics.py.
     cfg = EmulatorConfig(profile="tiny-cpu", block_size=32, num_gpu_blocks=512,
-                         enable_prompt_tokens_details=True)
+                         enable_prompt_tokens_details=True, stats_interval_s=0)
     with start_emulator(cfg) as running:
         yield running
 
 
 class Window:
-    """Counter deltas from /metrics between two scrapes, waiting out the stats interval like an observer."""
+    """Counter deltas from /metrics between two scrapes."""
 
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
@@ -50,15 +52,12 @@ class Window:
         return out
 
     def run(self, prompts: list[list[int]], **body: object) -> tuple[dict[str, int], list[int]]:
-        import time
-
         before = self.scrape()
         cached = []
         for p in prompts:
             r = self.client.post("/v1/completions", json={"prompt": p, "max_tokens": 1, **body})
             r.raise_for_status()
             cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
-        time.sleep(0.2)  # settle: counters are published every 50 ms (vLLM: at stats logging)
         after = self.scrape()
         return {k: int(after[k] - before.get(k, 0)) for k in after}, cached
 
