@@ -51,20 +51,22 @@ def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
 
 
 @pytest.fixture(scope="session")
-def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[[ServerTarget], Any]:
-    """``blis_latency_model(target, server_spec)``: coefficients fitted on a probe of that server
-    (once per server and worker)."""
+def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[..., Any]:
+    """``blis_latency_model(target, server_spec=None, concurrency=1) -> LatencyCoefficients``: the
+    engine's linear latency model fitted on a probe of that server (once per server, concurrency and
+    worker; ``concurrency`` is the most requests in flight the cells judged with it will have)."""
     cache = pytestconfig.stash.setdefault(_LATENCY, {})
 
-    def get(target: ServerTarget, server_spec: ServerSpec | None = None) -> Any:
+    def get(target: ServerTarget, server_spec: ServerSpec | None = None, concurrency: int = 1) -> Any:
         from pytest_blis._probe import run_probe
         from pytest_blis._scenario import ServerSpec
 
         spec = server_spec or ServerSpec()
-        if target.url not in cache:
-            cache[target.url] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
-                                          max_num_batched_tokens=spec.max_num_batched_tokens)
-        return cache[target.url]
+        key = (target.url, concurrency)
+        if key not in cache:
+            cache[key] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
+                                   max_num_batched_tokens=spec.max_num_batched_tokens, concurrency=concurrency)
+        return cache[key]
     return get
 
 
@@ -112,7 +114,9 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
 
     def run(point: SweepPoint) -> Any:
         target = blis_server(point.spec.server, Path(point.file).parent)
-        latency = blis_latency_model(target, point.spec.server)
+        # One probe per server covers every cell of the run: fitted up to the run's highest concurrency.
+        concurrency = request.config.stash.get(_session.MAX_CONCURRENCY, point.spec.concurrency)
+        latency = blis_latency_model(target, point.spec.server, max(concurrency, point.spec.concurrency))
         ctx = CellContext(point=point, target=target, options=blis_options, latency=latency,
                           paths=CellPaths(blis_artifacts))
         return run_cell(ctx, request, replay_options(ctx))

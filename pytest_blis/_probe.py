@@ -8,13 +8,17 @@ The probe is designed so the least squares can tell the terms of the linear mode
 
 ``warmup``      two short requests, outside the fitted window (a fresh server's first request pays
                 one-off costs: connection set-up, lazy imports, allocator growth);
-``cold-<L>``    one unique prompt per length, sent alone: base + per-prefill-token;
-``cached-<L>-<k>``  the same prefix again (twice) with a new suffix, sent alone: separates the
-                work a cached prefix saves from the per-request overheads that stay (frontend);
+``cold-<L>-<k>``  unique prompts of each length (two), sent alone: base + per-prefill-token;
+``seed-<L>``    one more cold prompt whose prefix the next phases repeat;
+``cached-<L>-<k>``  that prefix again (twice) with new suffixes, sent alone: separates the work a
+                cached prefix saves from the per-request overheads that stay (frontend);
 ``decode``      short prompts with long outputs, sent alone: per-step base + per-decode-sequence
                 (inter-token latency);
-``ramp-<N>``    N concurrent unique prompts for a small N ramp: the load-dependent terms
-                (batched prefill, per-in-flight frontend time) without one large burst dominating.
+``ramp-<N>``    N concurrent unique prompts, N = 2, 4, 8, ... up to the highest ``concurrency`` of
+                the cells that will run: the load-dependent terms (batched prefill, per-in-flight
+                frontend time) over the range the cells use, without one large burst dominating.
+                Sequential cells (concurrency 1) get no ramp: the load terms are then not fitted,
+                which is right for them (nothing else is in flight when they arrive).
 
 Every probe request is its own phase or a drained group, with an idle gap before it, so
 "sequential" really means alone on the server; the whole probe is a few dozen requests.
@@ -33,12 +37,12 @@ from pytest_blis._steps import CellPaths, observe_step
 
 PROBE_LENGTHS = (64, 256, 1024, 2048, 4096)  # prefix lengths (tokens) of the cold/cached pairs
 SUFFIX = 32                                   # fresh tokens after each prefix
+COLD_SAMPLES = 2                              # two cold samples per length (one hiccup is set aside)
 CACHED_REPEATS = 2                            # cached TTFTs are short: two samples each
 TTFT_OUTPUT = 4                               # TTFT requests: a few tokens, so they end quickly
 DECODE_PROMPT, DECODE_OUTPUT, DECODE_REQUESTS = 64, 64, 2
-RAMP = (2, 4)                                 # concurrency levels of the load part
-RAMP_PROMPT, RAMP_OUTPUT = 512, 16
-IDLE_GAP_US = 30_000                          # idle time before each phase: the server is quiet
+RAMP_PROMPT, RAMP_OUTPUT = 512, 16           # per ramp request (prompt capped by the cache)
+IDLE_GAP_US = 0  # phases drain, so each request is alone; no extra idle time (cells send back to back too)
 
 
 def _limit(target: ServerTarget) -> int:
@@ -46,7 +50,15 @@ def _limit(target: ServerTarget) -> int:
     return max(64, target.block_size * target.num_gpu_blocks // 4)
 
 
-def probe_plan(target: ServerTarget) -> WorkloadPlan:
+def ramp_levels(concurrency: int) -> tuple[int, ...]:
+    """Concurrency levels of the ramp: powers of two below ``concurrency``, then ``concurrency``."""
+    if concurrency <= 1:
+        return ()
+    levels = [c for c in (2, 4, 8, 16, 32, 64, 128, 256, 512) if c < concurrency]
+    return (*levels, concurrency)
+
+
+def probe_plan(target: ServerTarget, concurrency: int = 1) -> WorkloadPlan:
     """The probe's phases (see the module docstring), sized to the server's GPU cache."""
     from blis_sim.formats.workload import WorkloadSpec
 
@@ -70,13 +82,16 @@ def probe_plan(target: ServerTarget) -> WorkloadPlan:
     for n, length in enumerate(lengths):
         group = {"prefix_group": f"probe{seed:x}-{n}", "prefix_length": length,
                  "input_tokens": length + SUFFIX, "new_input_tokens": SUFFIX, "output_tokens": TTFT_OUTPUT}
-        add(f"cold-{length}", [group])
+        for k in range(COLD_SAMPLES):  # unique prefixes: each cold sample misses
+            add(f"cold-{length}-{k}", [{**group, "prefix_group": f"probe{seed:x}-{n}-cold{k}"}])
+        add(f"seed-{length}", [group])
         for k in range(CACHED_REPEATS):
             add(f"cached-{length}-{k}", [group])
     for k in range(DECODE_REQUESTS):
         add(f"decode-{k}", [unique(DECODE_PROMPT, DECODE_OUTPUT)])
-    for level in RAMP:
-        add(f"ramp-{level}", [unique(RAMP_PROMPT, RAMP_OUTPUT) for _ in range(level)])
+    for level in ramp_levels(concurrency):
+        prompt = max(16, min(RAMP_PROMPT, _limit(target) // level))
+        add(f"ramp-{level}", [unique(prompt, RAMP_OUTPUT) for _ in range(level)])
     spec = WorkloadSpec.model_validate({**_EMPTY_SPEC, "seed": seed})
     return WorkloadPlan(seed=seed, spec=spec, phases=tuple(phases))
 
@@ -86,13 +101,15 @@ def fitted_phases(plan: WorkloadPlan) -> tuple[str, ...]:
     return tuple(p.name for p in plan.phases if not p.name.startswith("warmup"))
 
 
-def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, max_num_batched_tokens: int) -> Any:
-    """Observe the probe and fit the latency model; returns the engine's ``LatencyCoefficients``."""
+def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, max_num_batched_tokens: int,
+              concurrency: int = 1) -> Any:
+    """Observe the probe and fit the latency model; returns the engine's ``LatencyCoefficients``.
+    ``concurrency``: the highest concurrency the cells judged with this fit will use."""
     from pytest_blis._replay import fit_latency_model
 
     paths = CellPaths(artifacts_dir / f"probe-{target.key}-{worker_id()}")
-    plan = probe_plan(target)
-    options = ObserveOptions(model=target.model, max_concurrency=max(RAMP), progress=False,
+    plan = probe_plan(target, concurrency)
+    options = ObserveOptions(model=target.model, max_concurrency=max(concurrency, 1), progress=False,
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
     with target.exclusive():
         result = observe_step(target.url, plan, options, paths)

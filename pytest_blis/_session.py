@@ -19,6 +19,14 @@ from pytest_blis._options import BlisOptions
 OPTIONS = pytest.StashKey[BlisOptions]()
 STATE = pytest.StashKey["SessionState"]()
 SUMMARY_PROPERTY = "blis_cell"
+MAX_CONCURRENCY = pytest.StashKey[int]()  # highest scenario concurrency among the items that will run
+
+
+def note_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After collection and deselection: remember the highest concurrency the cells will use (every
+    xdist worker sees the same full list, so every worker's probe is the same)."""
+    levels = [item.point.spec.concurrency for item in items if hasattr(item, "point")]
+    config.stash[MAX_CONCURRENCY] = max(levels, default=1)
 
 
 @dataclass

@@ -5,6 +5,7 @@ Hooks, in the order pytest calls them:
 - ``pytest_configure``: markers, resolved options in ``config.stash``, the session state
   (server targets, results) and, under xdist, the hand-out of external servers to workers;
 - ``pytest_collect_file``: ``*.blis.yaml`` files become scenario collectors (:mod:`._collect`);
+- ``pytest_collection_finish``: the highest concurrency of the cells that will run (sizes the probe);
 - ``pytest_report_header``: server target, simulator backend, tolerances;
 - ``pytest_terminal_summary``: one line per calibration cell, and the JSON summary file;
 - ``pytest_unconfigure``: stops what the session started (embedded emulators), by handle.
@@ -46,6 +47,10 @@ def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Col
     if is_scenario_file(file_path):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _session.note_items(session.config, session.items)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
