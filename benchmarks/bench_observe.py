@@ -5,9 +5,9 @@ Run:  python benchmarks/bench_observe.py [--quick]
 1. Overhead: the emulator (a separate process, ``zero`` step profile, so the engine itself is almost
    free) holds every first token back by a fixed delay (20 ms; and, second series, a delay of 8 ms per
    user so the request rate stays near 125 req/s instead of saturating 2 cores). Per request,
-   ``overhead = client TTFT − delay − server TTFT``, where the server TTFT is the mean of
-   ``vllm:time_to_first_token_seconds`` over the window (the emulator's engine time, a fraction of a
-   millisecond; it has no per-request export, so its mean stands in). Closed-loop users at
+   ``overhead = client TTFT − delay − server TTFT``, where the server TTFT is that request's own
+   (``usage.metrics``, queue + first token, with ``--enable-per-request-metrics``; the window's mean of
+   ``vllm:time_to_first_token_seconds`` where a request lacks it). Closed-loop users at
    concurrency 1, 16 and 64; the first 10 % of requests (connection set-up) are marked warm-up and
    left out. Targets at concurrency 64: p50 ≤ 3 ms, p99 ≤ 15 ms.
    A bare aiohttp loop (no trace, no parsing) against the same server and load gives the floor: the
@@ -55,9 +55,11 @@ def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> di
     result = observe(url, spec, opts)
     window = result.window
     server_ms = window.server_ttft["mean_ms"] if window and window.server_ttft else 0.0
-    ttft = [(r.first_content_time_us - r.send_time_us) / 1000 for r in result.trace.records
-            if r.status == "ok" and not r.warmup and r.first_content_time_us]
-    over = [t - delay_s * 1000 - server_ms for t in ttft]
+    kept = [r for r in result.records if r.status == "ok" and not r.warmup and r.first_content_ns]
+    ttft = [(r.first_content_ns - r.send_ns) / 1e6 for r in kept]
+    # Per request with the server's own TTFT (usage.metrics); the window's mean where it is missing.
+    over = [t - delay_s * 1000 - (r.server_ttft_ms() if r.server_ttft_ms() is not None else server_ms)
+            for t, r in zip(ttft, kept)]
     return {"n": len(over), "server_ttft_mean_ms": server_ms, "ttft_p50_ms": percentile(ttft, 50),
             "overhead_p50_ms": percentile(over, 50), "overhead_p99_ms": percentile(over, 99),
             "failed": sum(1 for r in result.trace.records if r.status != "ok")}
@@ -106,7 +108,7 @@ def lateness(url: str, rate: float, n: int) -> dict[str, float]:
 
 
 def _emulator(delay_s: float) -> EmulatorConfig:
-    return EmulatorConfig(profile="zero", block_size=32, num_gpu_blocks=4096,
+    return EmulatorConfig(profile="zero", block_size=32, num_gpu_blocks=4096, enable_per_request_metrics=True,
                           faults=FaultConfig(first_token_delay_s=delay_s), stats_interval_s=0.05)
 
 

@@ -34,6 +34,7 @@ def _usage(prompt: int, completion: int, cached: int | None) -> bytes:
     usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        usage["metrics"] = {"time_to_first_token_ms": 7.5, "queue_time_ms": 1.25, "note": "x"}
     return b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
 
 
@@ -163,6 +164,7 @@ async def test_streaming_ok_records_every_timestamp_and_wire_details(server: Any
     r = await _one(url, "cached")
     assert r.status == "ok", r.error_message
     assert (r.num_chunks, r.output_tokens, r.server_input_tokens, r.cached_tokens) == (3, 2, 11, 4)
+    assert r.server_ttft_ms() == 8.75  # usage.metrics: queue + first token (non-numbers ignored)
     assert r.finish_reason == "length"
     assert r.send_ns < r.first_byte_ns <= r.first_chunk_ns == r.first_content_ns < r.last_chunk_ns
     body, headers = app[SEEN][0]

@@ -217,3 +217,7 @@ def _take_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
     record.output_tokens = completion
     if cached >= 0:
         record.cached_tokens = cached
+    metrics = usage.get("metrics")
+    if isinstance(metrics, dict):
+        record.server_metrics = {k: float(v) for k, v in metrics.items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)}

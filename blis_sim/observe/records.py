@@ -97,6 +97,7 @@ class RequestRecord:
     output_tokens: int = 0
     server_input_tokens: int = 0
     cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1 = not reported
+    server_metrics: dict[str, float] | None = None  # usage.metrics (vLLM --enable-per-request-metrics), ms
     chunk_times_ns: list[int] = field(default_factory=list)  # only with --record-itl
 
     @property
@@ -114,6 +115,13 @@ class RequestRecord:
         if self.status != STATUS_OK or not first or not self.send_ns:
             return None
         return (first - self.send_ns) / 1e6
+
+    def server_ttft_ms(self) -> float | None:
+        """The server's own TTFT from arrival (queue + first token), when it reports per-request metrics."""
+        m = self.server_metrics
+        if not m or "time_to_first_token_ms" not in m:
+            return None
+        return m.get("queue_time_ms", 0.0) + m["time_to_first_token_ms"]
 
     def e2e_ms(self) -> float | None:
         if self.status != STATUS_OK or not self.last_chunk_ns or not self.send_ns:
