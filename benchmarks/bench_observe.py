@@ -58,8 +58,8 @@ def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> di
     kept = [r for r in result.records if r.status == "ok" and not r.warmup and r.first_content_ns]
     ttft = [(r.first_content_ns - r.send_ns) / 1e6 for r in kept]
     # Per request with the server's own TTFT (usage.metrics); the window's mean where it is missing.
-    over = [t - delay_s * 1000 - (r.server_ttft_ms() if r.server_ttft_ms() is not None else server_ms)
-            for t, r in zip(ttft, kept)]
+    own = [r.server_ttft_ms() for r in kept]
+    over = [t - delay_s * 1000 - (s if s is not None else server_ms) for t, s in zip(ttft, own)]
     return {"n": len(over), "server_ttft_mean_ms": server_ms, "ttft_p50_ms": percentile(ttft, 50),
             "overhead_p50_ms": percentile(over, 50), "overhead_p99_ms": percentile(over, 99),
             "failed": sum(1 for r in result.trace.records if r.status != "ok")}
