@@ -49,21 +49,72 @@ def _itl_mean(o: SimOutcome) -> np.ndarray:
     return np.where(n_out > 1, o.loop.itl_sum_us / np.maximum(n_out - 1, 1), 0.0)
 
 
+def _builder(cls: Any) -> Any:
+    """A constructor for ``cls`` from a dict holding every field (already of the right types):
+    what ``model_construct`` does, without its per-field default and alias handling, which costs
+    more than everything else when there is one object per request."""
+    fields_set = set(cls.model_fields)
+    new, setattr_ = cls.__new__, object.__setattr__
+
+    def make(values: dict[str, Any]) -> Any:
+        m = new(cls)
+        setattr_(m, "__dict__", values)
+        setattr_(m, "__pydantic_fields_set__", fields_set)
+        setattr_(m, "__pydantic_extra__", None)
+        setattr_(m, "__pydantic_private__", None)
+        return m
+
+    return make
+
+
+def _text(o: SimOutcome, idx: list[int], name: str) -> list[str]:
+    src = o.table.source
+    if not src:
+        return [""] * len(idx)
+    return [getattr(src[i], name, "") or "" for i in idx]
+
+
 def sim_results(o: SimOutcome) -> list[SimResult]:
     done = np.flatnonzero(o.completed)
-    ttft, e2e, itl = o.ttft_us, o.e2e_us, _itl_mean(o)
-    construct = SimResult.model_construct
-    out = []
-    for i in done[np.argsort(o.table.request_id[done], kind="stable")].tolist():
-        src = o.table.source[i] if o.table.source else None
-        c = o.cached[i]
-        out.append(construct(
-            request_id=int(o.table.request_id[i]), ttft_us=float(ttft[i]), e2e_us=float(e2e[i]),
-            input_tokens=int(o.table.prompt_len[i]), output_tokens=int(o.loop.num_out[i]),
-            slo_class=getattr(src, "slo_class", "") or "", model=getattr(src, "model", "") or "",
-            itl_mean_us=float(itl[i]), cached_tokens=int(c.sum()),
-            cached_tokens_by_source={s: int(c[k]) for k, s in enumerate(SOURCES)}))
-    return out
+    idx = done[np.argsort(o.table.request_id[done], kind="stable")]
+    rid = o.table.request_id[idx].tolist()
+    ttft, e2e, itl = o.ttft_us[idx].tolist(), o.e2e_us[idx].tolist(), _itl_mean(o)[idx].tolist()
+    prompt, nout = o.table.prompt_len[idx].tolist(), o.loop.num_out[idx].tolist()
+    cached = o.cached[idx].tolist()
+    ii = idx.tolist()
+    slo, model = _text(o, ii, "slo_class"), _text(o, ii, "model")
+    make = _builder(SimResult)
+    return [make({"request_id": rid[k], "ttft_us": ttft[k], "e2e_us": e2e[k],
+                  "input_tokens": prompt[k], "output_tokens": nout[k], "slo_class": slo[k],
+                  "model": model[k], "itl_mean_us": itl[k], "cached_tokens": sum(cached[k]),
+                  "cached_tokens_by_source": dict(zip(SOURCES, cached[k]))})
+            for k in range(len(ii))]
+
+
+def _request_metrics(o: SimOutcome) -> list[RequestMetrics]:
+    lp = o.loop
+    idx = np.flatnonzero(o.completed)
+    idx = idx[np.lexsort((o.table.request_id[idx], lp.arrival_us[idx]))]
+    ii = idx.tolist()
+    arrived = (lp.arrival_us[idx] / 1e6).tolist()
+    rid = o.table.request_id[idx].tolist()
+    prompt, nout = o.table.prompt_len[idx].tolist(), lp.num_out[idx].tolist()
+    ttft, e2e = (o.ttft_us[idx] / 1e3).tolist(), (o.e2e_us[idx] / 1e3).tolist()
+    itl = (_itl_mean(o)[idx] / 1e3).tolist()
+    sched = ((lp.first_sched_us[idx] - lp.arrival_us[idx]) / 1e3).tolist()
+    slo, tenant, model = _text(o, ii, "slo_class"), _text(o, ii, "tenant_id"), _text(o, ii, "model")
+    adapter, session = _text(o, ii, "adapter"), _text(o, ii, "session_id")
+    rounds = [int(getattr(o.table.source[i], "round_index", 0) or 0) for i in ii] \
+        if o.table.source else [0] * len(ii)
+    make = _builder(RequestMetrics)
+    return [make({"arrived_at": arrived[k], "request_id": f"request_{rid[k]}",
+                  "num_prefill_tokens": prompt[k], "num_decode_tokens": nout[k],
+                  "ttft_ms": ttft[k], "itl_ms": itl[k], "e2e_ms": e2e[k],
+                  "scheduling_delay_ms": sched[k], "slo_class": slo[k], "tenant_id": tenant[k],
+                  "handled_by": "instance_0", "model": model[k], "adapter": adapter[k],
+                  "length_capped": False, "gateway_queue_delay_ms": 0.0,
+                  "session_id": session[k], "round_index": rounds[k]})
+            for k in range(len(ii))]
 
 
 def metrics_output(o: SimOutcome, *, include_requests: bool = True) -> MetricsOutput:
@@ -87,26 +138,7 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True) -> MetricsOu
     running = int((status == RUNNING).sum())
     dropped = int(o.dropped.sum())
     not_arrived = int((status == NOT_ARRIVED).sum())
-    requests: list[RequestMetrics] = []
-    if include_requests:
-        itl = _itl_mean(o) / 1e3
-        ttft_all, e2e_all = o.ttft_us / 1e3, o.e2e_us / 1e3
-        idx = np.flatnonzero(done)
-        idx = idx[np.lexsort((o.table.request_id[idx], lp.arrival_us[idx]))]
-        construct = RequestMetrics.model_construct
-        for i in idx.tolist():
-            src = o.table.source[i] if o.table.source else None
-            requests.append(construct(
-                arrived_at=float(lp.arrival_us[i]) / 1e6, request_id=f"request_{o.table.request_id[i]}",
-                num_prefill_tokens=int(o.table.prompt_len[i]), num_decode_tokens=int(lp.num_out[i]),
-                ttft_ms=float(ttft_all[i]), itl_ms=float(itl[i]), e2e_ms=float(e2e_all[i]),
-                scheduling_delay_ms=float(lp.first_sched_us[i] - lp.arrival_us[i]) / 1e3,
-                slo_class=getattr(src, "slo_class", "") or "",
-                tenant_id=getattr(src, "tenant_id", "") or "", handled_by="instance_0",
-                model=getattr(src, "model", "") or "", adapter=getattr(src, "adapter", "") or "",
-                length_capped=False, gateway_queue_delay_ms=0.0,
-                session_id=getattr(src, "session_id", "") or "",
-                round_index=int(getattr(src, "round_index", 0) or 0)))
+    requests = _request_metrics(o) if include_requests else []
     return MetricsOutput(
         completed_requests=n_done, still_queued=queued, still_running=running,
         injected_requests=len(o.table) - not_arrived,
@@ -127,9 +159,9 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True) -> MetricsOu
         scheduling_delay_p99_ms=percentile(sched_ms, 99),
         preemption_count=int(lp.preemption_count),
         cache_hit_rate=float(o.kv_counters.get("cache_hit_rate", 0.0)),
-        dropped_unservable=dropped, requests=requests,
+        dropped_unservable=dropped,
         kv_hit_rates=[KVHitRate(**e) for e in o.hit_rates],
-    )
+    ).model_copy(update={"requests": requests})  # validated above; the rows are built typed
 
 
 def _int_us(x: float) -> int:
