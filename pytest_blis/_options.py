@@ -29,6 +29,7 @@ class BlisOptions:
     emulator_seed: int
     sim_total_kv_blocks: int | None
     full_trace: bool
+    parallel_observe: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -60,6 +61,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--blis-emulator-seed", type=int, metavar="N", help="seed of the embedded emulator's noise")
     group.addoption("--blis-sim-total-kv-blocks", type=int, metavar="N",
                     help="override the simulator's GPU blocks (a deliberately wrong setting shows the gate works)")
+    group.addoption("--blis-parallel-observe", action="store_true", default=False,
+                    help="let xdist workers observe their embedded emulators at the same time (faster; "
+                         "TTFT then includes the other workers' CPU load)")
     group.addoption("--blis-full-trace", action="store_true", default=False,
                     help="show Python tracebacks instead of the compact calibration table")
     parser.addini("blis_server_url", "vLLM server URL(s) to calibrate against", type="linelist")
@@ -110,4 +114,5 @@ def resolve(config: pytest.Config) -> BlisOptions:
         emulator_seed=config.getoption("blis_emulator_seed") or 0,
         sim_total_kv_blocks=blocks,
         full_trace=config.getoption("blis_full_trace"),
+        parallel_observe=config.getoption("blis_parallel_observe"),
     )

@@ -4,6 +4,11 @@ Embedded emulators run as subprocesses (so the client measuring TTFT never share
 server it measures), one per distinct server spec per worker, started on a free loopback port when
 first needed and stopped by PID at the end of the session. External servers are shared out among
 xdist workers round-robin; a lock file per URL keeps two workers' traffic out of one counter window.
+
+Embedded emulators share the machine with the client that times them, so by default every worker's
+observation windows (probe and cells) take one host-wide lock: TTFT is never measured while another
+worker's emulator is being driven (replay and calibrate still run in parallel).
+``--blis-parallel-observe`` lifts that for runs that only care about hit-rates.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ class ServerTarget:
     lock_dir: Path
     capabilities: frozenset[str] = field(default_factory=frozenset)  # "cpu", "storage"
     namespace: str = ""  # mixed into prompt content (see SessionState.namespace)
+    lock_name: str = ""  # the lock file exclusive() takes (default: one per URL)
 
     @property
     def key(self) -> str:
@@ -52,7 +58,7 @@ class ServerTarget:
     def exclusive(self) -> Iterator[None]:
         """Hold the server for one counter window (no-op cost for a per-worker emulator)."""
         self.lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_dir / f"server-{self.key}.lock", "w") as fh:
+        with open(self.lock_dir / (self.lock_name or f"server-{self.key}.lock"), "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
@@ -129,7 +135,8 @@ class ServerPool:
         return ServerTarget(url=proc.url, model=config.model, embedded=True, block_size=spec.block_size,
                             num_gpu_blocks=spec.num_gpu_blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks",
-                            capabilities=_capabilities(offload))
+                            capabilities=_capabilities(offload),
+                            lock_name="" if self.options.parallel_observe else "embedded-host.lock")
 
     def _connect(self) -> ServerTarget:
         urls = self.options.server_urls

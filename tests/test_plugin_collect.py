@@ -3,6 +3,13 @@ from __future__ import annotations
 
 import pytest
 
+# Plugins this repo's environment loads that the inner runs do not need (hypothesis alone costs seconds).
+FAST = ("-p", "no:hypothesispytest", "-p", "no:benchmark")
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(*FAST, *args)
+
 SCENARIO = """
 defaults:
   server: {block_size: 16, num_gpu_blocks: 256}
@@ -24,7 +31,7 @@ scenarios:
 
 def test_items_and_ids(pytester: pytest.Pytester) -> None:
     pytester.makefile(".blis.yaml", cells=SCENARIO)
-    result = pytester.runpytest("--collect-only", "-q")
+    result = _run(pytester, "--collect-only", "-q")
     result.stdout.fnmatch_lines([
         "cells.blis.yaml::gpu-hit::prefix-256",
         "cells.blis.yaml::gpu-hit::prefix-1024",
@@ -36,15 +43,15 @@ def test_items_and_ids(pytester: pytest.Pytester) -> None:
 def test_k_and_m_select(pytester: pytest.Pytester) -> None:
     pytester.makefile(".blis.yaml", cells=SCENARIO)
     pytester.makeini("[pytest]\nmarkers =\n    slow: slow cells\n")
-    result = pytester.runpytest("--collect-only", "-q", "-m", "not slow")
+    result = _run(pytester, "--collect-only", "-q", "-m", "not slow")
     result.stdout.fnmatch_lines(["cells.blis.yaml::miss::default", "1/3 tests collected*"])
-    result = pytester.runpytest("--collect-only", "-q", "-k", "prefix-1024")
+    result = _run(pytester, "--collect-only", "-q", "-k", "prefix-1024")
     result.stdout.fnmatch_lines(["cells.blis.yaml::gpu-hit::prefix-1024", "1/3 tests collected*"])
 
 
 def test_other_yaml_is_not_collected(pytester: pytest.Pytester) -> None:
     pytester.makefile(".yaml", ci="jobs: {}\n")
-    result = pytester.runpytest("--collect-only", "-q")
+    result = _run(pytester, "--collect-only", "-q")
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
@@ -63,7 +70,7 @@ def test_other_yaml_is_not_collected(pytester: pytest.Pytester) -> None:
         "repeat-without-seed"])
 def test_schema_errors_name_file_line_field(pytester: pytest.Pytester, text: str, expected: str) -> None:
     pytester.makefile(".blis.yaml", cells=text)
-    result = pytester.runpytest("--collect-only", "-q")
+    result = _run(pytester, "--collect-only", "-q")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*ERROR collecting cells.blis.yaml*", expected])
     assert "Traceback" not in result.stdout.str()
@@ -71,15 +78,15 @@ def test_schema_errors_name_file_line_field(pytester: pytest.Pytester, text: str
 
 def test_bad_option_values_are_usage_errors(pytester: pytest.Pytester) -> None:
     pytester.makefile(".blis.yaml", cells=SCENARIO)
-    result = pytester.runpytest("--collect-only", "--blis-server-url", "localhost:8000")
+    result = _run(pytester, "--collect-only", "--blis-server-url", "localhost:8000")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*expected http://host:port*"])
-    result = pytester.runpytest("--collect-only", "--blis-hit-rate-tolerance-pp", "-1")
+    result = _run(pytester, "--collect-only", "--blis-hit-rate-tolerance-pp", "-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
 
 
 def test_report_header_names_target_and_tolerances(pytester: pytest.Pytester) -> None:
     pytester.makefile(".blis.yaml", cells=SCENARIO)
     pytester.makeini("[pytest]\nblis_hit_rate_tolerance_pp = 2.5\n")
-    result = pytester.runpytest("--collect-only", "--blis-ttft-mape-threshold", "0.2")
+    result = _run(pytester, "--collect-only", "--blis-ttft-mape-threshold", "0.2")
     result.stdout.fnmatch_lines(["blis: server embedded emulator*tolerances 2.5 pp hit-rate, 0.2 TTFT MAPE"])

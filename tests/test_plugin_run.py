@@ -23,8 +23,6 @@ import pytest_blis._cell  # noqa: F401,E402
 import pytest_blis._plots  # noqa: F401,E402
 import pytest_blis._probe  # noqa: F401,E402
 
-pytest_plugins = ["pytester"]
-
 # 256 GPU blocks x 16 tokens = 4096 tokens; two 512-token prefixes fit with room to spare.
 CELLS = """
 defaults:

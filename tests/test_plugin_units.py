@@ -1,0 +1,82 @@
+"""Plugin units without a server: the probe's design, the summary table, the SVG plots."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg
+from pytest_blis._probe import fitted_phases, probe_plan, ramp_levels
+from pytest_blis._server import ServerTarget
+from pytest_blis._session import CellSummary, summary_lines
+
+
+def _target(blocks: int = 1024, url: str = "http://127.0.0.1:1") -> ServerTarget:
+    return ServerTarget(url=url, model="m", embedded=True, block_size=16, num_gpu_blocks=blocks, offload=None,
+                        offload_path=None, lock_dir=Path("/nonexistent"))
+
+
+def test_probe_separates_the_terms() -> None:
+    plan = probe_plan(_target())
+    names = [p.name for p in plan.phases]
+    # Warm-up first and outside the fit; every TTFT phase holds one request (alone on the server).
+    assert names[:2] == ["warmup-0", "warmup-1"] and fitted_phases(plan) == tuple(names[2:])
+    assert all(len(p.requests) == 1 for p in plan.phases)
+    # 16384 GPU tokens: prefixes up to a quarter (4096), two cold samples, then seed + two cached.
+    for length in (64, 256, 1024, 2048, 4096):
+        cold = [p.requests[0] for p in plan.phases if p.name.startswith(f"cold-{length}-")]
+        seed = next(p.requests[0] for p in plan.phases if p.name == f"seed-{length}")
+        cached = [p.requests[0] for p in plan.phases if p.name.startswith(f"cached-{length}-")]
+        assert len(cold) == 2 and len(cached) == 2
+        assert len({r.prefix_group for r in cold + [seed]}) == 3  # cold samples share nothing
+        assert {r.prefix_group for r in cached} == {seed.prefix_group}
+        assert all(r.prefix_length == length for r in cached)
+    decode = [p.requests[0] for p in plan.phases if p.name.startswith("decode-")]
+    assert decode and all(r.output_tokens >= 64 for r in decode)
+    assert not any(n.startswith("ramp") for n in names)  # sequential cells: no load terms
+
+
+def test_probe_ramp_follows_the_cells_concurrency_and_fits_the_cache() -> None:
+    assert ramp_levels(1) == () and ramp_levels(2) == (2,) and ramp_levels(6) == (2, 4, 6)
+    plan = probe_plan(_target(blocks=64), concurrency=8)  # 1024 GPU tokens
+    ramps = [p for p in plan.phases if p.name.startswith("ramp-")]
+    assert [len(p.requests) for p in ramps] == [2, 4, 8]
+    assert all(len(p.requests) * p.requests[0].input_tokens <= 256 for p in ramps)
+    assert max(r.input_tokens for p in plan.phases for r in p.requests) <= 256 + 32
+
+
+def test_probe_content_differs_per_server() -> None:
+    a, b = probe_plan(_target(url="http://127.0.0.1:1")), probe_plan(_target(url="http://127.0.0.1:2"))
+    assert a.seed != b.seed
+
+
+def test_summary_lines_show_headline_worst_error_and_notes() -> None:
+    cells = [CellSummary(nodeid="f::gpu-hit::p", outcome="failed", path="gpu", headline="by_source/device",
+                         real_hit_rate=0.9412, sim_hit_rate=0.1176, abs_error_pp=82.35, max_error_pp=82.35,
+                         ttft_mape=0.25, ttft_checked=False, note="why"),
+             CellSummary(nodeid="f::cpu-hit::p", outcome="skipped", note="skipped: no tier")]
+    lines = summary_lines(cells)
+    assert lines[0].split()[:4] == ["cell", "outcome", "hit-rate", "real"]
+    assert lines[1].split() == ["f::gpu-hit::p", "failed", "by_source/device", "94.12%", "11.76%", "82.35",
+                                "82.35", "25.0%", "(not", "checked)"]
+    assert lines[2].strip() == "why" and lines[4].strip() == "skipped: no tier"
+
+
+@pytest.mark.parametrize("real,sim", [([10_000, 20_000, 30_000], [12_000, 18_000]), ([], [])])
+def test_ttft_cdf_is_valid_svg(real: list[float], sim: list[float]) -> None:
+    root = ET.fromstring(ttft_cdf_svg(real, sim, "a <title> & more"))
+    ns = "{http://www.w3.org/2000/svg}"
+    lines = root.findall(f"{ns}polyline")
+    assert len(lines) == (2 if real else 0)
+    if real:  # the real CDF steps up once per sample and ends at 1 (y = top of the plot)
+        points = lines[0].get("points").split()
+        assert len(points) == 2 + 2 * len(real) and points[-1].endswith(",36.0")
+    assert "a <title> & more" in "".join(root.itertext())
+
+
+def test_hit_rate_bars_are_valid_svg() -> None:
+    root = ET.fromstring(hit_rates_svg([("by_source/device", 0.5, 0.25), ("tiered/1:fs", 0.0, 1.0)], "t"))
+    widths = [float(r.get("width")) for r in root.findall("{http://www.w3.org/2000/svg}rect")
+              if r.get("height") == "11"]
+    assert widths == [150.0, 75.0, 0.0, 300.0]
