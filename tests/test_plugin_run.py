@@ -222,3 +222,18 @@ def test_xdist_shared_external_server_never_overlaps_windows(pytester: pytest.Py
     assert len(windows) == 5 and {w[2] for w in windows} == {server.url}
     for (_, end, _), (start, _, _) in zip(windows, windows[1:]):
         assert end <= start, "two workers' traffic shared one counter window"
+
+
+def test_unreachable_server_is_one_line_per_cell(pytester: pytest.Pytester) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on (bound, never listening)
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        pytester.makefile(".blis.yaml", cells=CELLS)
+        result = _run(pytester, "-k", "prefix-256", "--blis-server-url", url)
+        result.assert_outcomes(failed=1, deselected=3)
+        result.stdout.fnmatch_lines([f"*gpu-hit::prefix-256: ServerError: *{url}*"])
+        assert "Traceback" not in result.stdout.str()
+        result = _run(pytester, "-k", "prefix-256", "--blis-server-url", url, "--blis-full-trace")
+        result.stdout.fnmatch_lines(["*raise ServerError*"])
