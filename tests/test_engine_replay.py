@@ -296,3 +296,15 @@ def test_window_hit_rates_equal_the_kv_counters_when_every_row_is_in_the_window(
         assert ours[("by_source", src)][0] == c["cached_by_source"][src]
     for label, t in c["tiers"].items():
         assert ours[("tiered", label)] == (t["chunk_hits"], t["chunk_queries"])
+
+
+@pytest.mark.parametrize("blocks", [120, 200])
+def test_a_tiny_cache_preempts_instead_of_stalling_and_both_loops_agree(blocks: int) -> None:
+    """With 200 blocks, three requests that loaded their 1024-token prefixes from the tiers hold
+    192 blocks and none can grow (vLLM would stall): the latest is preempted and recomputed."""
+    trace = load_trace(BLIS / "trace.yaml", BLIS / "trace.csv")
+    a = replay_outcome(trace, opts(num_gpu_blocks=blocks))
+    b = replay_outcome(trace, opts(num_gpu_blocks=blocks, loop_backend=_loop_py))
+    assert a.outcome.loop.preemption_count > 0
+    assert a.metrics().completed_requests == 200
+    assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())

@@ -144,6 +144,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 while not port.grow(i, end - kv_end[i]):
                     victim = running.back()
                     running.pop_back()
+                    if kv_end[victim] < computed[victim]:
+                        port.grow(victim, computed[victim] - kv_end[victim])
                     port.preempt(victim)
                     status[victim] = WAITING
                     computed[victim] = 0
@@ -225,6 +227,20 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             for x in range(<Py_ssize_t>skipped.size() - 1, -1, -1):
                 waiting.push_front(skipped[x])
 
+        if scheduled.empty() and running.empty() and n_loading == 0 and not waiting.empty():
+            victim = -1
+            for x in range(<Py_ssize_t>waiting.size() - 1, -1, -1):
+                if in_kv[waiting[x]] and (x > 0 or victim < 0):
+                    victim = waiting[x]
+                    break
+            if victim >= 0 and victim != waiting.front():
+                port.preempt(victim)
+                in_kv[victim] = 0
+                computed[victim] = 0
+                kv_end[victim] = 0
+                preempts[victim] += 1
+                preemption_count += 1
+                continue
         if scheduled.empty():
             have_nxt = False
             nxt = 0.0

@@ -127,6 +127,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
             if (end + block_size - 1) // block_size > (kv_end[i] + block_size - 1) // block_size:
                 while not port.grow(i, int(end - kv_end[i])):
                     victim = running.pop()  # FCFS: the most recently admitted request
+                    if kv_end[victim] < computed[victim]:  # its full blocks keep their hashes
+                        port.grow(victim, int(computed[victim] - kv_end[victim]))
                     port.preempt(victim)
                     status[victim] = WAITING
                     computed[victim] = 0
@@ -207,6 +209,23 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
             for i in reversed(skipped):
                 waiting.appendleft(i)
 
+        if not scheduled and not running and not n_loading and waiting:
+            # Deadlock: nothing runs, nothing loads, and the head cannot be allocated because
+            # waiting requests that finished loading hold the blocks. vLLM would stall here; we
+            # preempt the most recently queued holder (recompute) and schedule again.
+            victim = -1
+            for x in range(len(waiting) - 1, -1, -1):
+                if in_kv[waiting[x]] and (x > 0 or victim < 0):
+                    victim = waiting[x]
+                    break
+            if victim >= 0 and victim != waiting[0]:
+                port.preempt(victim)
+                in_kv[victim] = False
+                computed[victim] = 0
+                kv_end[victim] = 0
+                preempts[victim] += 1
+                preemption_count += 1
+                continue
         if not scheduled:
             # Nothing can run now: jump to the next arrival or load completion.
             nxt = _next_arrival(op, open_idx, arr, heap)

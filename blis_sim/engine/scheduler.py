@@ -28,7 +28,10 @@
   reported as still queued or running.
 
 A request that could never fit in the GPU cache (prompt + output tokens over its capacity) is
-dropped as unservable before the run (the reference's guard), instead of stalling the queue.
+dropped as unservable before the run (the reference's guard), instead of stalling the queue. And
+when nothing runs or loads and the head of the queue cannot be allocated because requests that
+finished loading hold the blocks (vLLM would stall: its waiting loop never preempts), the most
+recently queued holder is preempted (recompute) so the simulation moves on.
 """
 from __future__ import annotations
 
