@@ -308,3 +308,27 @@ def test_a_tiny_cache_preempts_instead_of_stalling_and_both_loops_agree(blocks: 
     assert a.outcome.loop.preemption_count > 0
     assert a.metrics().completed_requests == 200
     assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traces_on_small_caches_complete_and_both_loops_agree(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0
+    for i in range(int(rng.integers(5, 60))):
+        t += int(rng.exponential(200_000))
+        grouped = rng.random() < 0.6
+        rows.append(rec(i, arrival_time_us=t, prefix_group=f"g{rng.integers(0, 3)}" if grouped else "",
+                        prefix_length=int(rng.integers(16, 600)) if grouped else 0,
+                        input_tokens=int(rng.integers(1, 500)), output_tokens=int(rng.integers(0, 120))))
+    off = load_offload_config(BLIS / "offload.yaml",
+                              kv_bytes_per_token=float(rng.choice([163840, 16384, 1638400])))
+    knobs = dict(num_gpu_blocks=int(rng.integers(40, 400)), max_num_seqs=int(rng.integers(1, 32)),
+                 max_num_batched_tokens=int(rng.integers(16, 2048)),
+                 long_prefill_token_threshold=int(rng.choice([0, 0, 64, 256])),
+                 kv_offload=off if rng.random() < 0.6 else None)
+    trace = Trace(header=TraceHeader(mode="real"), records=rows)
+    a = replay_outcome(trace, opts(**knobs))
+    b = replay_outcome(trace, opts(**knobs, loop_backend=_loop_py))
+    m = a.metrics()
+    assert metrics_output_text(m) == metrics_output_text(b.metrics())
+    assert m.completed_requests + m.dropped_unservable == len(rows)
