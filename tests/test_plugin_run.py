@@ -235,5 +235,7 @@ def test_unreachable_server_is_one_line_per_cell(pytester: pytest.Pytester) -> N
         result.assert_outcomes(failed=1, deselected=3)
         result.stdout.fnmatch_lines([f"*gpu-hit::prefix-256: ServerError: *{url}*"])
         assert "Traceback" not in result.stdout.str()
+        cell = _summary(pytester)["cells.blis.yaml::gpu-hit::prefix-256"]
+        assert cell["outcome"] == "failed" and "ServerError" in cell["note"]
         result = _run(pytester, "-k", "prefix-256", "--blis-server-url", url, "--blis-full-trace")
         result.stdout.fnmatch_lines(["*raise ServerError*"])
