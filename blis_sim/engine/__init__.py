@@ -1,6 +1,6 @@
 """The simulation engine: vLLM V1's scheduler as a discrete-event step loop over the tiered KV cache.
 
-Library API (names are imported lazily, so `blis calibrate` does not pay for the engine)::
+Library API::
 
     from blis_sim.engine import EngineOptions, replay, run, fit, evaluate
 
@@ -19,28 +19,17 @@ columns), :mod:`.content` (token content as block hashes), :mod:`.kvport`, :mod:
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+# The compatibility module ``blis_sim.engine.replay`` is imported first, then the package's
+# ``replay`` name is bound to the function: importing a submodule sets the package attribute of
+# the same name only on its first import, so the function stays what ``from blis_sim.engine
+# import replay`` returns whatever is imported later.
+from blis_sim.engine import replay as _replay_compat  # noqa: F401
+from blis_sim.engine.fitting import evaluate, fit
+from blis_sim.engine.latency import LatencyCoefficients, load_coefficients, roofline
+from blis_sim.engine.replay_trace import replay, replay_outcome
+from blis_sim.engine.run_spec import run, run_outcome
+from blis_sim.engine.scheduler import SchedulerConfig
+from blis_sim.engine.simulate import EngineOptions
 
-_EXPORTS = {
-    "EngineOptions": "blis_sim.engine.simulate",
-    "replay": "blis_sim.engine.replay_trace",
-    "replay_outcome": "blis_sim.engine.replay_trace",
-    "run": "blis_sim.engine.run_spec",
-    "run_outcome": "blis_sim.engine.run_spec",
-    "fit": "blis_sim.engine.fitting",
-    "evaluate": "blis_sim.engine.fitting",
-    "LatencyCoefficients": "blis_sim.engine.latency",
-    "load_coefficients": "blis_sim.engine.latency",
-    "roofline": "blis_sim.engine.latency",
-    "SchedulerConfig": "blis_sim.engine.scheduler",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'blis_sim.engine' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__all__ = ["EngineOptions", "LatencyCoefficients", "SchedulerConfig", "evaluate", "fit",
+           "load_coefficients", "replay", "replay_outcome", "roofline", "run", "run_outcome"]
