@@ -332,3 +332,24 @@ def test_random_traces_on_small_caches_complete_and_both_loops_agree(seed: int) 
     m = a.metrics()
     assert metrics_output_text(m) == metrics_output_text(b.metrics())
     assert m.completed_requests + m.dropped_unservable == len(rows)
+
+
+def test_observed_sessions_reuse_prompt_blocks_but_not_generated_ones() -> None:
+    """The real vLLM session cell (docs/vllm-cpu-calibration.md): 2 sessions × 4 rounds, a shared
+    256-token system prompt, 100 new tokens and 64 outputs per round, 32-token blocks. The client
+    sends back the planned output text, not what the server generated, so round r+1 reuses round
+    r's prompt blocks only: the server's cached tokens were [0, 256, 352, 352, 512, 512, 672, 672]."""
+    rows, rid = [], 0
+    for r in range(4):
+        for s in range(2):
+            rows.append(rec(rid, arrival_time_us=10_000_000 * rid, session_id=f"s{s}", round_index=r,
+                            prefix_group="sys", prefix_length=256, input_tokens=100 + 164 * r,
+                            output_tokens=64))
+            rid += 1
+    out = replay_outcome(Trace(header=TraceHeader(mode="real"), records=rows),
+                         opts(model="tiny-llama", block_size=32, num_gpu_blocks=512))
+    assert out.outcome.cached[:, 0].tolist() == [0, 256, 352, 352, 512, 512, 672, 672]
+    # a simulated client sends back what was generated: decode blocks are reused too
+    gen = replay_outcome(Trace(header=TraceHeader(mode="generated"), records=rows),
+                         opts(model="tiny-llama", block_size=32, num_gpu_blocks=512))
+    assert gen.outcome.cached[:, 0].tolist() == [0, 256, 416, 416, 576, 576, 736, 736]

@@ -8,10 +8,13 @@ happens, all derived from the seed:
   hashes for the prefix's *full* blocks (the block straddling the prefix end holds the request's
   own tokens, so it is not shared — as on vLLM) and unique chained hashes for the rest
   (``extend_hashes``: no token array per request);
-* an **accumulating session** round r's prompt is ``prefix ‖ in_0 ‖ out_0 ‖ … ‖ in_r`` and its
-  output ``out_r``: real token streams are built (segment by segment, each segment's ids a
-  function of (seed, session, round, in/out)) and hashed over prompt + output, so round r+1 hits
-  the blocks round r computed, including its decode blocks;
+* an **accumulating session** round r's prompt is ``prefix ‖ in_0 ‖ out_0 ‖ … ‖ in_r``: real
+  token streams are built (segment by segment, each segment's ids a function of (seed, session,
+  round, in/out)). Round r's own blocks are hashed over its prompt + what it generated. In a
+  simulated client (``blis run``) the next round sends back exactly that output, so round r+1 also
+  hits round r's decode blocks. In an observe trace (``generated_differs``) the client sent the
+  planned output text, not what the server generated, so round r's decode blocks are hashed over
+  ids no prompt carries and only its prompt blocks are reused — as on the real server;
 * everything else is distinct.
 
 Token ids of a segment are ``key · 2^24 + position`` with a 39-bit key hashed from the seed and the
@@ -58,6 +61,7 @@ class ContentPlan:
     keys: list[str]
     group_names: list[str]
     session_names: list[str]
+    generated_differs: bool = False  # observe traces: the next round carries the planned output
     core: Any = None
     _group_hashes: dict[int, np.ndarray] = field(default_factory=dict)
     _streams: dict[int, np.ndarray] = field(default_factory=dict)
@@ -121,6 +125,11 @@ class ContentPlan:
         need = int(self.prompt_len[i]) // bs
         if self.session[i] >= 0:
             stream = self._round_stream(i)
+            if self.generated_differs:
+                n_out = int(self.output_len[i])
+                name = self.session_names[int(self.session[i])]
+                stream = np.concatenate([stream[:stream.shape[0] - n_out], segment_tokens(
+                    self.seed, "session-generated", name, i, length=n_out)])
             return self.core.hash_blocks(stream, bs)
         g = int(self.group[i])
         pfull = 0

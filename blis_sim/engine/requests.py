@@ -5,7 +5,9 @@ our fixes): every row except ``status == "error"`` rows (they never reached the 
 the prompt is ``server_input_tokens`` when the server reported it, else ``prefix_length +
 input_tokens``; rows of one prefix group share the group's first ``prefix_length`` tokens; rounds of
 an accumulating session (header ``session_context_growth: accumulate``, or rows whose inputs grow by
-at least the previous round's input + output) carry the previous rounds as context; arrivals are
+at least the previous round's input + output) carry the previous rounds as context (in an observe
+trace, the output a round carries is the planned text, not what the server generated: only the
+previous rounds' prompt blocks are reused, see :mod:`blis_sim.engine.content`); arrivals are
 ``send_time_us`` (else ``arrival_time_us``) and, for observe traces (``mode: real``), rebased to the
 first send so the clock starts near 0.
 
@@ -43,6 +45,7 @@ class RequestTable:
     group_names: list[str]
     session_names: list[str]
     source: list[Any] = field(default_factory=list)  # the TraceRecord / PlannedRequest of each row
+    observed: bool = False          # from an observe trace (mode real): see ContentPlan
 
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
@@ -52,7 +55,8 @@ class RequestTable:
                            output_len=self.output_len, group=self.group,
                            shared_prefix=self.shared_prefix, session=self.session,
                            prev_round=self.prev_round, new_input=self.new_input, keys=self.keys,
-                           group_names=self.group_names, session_names=self.session_names)
+                           group_names=self.group_names, session_names=self.session_names,
+                           generated_differs=self.observed)
 
 
 def _codes(names: Sequence[str]) -> tuple[np.ndarray, list[str]]:
@@ -139,7 +143,7 @@ def table_from_trace(header: Any, records: Sequence[Any],
         group=gcode[order], shared_prefix=shared[order], session=session[order],
         prev_round=prev_sorted, new_input=new_in[order], in_window=window[order],
         keys=[keys[i] for i in order], group_names=gnames, session_names=snames,
-        source=[rows[i] for i in order])
+        source=[rows[i] for i in order], observed=header.mode == "real")
 
 
 def trace_window(header: Any, records: Sequence[Any]) -> np.ndarray:
