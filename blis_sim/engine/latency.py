@@ -14,7 +14,8 @@ Models:
 
 * **linear** (:class:`LatencyCoefficients`, read from a small YAML/JSON file with
   :func:`load_coefficients`, written by ``blis fit``): ``base + per_prefill_token · Tp +
-  per_decode_seq · Td + per_context_token · (Cd + Cp)``; ``memory`` is all zero.
+  per_decode_seq · Td + per_context_token · (Cd + Cp) + per_prefill_attention · Ap`` (linear in its
+  coefficients; Ap makes prefill superlinear in the prompt, as attention is); ``memory`` is zero.
 * **roofline** (:func:`roofline`): from a model's local ``config.json`` (:func:`load_model_config`,
   no downloads) and the bundled hardware table (``hardware.json``: H100, H200, A100, L40S), a compute
   roofline (FLOPs over peak × MFU per phase) against a memory roofline (weights + KV read/write over
@@ -55,6 +56,9 @@ class StepCoefficients(BaseModel):
     per_prefill_token_us: float = Field(ge=0)
     per_decode_seq_us: float = Field(ge=0)
     per_context_token_us: float = Field(ge=0)
+    # prefill attention: per (new token, attended token) pair, Σ t·(cached + (t+1)/2) per chunk —
+    # what makes prefill superlinear in the prompt length (0 = off)
+    per_prefill_attention_us: float = Field(default=0.0, ge=0)
 
 
 class FrontendCoefficients(BaseModel):
@@ -90,7 +94,7 @@ class LatencyCoefficients(BaseModel):
     def to_step_model(self) -> StepModel:
         s = self.step
         compute = (s.base_us, s.per_prefill_token_us, s.per_decode_seq_us, s.per_context_token_us,
-                   s.per_context_token_us, 0.0)
+                   s.per_context_token_us, s.per_prefill_attention_us)
         return StepModel(kind="linear", compute=compute, memory=(0.0,) * N_FEATURES,
                          frontend_base_us=self.frontend.base_us,
                          frontend_per_inflight_us=self.frontend.per_inflight_us,
