@@ -353,3 +353,27 @@ def test_observed_sessions_reuse_prompt_blocks_but_not_generated_ones() -> None:
     gen = replay_outcome(Trace(header=TraceHeader(mode="generated"), records=rows),
                          opts(model="tiny-llama", block_size=32, num_gpu_blocks=512))
     assert gen.outcome.cached[:, 0].tolist() == [0, 256, 416, 416, 576, 576, 736, 736]
+
+
+def test_phases_replay_closed_loop_at_their_boundaries() -> None:
+    """Phase b was sent 1 ms after phase a started (the server drained a fast); the simulated a
+    takes longer, so b starts when a has drained instead of being batched with it."""
+    from blis_sim.engine.latency import LatencyCoefficients, StepCoefficients
+
+    model = LatencyCoefficients(step=StepCoefficients(
+        base_us=1000.0, per_prefill_token_us=1.0, per_decode_seq_us=10.0,
+        per_context_token_us=0.0)).to_step_model()
+    t0 = 1_700_000_000_000_000  # epoch µs, as observe records them
+    rows = [rec(0, arrival_time_us=t0, input_tokens=100, output_tokens=5, phase="a"),
+            rec(1, arrival_time_us=t0 + 1000, input_tokens=20, output_tokens=2, phase="b"),
+            rec(2, arrival_time_us=t0 + 1500, input_tokens=20, output_tokens=2, phase="b")]
+    out = replay_outcome(Trace(header=TraceHeader(mode="real"), records=rows),
+                         opts(latency=model, num_gpu_blocks=100))
+    lp = out.outcome.loop
+    assert lp.arrival_us.tolist() == [0.0, lp.finish_us[0], lp.finish_us[0] + 500.0]
+    assert out.outcome.loop.ttft_us[1] == 1020.0  # alone in its first step, as on the server
+    # without phases the same rows are batched with request 0
+    flat = [r.model_copy(update={"phase": ""}) for r in rows]
+    mixed = replay_outcome(Trace(header=TraceHeader(mode="real"), records=flat),
+                           opts(latency=model, num_gpu_blocks=100))
+    assert mixed.outcome.loop.arrival_us[1] == 1000.0 and mixed.outcome.loop.ttft_us[1] > 1020.0

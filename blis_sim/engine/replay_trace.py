@@ -17,6 +17,9 @@ Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs 
 * **Geometry:** block size and GPU blocks from the options, else the header's recorded server
   geometry (``pytest_blis.kv_geometry``, ``server.block_size``, the offload block), else 16 tokens
   and the model's capacity on its hardware (:mod:`blis_sim.engine.models`) or 1,000,000 blocks.
+* **Phases** (the ``phase`` column, two or more names) are replayed one after the other, each
+  starting at its recorded first send or when the simulated previous phase has drained, whichever
+  is later — on the server each phase started once the previous had drained.
 * **Time origin:** observe traces are replayed from their first send (relative µs). Without
   ``--horizon`` the replay runs until every request has finished (the reference stops at twice the
   last arrival, which drops requests still running then from the comparison).
@@ -31,7 +34,8 @@ from typing import Any
 
 from blis_sim.engine.outputs import metrics_output, sim_results, trace_records
 from blis_sim.engine.requests import table_from_trace, trace_window
-from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, simulate_table
+from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
+                                      simulate_table)
 from blis_sim.errors import ConfigError, UsageError
 
 BC10_MESSAGE = (
@@ -150,10 +154,39 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
         raise ConfigError("Failed to build requests from trace: every row has status 'error'")
     block_size, num_blocks = geometry(header, options, offload)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
-    outcome = simulate_table(table, kv, options, block_size=block_size, num_gpu_blocks=num_blocks,
-                             offload=offload, content_seed=options.seed,
-                             horizon_us=None, log_steps=log_steps)
+    phases = table.phases()
+    if len(phases) == 1:
+        outcome = simulate_table(table, kv, options, block_size=block_size,
+                                 num_gpu_blocks=num_blocks, offload=offload,
+                                 content_seed=options.seed, horizon_us=None, log_steps=log_steps)
+    else:
+        outcome = _replay_phases(table, phases, kv, options, block_size, num_blocks, offload,
+                                 log_steps)
     return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
+
+
+def _replay_phases(table: Any, phases: list[Any], kv: Any, options: EngineOptions,
+                   block_size: int, num_blocks: int, offload: Any, log_steps: bool) -> SimOutcome:
+    """Phases one after the other, closed-loop at their boundaries: on the server each phase
+    started once the previous one had drained, so a phase starts at its recorded first send or
+    when the simulated previous phase has drained, whichever is later (its rows keep their
+    spacing). Otherwise a slower simulation would batch requests that never ran together."""
+    parts: list[SimOutcome] = []
+    window_start = None
+    drained = 0.0
+    for idx in phases:
+        part_table = table.take(idx)
+        first = float(part_table.arrival_us.min())
+        if drained > first:
+            part_table.arrival_us = part_table.arrival_us + (drained - first)
+        if window_start is None and part_table.in_window.any():
+            window_start = kv.snapshot()
+        part = simulate_table(part_table, kv, options, block_size=block_size,
+                              num_gpu_blocks=num_blocks, offload=offload,
+                              content_seed=options.seed, horizon_us=None, log_steps=log_steps)
+        parts.append(part)
+        drained = max(drained, part.loop.end_us)
+    return combine_outcomes(parts, kv, offload, window_start if len(parts) > 1 else None)
 
 
 def replay(trace: Any, options: EngineOptions | None = None) -> tuple[list[Any], Any]:

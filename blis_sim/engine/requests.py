@@ -50,6 +50,36 @@ class RequestTable:
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
 
+    def take(self, idx: np.ndarray) -> RequestTable:
+        """The rows ``idx`` (in that order) as a table; links to rows outside become -1."""
+        inv = np.full(len(self), -1, dtype=np.int64)
+        inv[idx] = np.arange(idx.shape[0])
+
+        def remap(links: np.ndarray) -> np.ndarray:
+            sub = links[idx]
+            return np.where(sub >= 0, inv[np.maximum(sub, 0)], -1)
+
+        ii = idx.tolist()
+        return RequestTable(
+            request_id=self.request_id[idx], arrival_us=self.arrival_us[idx].copy(),
+            prompt_len=self.prompt_len[idx], output_len=self.output_len[idx],
+            next_round=remap(self.next_round), think_us=self.think_us[idx], group=self.group[idx],
+            shared_prefix=self.shared_prefix[idx], session=self.session[idx],
+            prev_round=remap(self.prev_round), new_input=self.new_input[idx],
+            in_window=self.in_window[idx], keys=[self.keys[i] for i in ii],
+            group_names=self.group_names, session_names=self.session_names,
+            source=[self.source[i] for i in ii] if self.source else [], observed=self.observed)
+
+    def phases(self) -> list[np.ndarray]:
+        """Row indices per recorded phase (the ``phase`` column), in order of first arrival."""
+        names = [getattr(r, "phase", "") or "" for r in self.source] if self.source else []
+        if len(set(names)) < 2:
+            return [np.arange(len(self))]
+        groups: dict[str, list[int]] = {}
+        for i, name in enumerate(names):  # rows are sorted by arrival
+            groups.setdefault(name, []).append(i)
+        return [np.array(g, dtype=np.int64) for g in groups.values()]
+
     def content(self, seed: int, block_size: int) -> ContentPlan:
         return ContentPlan(seed=seed, block_size=block_size, prompt_len=self.prompt_len,
                            output_len=self.output_len, group=self.group,

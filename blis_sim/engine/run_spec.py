@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from blis_sim.engine.outputs import metrics_output, sim_results, trace_records
-from blis_sim.engine.requests import RequestTable, table_from_plan
-from blis_sim.engine.scheduler import LoopResult
-from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, hit_rates, simulate_table
+from blis_sim.engine.requests import table_from_plan
+from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
+                                      simulate_table)
 from blis_sim.engine.models import default_num_gpu_blocks
 
 MAX_FOLLOWUPS = 100_000
@@ -124,7 +124,7 @@ def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | 
         parts.append(part)
         starts.append(np.full(len(table), t0))
         t0 = part.loop.end_us
-    combined = _combine(parts, kv, offload)
+    combined = combine_outcomes(parts, kv, offload)
     return RunOutcome(outcome=combined, options=replace(options, kv_offload=offload), plan=plan,
                       phase_start=np.concatenate(starts) if starts else np.zeros(0))
 
@@ -133,42 +133,3 @@ def run(spec: Any, options: EngineOptions | None = None, **kw: Any) -> tuple[lis
     """Simulate a workload spec: ``(SimResult list, MetricsOutput)``."""
     out = run_outcome(spec, options, **kw)
     return out.results, out.metrics()
-
-
-def _combine(parts: list[SimOutcome], kv: Any, offload: Any) -> SimOutcome:
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        raise ValueError("the workload produced no requests")
-
-    def cat(get: Any) -> np.ndarray:
-        return np.concatenate([get(p) for p in parts])
-
-    tables = [p.table for p in parts]
-    t = RequestTable(
-        request_id=cat(lambda p: p.table.request_id), arrival_us=cat(lambda p: p.table.arrival_us),
-        prompt_len=cat(lambda p: p.table.prompt_len), output_len=cat(lambda p: p.table.output_len),
-        next_round=cat(lambda p: p.table.next_round), think_us=cat(lambda p: p.table.think_us),
-        group=cat(lambda p: p.table.group), shared_prefix=cat(lambda p: p.table.shared_prefix),
-        session=cat(lambda p: p.table.session), prev_round=cat(lambda p: p.table.prev_round),
-        new_input=cat(lambda p: p.table.new_input), in_window=cat(lambda p: p.table.in_window),
-        keys=[k for tb in tables for k in tb.keys], group_names=[], session_names=[],
-        source=[s for tb in tables for s in tb.source])
-    loops = [p.loop for p in parts]
-    loop = LoopResult(
-        arrival_us=cat(lambda p: p.loop.arrival_us), first_token_us=cat(lambda p: p.loop.first_token_us),
-        finish_us=cat(lambda p: p.loop.finish_us), itl_sum_us=cat(lambda p: p.loop.itl_sum_us),
-        num_out=cat(lambda p: p.loop.num_out), preemptions=cat(lambda p: p.loop.preemptions),
-        first_sched_us=cat(lambda p: p.loop.first_sched_us), status=cat(lambda p: p.loop.status),
-        itl_values=cat(lambda p: p.loop.itl_values), itl_weights=cat(lambda p: p.loop.itl_weights),
-        steps=sum(lp.steps for lp in loops),
-        preemption_count=sum(lp.preemption_count for lp in loops), end_us=loops[-1].end_us)
-
-    admitted, cached = cat(lambda p: p.admitted), cat(lambda p: p.cached)
-    counters = kv.snapshot()
-    return SimOutcome(table=t, loop=loop, cached=cached, admitted=admitted,
-                      frontend_us=cat(lambda p: p.frontend_us), kv_counters=counters,
-                      hit_rates=hit_rates(t, admitted, cached, counters, None,
-                                          tiers=offload is not None),
-                      block_size=parts[0].block_size, num_gpu_blocks=parts[0].num_gpu_blocks,
-                      offload=offload, dropped=cat(lambda p: p.dropped))

@@ -191,3 +191,50 @@ def hit_rates(table: RequestTable, admitted: np.ndarray, cached_tokens: np.ndarr
             qs -= int(start["tiers"][label]["chunk_queries"])
         out.append(_entry("tiered", label, "chunks", hits, qs))
     return out
+
+
+def combine_outcomes(parts: list[SimOutcome], kv: Any, offload: Any,
+                     window_start: dict[str, Any] | None = None) -> SimOutcome:
+    """Phases simulated one after the other on the same ``kv`` as one outcome (rows in phase
+    order). ``window_start``: the counter snapshot taken before the first phase of the comparison
+    window (None: from zero)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        raise ValueError("nothing was simulated")
+
+    def cat(get: Any) -> np.ndarray:
+        return np.concatenate([get(p) for p in parts])
+
+    tables = [p.table for p in parts]
+    t = RequestTable(
+        request_id=cat(lambda p: p.table.request_id), arrival_us=cat(lambda p: p.table.arrival_us),
+        prompt_len=cat(lambda p: p.table.prompt_len), output_len=cat(lambda p: p.table.output_len),
+        next_round=cat(lambda p: p.table.next_round), think_us=cat(lambda p: p.table.think_us),
+        group=cat(lambda p: p.table.group), shared_prefix=cat(lambda p: p.table.shared_prefix),
+        session=cat(lambda p: p.table.session), prev_round=cat(lambda p: p.table.prev_round),
+        new_input=cat(lambda p: p.table.new_input), in_window=cat(lambda p: p.table.in_window),
+        keys=[k for tb in tables for k in tb.keys], group_names=[], session_names=[],
+        source=[s for tb in tables for s in tb.source], observed=tables[0].observed)
+    loops = [p.loop for p in parts]
+    loop = LoopResult(
+        arrival_us=cat(lambda p: p.loop.arrival_us), first_token_us=cat(lambda p: p.loop.first_token_us),
+        finish_us=cat(lambda p: p.loop.finish_us), itl_sum_us=cat(lambda p: p.loop.itl_sum_us),
+        num_out=cat(lambda p: p.loop.num_out), preemptions=cat(lambda p: p.loop.preemptions),
+        first_sched_us=cat(lambda p: p.loop.first_sched_us), status=cat(lambda p: p.loop.status),
+        itl_values=cat(lambda p: p.loop.itl_values), itl_weights=cat(lambda p: p.loop.itl_weights),
+        steps=sum(lp.steps for lp in loops),
+        preemption_count=sum(lp.preemption_count for lp in loops), end_us=loops[-1].end_us)
+    if all(lp.step_start is not None for lp in loops):  # step logs (fit) run on across phases
+        loop.step_start = cat(lambda p: p.loop.step_start)
+        loop.step_dur = cat(lambda p: p.loop.step_dur)
+        loop.step_features = np.vstack([lp.step_features for lp in loops])
+
+    admitted, cached = cat(lambda p: p.admitted), cat(lambda p: p.cached)
+    counters = kv.snapshot()
+    return SimOutcome(table=t, loop=loop, cached=cached, admitted=admitted,
+                      frontend_us=cat(lambda p: p.frontend_us), kv_counters=counters,
+                      hit_rates=hit_rates(t, admitted, cached, counters, window_start,
+                                          tiers=offload is not None),
+                      block_size=parts[0].block_size, num_gpu_blocks=parts[0].num_gpu_blocks,
+                      offload=offload, dropped=cat(lambda p: p.dropped))
