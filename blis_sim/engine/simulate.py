@@ -228,7 +228,8 @@ def combine_outcomes(parts: list[SimOutcome], kv: Any, offload: Any,
     if all(lp.step_start is not None for lp in loops):  # step logs (fit) run on across phases
         loop.step_start = cat(lambda p: p.loop.step_start)
         loop.step_dur = cat(lambda p: p.loop.step_dur)
-        loop.step_features = np.vstack([lp.step_features for lp in loops])
+        loop.step_features = np.vstack([lp.step_features for lp in loops
+                                        if lp.step_features is not None])
 
     admitted, cached = cat(lambda p: p.admitted), cat(lambda p: p.cached)
     counters = kv.snapshot()
