@@ -152,10 +152,23 @@ def options_from_args(args: argparse.Namespace) -> Any:
     return opts
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at emit time, so a handler left behind by an in-process
+    run (pytester, an embedding application) never writes to a stream that has since been closed."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     logger = logging.getLogger("blis_sim")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("blis observe: %(levelname)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
