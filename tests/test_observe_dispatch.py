@@ -222,7 +222,8 @@ async def test_split_events_crlf_and_comments(server: Any) -> None:
 async def test_server_faults_are_recorded_not_raised(server: Any, mode: str, streaming: bool, status: str,
                                                     message: str) -> None:
     url, _ = server
-    r = await _one(url, mode, streaming=streaming, timeout_s=5.0 if mode == "endless" else 0.5)
+    # Only the timeout cases need a short timeout; the others get slack for a loaded CI machine.
+    r = await _one(url, mode, streaming=streaming, timeout_s=0.5 if status == "timeout" else 10.0)
     assert r.status == status
     assert r.error_message.startswith(message), r.error_message
     if mode == "stall":
