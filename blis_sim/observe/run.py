@@ -450,6 +450,7 @@ class _Run:
             created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             warm_up_requests=self.opts.warmup_requests, workload_seed=self.plan.seed,
             workload_spec=self.opts.workload_label,
+            session_context_growth=self.plan.session_context_growth,
             server=TraceServerConfig(type=self.opts.server_type, model=self.opts.model,
                                      block_size=(self.geometry or {}).get("block_size", 0)),
             network=TraceNetworkConfig(measured_rtt_ms=self.opts.rtt_ms),
