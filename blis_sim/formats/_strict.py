@@ -99,17 +99,21 @@ def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
     return YamlDoc(data=data, file=file, lines=lines, raw=raw)
 
 
-def load_yaml(path: str | Path) -> YamlDoc:
+def read_text(path: str | Path) -> str:
+    """A UTF-8 input file's text; a missing, unreadable or non-UTF-8 file is a FormatError naming it."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FormatError("file not found", file=str(p)) from None
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
     except OSError as exc:  # a directory, no permission, ...
         raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
-    return parse_yaml(text, str(p))
+
+
+def load_yaml(path: str | Path) -> YamlDoc:
+    return parse_yaml(read_text(path), str(Path(path)))
 
 
 def _dotted(path: Path_) -> str:

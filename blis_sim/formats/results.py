@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field, ValidationError
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._model import StrictModel, to_go
-from blis_sim.formats._strict import describe
+from blis_sim.formats._strict import describe, read_text
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats._io import atomic_write
 
@@ -157,18 +157,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _read_text(path: str | Path) -> str:
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError("file not found", file=str(p)) from None
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(p)) from None
-    except OSError as exc:  # a directory, no permission, ...
-        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
-
-
 def _parse(text: str, file: str) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
@@ -182,7 +170,7 @@ def _parse(text: str, file: str) -> Any:
 
 def load_json(path: str | Path) -> Any:
     """Strict JSON: duplicate keys and NaN/Infinity rejected; errors name file and line."""
-    return _parse(_read_text(path), str(path))
+    return _parse(read_text(path), str(path))
 
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
@@ -251,7 +239,7 @@ def _located(exc: ValidationError, prefix: tuple[Any, ...], text: str, file: str
 def load_sim_results(path: str | Path) -> list[SimResult]:
     """Read a SimResult array (``replay --results-path``)."""
     file = str(path)
-    text = _read_text(path)
+    text = read_text(path)
     data = _parse(text, file)
     if not isinstance(data, list):
         raise FormatError(f"expected a JSON array of sim results, got {type(data).__name__}", file=file, line=1)
@@ -268,7 +256,7 @@ def load_sim_results(path: str | Path) -> list[SimResult]:
 def load_metrics_output(path: str | Path) -> MetricsOutput:
     """Read an aggregate MetricsOutput (``replay --metrics-path``)."""
     file = str(path)
-    text = _read_text(path)
+    text = read_text(path)
     data = _parse(text, file)
     if not isinstance(data, dict):
         raise FormatError(f"expected a JSON object (MetricsOutput), got {type(data).__name__}", file=file, line=1)
