@@ -54,5 +54,16 @@ def csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
             raise FormatError(f"not UTF-8 text ({exc.reason})", file=str(path), line=line) from None
 
 
+def csv_with_header(path: Path) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
+    """The header row and an iterator over the data rows; a file without a header row is an error
+    (the reference's ``reading CSV header: EOF``)."""
+    rows = csv_rows(path)
+    try:
+        _, header = next(rows)
+    except StopIteration:
+        raise FormatError("reading CSV header: EOF (the file has no header row)", file=str(path), line=1) from None
+    return header, rows
+
+
 def go_quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._io import atomic_write, csv_rows, go_quote
+from blis_sim.formats._io import atomic_write, csv_with_header, go_quote
 from blis_sim.formats._model import StrictModel
 
 
@@ -40,11 +40,7 @@ def read_itl(path: str | Path) -> list[ITLRecord]:
     """Read an ITL CSV. Stricter than the reference on one point: the header row must name the three columns."""
     p = Path(path)
     file = str(p)
-    rows = csv_rows(p)
-    try:
-        _, header = next(rows)
-    except StopIteration:
-        raise FormatError("reading CSV header: EOF (the file has no header row)", file=file, line=1) from None
+    header, rows = csv_with_header(p)
     if tuple(header[:3]) != ITL_COLUMNS:
         raise FormatError(f"expected the header row {','.join(ITL_COLUMNS)}, got {','.join(header)}",
                           file=file, line=1)

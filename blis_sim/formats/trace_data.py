@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._io import atomic_write, csv_rows, go_quote
+from blis_sim.formats._io import atomic_write, csv_with_header, go_quote
 from blis_sim.formats._model import StrictModel
 
 
@@ -230,11 +230,7 @@ def read_trace_data(path: str | Path) -> list[TraceRecord]:
     """Read a TraceV2 data CSV with the reference's positional rules (blis-pipeline.md §1.4)."""
     p = Path(path)
     file = str(p)
-    rows = csv_rows(p)
-    try:
-        _, header = next(rows)
-    except StopIteration:
-        raise FormatError("reading CSV header: EOF (the file has no header row)", file=file, line=1) from None
+    header, rows = csv_with_header(p)
     pos = _column_positions(header)
     # As the reference: every optional column the header declares counts (ours too), trailing ones included.
     min_cols = len(pos)
