@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from blis_sim.calibrate import CalibrationReport, calibrate
-from blis_sim.engine.replay import EngineOptions, replay
+from blis_sim.engine import EngineOptions, replay
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace import KVGeometry, ObservedKVMetrics, PytestBlisHeader, load_trace
 from blis_sim.observe.metrics import derive_window, kv_geometry, parse_exposition
