@@ -558,3 +558,75 @@ cdef class ChunkStore:
 
     def keys(self):
         return [k for k, _, _ in self._walk(0) + self._walk(1)]
+
+
+# -- the admission-time tier walk (one call per lookup; see the pure twin) -------------------------
+cdef inline void _count(unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, Py_ssize_t tier,
+                        Py_ssize_t a, Py_ssize_t b, bint hit) noexcept:
+    cdef Py_ssize_t i
+    cdef unsigned char f
+    for i in range(a, b):
+        f = flags[tier, i]
+        if not (f & 1):
+            deltas[tier, 0] += 1
+            f |= 1
+        if hit and not (f & 2):
+            deltas[tier, 1] += 1
+            f |= 2
+        flags[tier, i] = f
+
+
+def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t nchunks,
+              double now, unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, track=None):
+    """The connector's lookup over the offload tiers (see :func:`blis_sim.kv._core_py.tier_walk`)."""
+    cdef ChunkStore cpu = <ChunkStore>tiers[0]
+    cdef ChunkStore tier
+    cdef list plan = []
+    cdef Py_ssize_t n, t, found, ntiers = len(tiers)
+    cdef int64_t s
+    cdef uint64_t key
+    cdef bint hit
+    cdef tuple last
+    nchunks = min(nchunks, keys.shape[0])
+    while pos < nchunks:
+        n = 0
+        while pos + n < nchunks:
+            s = cpu._resident(keys[pos + n])
+            if s < 0 or cpu._ready[s] > now:
+                break
+            n += 1
+        if n:
+            if track is not None:
+                track(pos, pos + n)
+            _count(flags, deltas, 0, pos, pos + n, True)
+            plan.append((0, pos, pos + n))
+            pos += n
+            if pos >= nchunks:
+                break
+        if track is not None:
+            track(pos, pos + 1)
+        key = keys[pos]
+        if cpu._resident(key) >= 0:  # PENDING (a READY one would have joined the prefix)
+            break
+        _count(flags, deltas, 0, pos, pos + 1, False)
+        found = 0
+        for t in range(1, ntiers):
+            tier = <ChunkStore>tiers[t]
+            s = tier._resident(key)
+            hit = s >= 0 and tier._ready[s] <= now
+            _count(flags, deltas, t, pos, pos + 1, hit)
+            if hit:
+                found = t
+                break
+        if not found:
+            break
+        if plan:
+            last = <tuple>plan[len(plan) - 1]
+            if last[0] == found and last[2] == pos:
+                plan[len(plan) - 1] = (found, last[1], pos + 1)
+            else:
+                plan.append((found, pos, pos + 1))
+        else:
+            plan.append((found, pos, pos + 1))
+        pos += 1
+    return pos, plan

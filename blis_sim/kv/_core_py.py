@@ -522,3 +522,61 @@ class ChunkStore:
     def keys(self) -> list[int]:
         """Resident keys, eviction order first (T1 then T2)."""
         return [k for k, _, _ in self._walk(LIST_T1) + self._walk(LIST_T2)]
+
+
+# -- the admission-time tier walk (one call per lookup) ------------------------------------------
+def _count(flags: np.ndarray, deltas: np.ndarray, tier: int, a: int, b: int, hit: bool) -> None:
+    """Count chunks ``a … b−1`` of ``tier`` as queried (and hit): once per request, tier, chunk.
+    ``flags[tier, chunk]``: bit 1 = counted in the queries, bit 2 = counted in the hits;
+    ``deltas[tier] = (new queries, new hits)``."""
+    seg = flags[tier, a:b]
+    deltas[tier, 0] += int(np.count_nonzero((seg & 1) == 0))
+    seg |= 1
+    if hit:
+        deltas[tier, 1] += int(np.count_nonzero((seg & 2) == 0))
+        seg |= 2
+
+
+def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int, now: float,
+              flags: np.ndarray, deltas: np.ndarray, track: Any = None) -> tuple[int, list]:
+    """The connector's lookup over the offload tiers, from chunk ``pos`` (the first chunk not on
+    the GPU) up to ``nchunks``: the longest run of chunks each READY in the CPU tier or, failing
+    that, READY in the first secondary tier that holds it. A chunk being written or promoted in
+    the CPU tier (PENDING: vLLM's unresolved lookup) ends the run uncounted. Counts each tier's
+    chunk queries/hits into ``flags``/``deltas`` (see :func:`_count`); ``track(a, b)``, if
+    given, sees every chunk looked up in the CPU tier (store_threshold's reuse tracker).
+    Returns ``(end, plan)``: the run ends before chunk ``end``; ``plan`` = ``[(tier, a, b)]``
+    ranges in order, adjacent ranges of one tier merged."""
+    cpu = tiers[0]
+    plan: list[tuple[int, int, int]] = []
+    while pos < nchunks:
+        n = cpu.ready_prefix(keys, pos, nchunks, now)
+        if n:
+            if track is not None:
+                track(pos, pos + n)
+            _count(flags, deltas, 0, pos, pos + n, True)
+            plan.append((0, pos, pos + n))
+            pos += n
+            if pos >= nchunks:
+                break
+        if track is not None:
+            track(pos, pos + 1)
+        key = int(keys[pos])
+        if cpu.state_of(key, now) != ABSENT:
+            break
+        _count(flags, deltas, 0, pos, pos + 1, False)
+        found = 0
+        for t in range(1, len(tiers)):
+            hit = tiers[t].state_of(key, now) == READY
+            _count(flags, deltas, t, pos, pos + 1, hit)
+            if hit:
+                found = t
+                break
+        if not found:
+            break
+        if plan and plan[-1][0] == found and plan[-1][2] == pos:
+            plan[-1] = (found, plan[-1][1], pos + 1)
+        else:
+            plan.append((found, pos, pos + 1))
+        pos += 1
+    return pos, plan

@@ -6,6 +6,7 @@ per-request state (block hashes, scheduled end, offload progress, per-source cac
 """
 from __future__ import annotations
 
+from functools import partial
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -44,7 +45,7 @@ class Admission(NamedTuple):
 class _Req:
     __slots__ = ("rid", "hashes", "num_prompt", "num_tokens", "end", "stored", "preempted",
                  "skip", "admitted", "cached", "seed", "lk_epoch", "lk_now", "lk", "plan",
-                 "q_bits", "h_bits", "nblocks", "ncached")
+                 "flags", "nblocks", "ncached")
 
     def __init__(self, rid: int, hashes: np.ndarray, num_prompt: int, skip: bool,
                  n_tiers: int) -> None:
@@ -65,9 +66,8 @@ class _Req:
         self.lk_now = 0.0
         self.lk: Lookup | None = None
         self.plan: list[tuple[int, int, int]] = []
-        # (request, tier, chunk) already counted in the tier's chunk queries / hits: int bitsets.
-        self.q_bits = [0] * n_tiers
-        self.h_bits = [0] * n_tiers
+        # (tier, chunk) already counted in the tier's chunk queries (bit 1) / hits (bit 2).
+        self.flags: np.ndarray | None = None
 
 
 def _new_tier_counters() -> dict[str, float]:
@@ -111,6 +111,8 @@ class KVCache:
             "block_hits": 0, "block_misses": 0,
             "tiers": {label: _new_tier_counters() for label in self.tier_labels},
         }
+        self._tier_counters = [self.counters["tiers"][label] for label in self.tier_labels]
+        self._deltas = np.zeros((len(self.tiers), 2), dtype=np.int64)
 
     # ------------------------------------------------------------------------------- requests
     def add_request(self, rid: int, block_hashes: np.ndarray | None, num_prompt_tokens: int, *,
@@ -158,18 +160,16 @@ class KVCache:
         return np.ascontiguousarray(r.hashes[bpc - 1: nchunks * bpc: bpc])
 
     # ------------------------------------------------------------------------------- counting
-    def _count_tier(self, r: _Req, tier: int, a: int, b: int, hit: bool) -> None:
-        mask = ((1 << (b - a)) - 1) << a
-        tc = self.counters["tiers"][self.tier_labels[tier]]
-        new_q = mask & ~r.q_bits[tier]
-        if new_q:
-            r.q_bits[tier] |= new_q
-            tc["chunk_queries"] += new_q.bit_count()
-        if hit:
-            new_h = mask & ~r.h_bits[tier]
-            if new_h:
-                r.h_bits[tier] |= new_h
-                tc["chunk_hits"] += new_h.bit_count()
+    def _flags_of(self, r: _Req, nchunks: int) -> np.ndarray:
+        """The request's (tier, chunk) counted-flags, grown to ``nchunks`` chunks."""
+        f = r.flags
+        if f is None or f.shape[1] < nchunks:
+            g = np.zeros((len(self.tiers), max(nchunks, 2 * f.shape[1] if f is not None else 0)),
+                         dtype=np.uint8)
+            if f is not None:
+                g[:, :f.shape[1]] = f
+            r.flags = f = g
+        return f
 
     def _track(self, keys: np.ndarray, a: int, b: int) -> None:
         """store_threshold's reuse tracker: one count per chunk looked up (LRU-bounded)."""
@@ -200,39 +200,18 @@ class KVCache:
             cpu = self.tiers[0]
             cpu.touch(keys, 0, nchunks)
             if nchunks * ct - gpu >= ct:
-                start = pos = gpu // ct
-                while pos < nchunks:
-                    n = cpu.ready_prefix(keys, pos, nchunks, now)
-                    if n:
-                        if self._threshold >= 2:
-                            self._track(keys, pos, pos + n)
-                        self._count_tier(r, 0, pos, pos + n, True)
-                        plan.append((0, pos, pos + n))
-                        pos += n
-                        if pos >= nchunks:
-                            break
-                    if self._threshold >= 2:
-                        self._track(keys, pos, pos + 1)
-                    key = int(keys[pos])
-                    if cpu.state_of(key, now) != 0:
-                        # Being written or promoted: vLLM's HIT_PENDING, an unresolved lookup
-                        # (not counted); the hit ends here.
-                        break
-                    self._count_tier(r, 0, pos, pos + 1, False)
-                    found = 0
-                    for t in range(1, len(self.tiers)):
-                        hit = self.tiers[t].state_of(key, now) == 2
-                        self._count_tier(r, t, pos, pos + 1, hit)
-                        if hit:
-                            found = t
-                            break
-                    if not found:
-                        break
-                    if plan and plan[-1][0] == found and plan[-1][2] == pos:
-                        plan[-1] = (found, plan[-1][1], pos + 1)
-                    else:
-                        plan.append((found, pos, pos + 1))
-                    pos += 1
+                start = gpu // ct
+                flags = self._flags_of(r, nchunks)
+                track = partial(self._track, keys) if self._threshold >= 2 else None
+                deltas = self._deltas
+                deltas.fill(0)
+                pos, plan = self._core.tier_walk(self.tiers, keys, start, nchunks, now, flags,
+                                                 deltas, track)
+                if deltas.any():
+                    for t, (dq, dh) in enumerate(deltas.tolist()):
+                        tc = self._tier_counters[t]
+                        tc["chunk_queries"] += dq
+                        tc["chunk_hits"] += dh
                 ext = ct * pos - gpu if pos > start else 0
                 if ext < ct:
                     ext = 0
