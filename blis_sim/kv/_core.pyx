@@ -9,11 +9,100 @@ covers a whole request.
 """
 from libc.stdint cimport int64_t, uint64_t, int32_t
 from libcpp.unordered_map cimport unordered_map
-from libcpp.unordered_set cimport unordered_set
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref
 
 import numpy as np
+
+cdef extern from *:
+    """
+    #include <vector>
+    #include <cstdint>
+    // Open-addressing (linear probing, backward-shift deletion) map uint64 -> int64 for the
+    // offload tiers: one cache miss per lookup and no allocation per entry, where a node-based
+    // std::unordered_map costs two misses and a malloc (an unbounded fs tier holds ~1M chunks).
+    // Values are >= 0; find() returns -1 when absent. Key 0 (free-slot marker) is kept aside.
+    struct BlisFlatMap {
+        std::vector<uint64_t> k;
+        std::vector<int64_t> v;
+        uint64_t mask;
+        int shift;
+        int64_t n;
+        bool has0;
+        int64_t v0;
+        BlisFlatMap() : mask(0), shift(64), n(0), has0(false), v0(0) { rehash(16); }
+        inline uint64_t home(uint64_t key) const {
+            return (key * 0x9E3779B97F4A7C15ULL) >> shift;
+        }
+        void rehash(uint64_t cap) {
+            std::vector<uint64_t> ok; ok.swap(k);
+            std::vector<int64_t> ov; ov.swap(v);
+            k.assign(cap, 0); v.assign(cap, 0);
+            mask = cap - 1;
+            shift = 64 - __builtin_ctzll(cap);
+            for (size_t i = 0; i < ok.size(); ++i) {
+                if (ok[i]) {
+                    uint64_t j = home(ok[i]);
+                    while (k[j]) j = (j + 1) & mask;
+                    k[j] = ok[i]; v[j] = ov[i];
+                }
+            }
+        }
+        void reserve(uint64_t count) {
+            uint64_t cap = 16;
+            while (cap < 2 * count) cap <<= 1;
+            if (cap > k.size()) rehash(cap);
+        }
+        inline int64_t find(uint64_t key) const {
+            if (!key) return has0 ? v0 : -1;
+            uint64_t i = home(key);
+            while (true) {
+                uint64_t c = k[i];
+                if (c == key) return v[i];
+                if (!c) return -1;
+                i = (i + 1) & mask;
+            }
+        }
+        void set(uint64_t key, int64_t val) {
+            if (!key) { if (!has0) { has0 = true; ++n; } v0 = val; return; }
+            uint64_t i = home(key);
+            while (true) {
+                uint64_t c = k[i];
+                if (c == key) { v[i] = val; return; }
+                if (!c) break;
+                i = (i + 1) & mask;
+            }
+            k[i] = key; v[i] = val; ++n;
+            if ((uint64_t)n * 2 > k.size()) rehash(k.size() * 2);
+        }
+        void erase(uint64_t key) {
+            if (!key) { if (has0) { has0 = false; --n; } return; }
+            uint64_t i = home(key);
+            while (true) {
+                uint64_t c = k[i];
+                if (!c) return;
+                if (c == key) break;
+                i = (i + 1) & mask;
+            }
+            uint64_t j = i;
+            while (true) {
+                j = (j + 1) & mask;
+                uint64_t c = k[j];
+                if (!c) break;
+                // the entry at j may fill the hole at i unless its home lies in (i, j]
+                if (((j - home(c)) & mask) >= ((j - i) & mask)) { k[i] = c; v[i] = v[j]; i = j; }
+            }
+            k[i] = 0; --n;
+        }
+    };
+    """
+    cppclass BlisFlatMap:
+        BlisFlatMap() except +
+        void reserve(uint64_t count) except +
+        int64_t find(uint64_t key) noexcept nogil
+        void set(uint64_t key, int64_t val) except +
+        void erase(uint64_t key) noexcept nogil
+
 
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
 cdef uint64_t _MULT_SALT = 0x5BD1E995ULL
@@ -308,7 +397,7 @@ cdef class ChunkStore:
     cdef vector[int64_t] _prev, _next
     cdef vector[int] _list
     cdef vector[int64_t] _free_slots
-    cdef unordered_map[uint64_t, int64_t] _map
+    cdef BlisFlatMap _map
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
     cdef int64_t _size[4]
@@ -346,7 +435,7 @@ cdef class ChunkStore:
             self._prev.push_back(-1)
             self._next.push_back(-1)
             self._list.push_back(lst)
-        self._map[key] = s
+        self._map.set(key, s)
         self._append(s, lst)
         return s
 
@@ -382,10 +471,9 @@ cdef class ChunkStore:
         self._size[lst] -= 1
 
     cdef inline int64_t _resident(self, uint64_t key) noexcept:
-        cdef unordered_map[uint64_t, int64_t].iterator it = self._map.find(key)
-        if it == self._map.end():
+        cdef int64_t s = self._map.find(key)
+        if s < 0:
             return -1
-        cdef int64_t s = deref(it).second
         if self._list[s] <= 1:
             return s
         return -1
@@ -418,13 +506,11 @@ cdef class ChunkStore:
         cdef Py_ssize_t i
         cdef int64_t s, b1, b2, delta
         cdef int lst
-        cdef unordered_map[uint64_t, int64_t].iterator it
         end = min(end, keys.shape[0])
         for i in range(end - 1, start - 1, -1):
-            it = self._map.find(keys[i])
-            if it == self._map.end():
+            s = self._map.find(keys[i])
+            if s < 0:
                 continue
-            s = deref(it).second
             lst = self._list[s]
             if not self.arc:
                 self._unlink(s)
@@ -508,16 +594,17 @@ cdef class ChunkStore:
 
     def prepare_store(self, const uint64_t[::1] keys, double now, double ready):
         cdef vector[uint64_t] todo
-        cdef unordered_set[uint64_t] seen
+        cdef BlisFlatMap seen
         cdef Py_ssize_t i
         cdef uint64_t k
         cdef int64_t need, s
         cdef bint ok
+        seen.reserve(keys.shape[0])
         for i in range(keys.shape[0]):
             k = keys[i]
-            if seen.find(k) == seen.end() and self._resident(k) < 0:
+            if seen.find(k) < 0 and self._resident(k) < 0:
                 todo.push_back(k)
-                seen.insert(k)
+                seen.set(k, 0)
         if todo.size() == 0:
             return np.empty(0, dtype=np.uint64)
         if self.capacity > 0:
@@ -526,14 +613,13 @@ cdef class ChunkStore:
                 ok = self._evict_arc(need, now) if self.arc else self._evict_lru(need, now)
                 if not ok:
                     return None
-        cdef unordered_map[uint64_t, int64_t].iterator it
         out = np.empty(todo.size(), dtype=np.uint64)
         cdef uint64_t[::1] o = out
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
-            it = self._map.find(k)
-            if it != self._map.end():
-                self._drop_slot(deref(it).second)
+            s = self._map.find(k)
+            if s >= 0:
+                self._drop_slot(s)
             self._new_slot(k, 0, ready, ready)
             o[i] = k
         return out
