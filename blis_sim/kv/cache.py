@@ -153,7 +153,8 @@ class KVCache:
 
     def _chunk_keys(self, r: _Req, nchunks: int) -> np.ndarray:
         bpc = self.config.blocks_per_chunk
-        self._ensure_hashes(r, nchunks * bpc)
+        if nchunks * bpc > r.hashes.shape[0]:
+            self._ensure_hashes(r, nchunks * bpc)
         if bpc == 1:
             return r.hashes[:nchunks]
         # A chunk is keyed by its last GPU block's hash, which chains over the whole prefix.
@@ -344,7 +345,10 @@ class KVCache:
         """Grow a scheduled request by ``num_new_tokens`` (a prefill chunk, a decode token, or
         the first compute after a load). ``False``: not enough free blocks (nothing changed).
         Full blocks up to the new end get their hashes registered (vLLM caches at scheduling)."""
-        r = self._req(rid)
+        try:
+            r = self._reqs[rid]
+        except KeyError:
+            r = self._req(rid)  # raises the SimulationError
         end = r.end + num_new_tokens
         bs = self.block_size
         need = -(-end // bs)
@@ -359,7 +363,8 @@ class KVCache:
             r.num_tokens = end
         full = end // bs
         if full > r.ncached:
-            self._ensure_hashes(r, need)
+            if need > r.hashes.shape[0]:
+                self._ensure_hashes(r, need)
             if self.pool.cache(rid, r.hashes, full):
                 self._epoch += 1
             r.ncached = full

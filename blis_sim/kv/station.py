@@ -28,6 +28,8 @@ class TransferStation:
         self.cfg = cfg
         self._free = {True: [0.0] * cfg.n_read_threads, False: [0.0] * cfg.n_write_threads}
         self._rng = np.random.default_rng(seed) if cfg.latency_jitter_stddev > 0 else None
+        qsat, f1 = cfg.saturation_queue_depth, cfg.single_transfer_fraction
+        self._flat = qsat < 2 or f1 <= 0.0 or f1 >= 1.0  # _ramp(q) == 1.0 for every q
 
     def _ramp(self, q: int) -> float:
         qsat, f1 = self.cfg.saturation_queue_depth, self.cfg.single_transfer_fraction
@@ -42,10 +44,15 @@ class TransferStation:
 
     def submit(self, read: bool, nbytes: int, t: float) -> tuple[float, float]:
         servers = self._free[read]
-        i = min(range(len(servers)), key=servers.__getitem__)
-        start = max(t, servers[i])
-        q = 1 + sum(1 for f in servers if f > start)
-        svc = self.service_time(read, nbytes, q)
+        free = min(servers)
+        i = servers.index(free)  # the first earliest-free server
+        start = t if t > free else free
+        if self._flat:  # no ramp: the queue depth does not matter
+            bw = self.cfg.read_bandwidth if read else self.cfg.write_bandwidth
+            svc = self.cfg.base_latency + nbytes / (bw * 1.0)
+        else:
+            q = 1 + sum(1 for f in servers if f > start)
+            svc = self.service_time(read, nbytes, q)
         if self._rng is not None:
             svc *= max(0.05, 1.0 + float(self._rng.normal(0.0, self.cfg.latency_jitter_stddev)))
         done = start + svc
