@@ -369,6 +369,11 @@ def _model_json(model: StrictModel, indent: str) -> str:
             items.append(f"{inner}{key}: {_float(v)}")
         elif tv in _SCALARS or isinstance(v, StrictModel):
             items.append(f"{inner}{key}: {go_json(v, inner)}")
+        elif tv is dict and v and all(type(k) is str and type(x) is int for k, x in v.items()):
+            # a Go map of ints (per-request cached tokens by source): sorted keys, no detour via to_go
+            inner2 = inner + "  "
+            body = ",\n".join([f"{inner2}{_escape(k)}: {v[k]}" for k in sorted(v)])
+            items.append(f"{inner}{key}: {{\n{body}\n{inner}}}")
         elif isinstance(v, (list, tuple)) and all(type(x) in _SCALARS or isinstance(x, StrictModel) for x in v):
             items.append(f"{inner}{key}: {go_json(list(v), inner)}")
         else:  # Go maps (sorted keys) and opaque values: the general rules
