@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -350,34 +350,65 @@ def go_json(value: Any, indent: str = "") -> str:
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
+def _field_json(v: Any, key: str, omitempty: bool, inner: str) -> str | None:
+    """One non-None field's ``key: value`` line (None: omitted by ``omitempty``)."""
+    tv = type(v)
+    if omitempty and (not v if tv in _SCALARS else _is_empty(v)):
+        return None
+    if tv is int:
+        return f"{inner}{key}: {v}"
+    if tv is float:
+        return f"{inner}{key}: {_float(v)}"
+    if tv in _SCALARS or isinstance(v, StrictModel):
+        return f"{inner}{key}: {go_json(v, inner)}"
+    if tv is dict and v and all(type(k) is str and type(x) is int for k, x in v.items()):
+        # a Go map of ints (per-request cached tokens by source): sorted keys, no detour via to_go
+        inner2 = inner + "  "
+        body = ",\n".join([f"{inner2}{_escape(k)}: {v[k]}" for k in sorted(v)])
+        return f"{inner}{key}: {{\n{body}\n{inner}}}"
+    if isinstance(v, (list, tuple)) and all(type(x) in _SCALARS or isinstance(x, StrictModel) for x in v):
+        return f"{inner}{key}: {go_json(list(v), inner)}"
+    return f"{inner}{key}: {go_json(to_go(v), inner)}"  # Go maps (sorted keys), opaque values
+
+
+_WRITERS: dict[type, Callable[[dict[str, Any], str], list[str]]] = {}
+
+
+def _writer(cls: type[StrictModel]) -> Callable[[dict[str, Any], str], list[str]]:
+    """A function ``(model.__dict__, inner indent) -> lines`` for ``cls``, generated from its plan:
+    the per-field rules of :func:`_field_json` unrolled, with scalars inline (one object
+    per request in SimResult / MetricsOutput files makes the loop over the plan the hot path)."""
+    fn = _WRITERS.get(cls)
+    if fn is not None:
+        return fn
+    src = ["def write(d, inner):", "    out = []", "    a = out.append"]
+    for i, (name, key, omitempty, keep_none) in enumerate(_plan(cls)):
+        prefix = repr(key + ": ")
+        src += [f"    v = d[{name!r}]",
+                "    if v is None:",
+                f"        {'a(inner + ' + repr(key + ': null') + ')' if keep_none else 'pass'}",
+                "    elif type(v) is int:",
+                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + str(v))",
+                "    elif type(v) is float:",
+                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + _float(v))",
+                "    elif type(v) is str:",
+                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + _escape(v))",
+                "    elif type(v) is bool:",
+                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + ('true' if v else 'false'))",
+                "    else:",
+                f"        line = _field_json(v, {key!r}, {omitempty!r}, inner)",
+                "        if line is not None:",
+                "            a(line)"]
+    src.append("    return out")
+    ns: dict[str, Any] = {"_float": _float, "_escape": _escape, "_field_json": _field_json}
+    exec("\n".join(src), ns)  # noqa: S102 - source built above from field names only
+    fn = ns["write"]
+    _WRITERS[cls] = fn
+    return fn
+
+
 def _model_json(model: StrictModel, indent: str) -> str:
-    inner = indent + "  "
-    items = []
-    d = model.__dict__
-    for name, key, omitempty, keep_none in _plan(type(model)):
-        v = d[name]
-        if v is None:
-            if keep_none:
-                items.append(f"{inner}{key}: null")
-            continue
-        tv = type(v)
-        if omitempty and (not v if tv in _SCALARS else _is_empty(v)):
-            continue
-        if tv is int:
-            items.append(f"{inner}{key}: {v}")
-        elif tv is float:
-            items.append(f"{inner}{key}: {_float(v)}")
-        elif tv in _SCALARS or isinstance(v, StrictModel):
-            items.append(f"{inner}{key}: {go_json(v, inner)}")
-        elif tv is dict and v and all(type(k) is str and type(x) is int for k, x in v.items()):
-            # a Go map of ints (per-request cached tokens by source): sorted keys, no detour via to_go
-            inner2 = inner + "  "
-            body = ",\n".join([f"{inner2}{_escape(k)}: {v[k]}" for k in sorted(v)])
-            items.append(f"{inner}{key}: {{\n{body}\n{inner}}}")
-        elif isinstance(v, (list, tuple)) and all(type(x) in _SCALARS or isinstance(x, StrictModel) for x in v):
-            items.append(f"{inner}{key}: {go_json(list(v), inner)}")
-        else:  # Go maps (sorted keys) and opaque values: the general rules
-            items.append(f"{inner}{key}: {go_json(to_go(v), inner)}")
+    items = _writer(type(model))(model.__dict__, indent + "  ")
     return "{\n" + ",\n".join(items) + "\n" + indent + "}" if items else "{}"
 
 
