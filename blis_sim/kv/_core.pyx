@@ -673,6 +673,9 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
     cdef uint64_t key
     cdef bint hit
     cdef tuple last
+    for t in range(deltas.shape[0]):
+        deltas[t, 0] = 0
+        deltas[t, 1] = 0
     nchunks = min(nchunks, keys.shape[0])
     while pos < nchunks:
         n = 0
@@ -715,4 +718,7 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
         else:
             plan.append((found, pos, pos + 1))
         pos += 1
-    return pos, plan
+    for t in range(deltas.shape[0]):
+        if deltas[t, 0] or deltas[t, 1]:
+            return pos, plan, True
+    return pos, plan, False

@@ -545,10 +545,12 @@ def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int,
     the CPU tier (PENDING: vLLM's unresolved lookup) ends the run uncounted. Counts each tier's
     chunk queries/hits into ``flags``/``deltas`` (see :func:`_count`); ``track(a, b)``, if
     given, sees every chunk looked up in the CPU tier (store_threshold's reuse tracker).
-    Returns ``(end, plan)``: the run ends before chunk ``end``; ``plan`` = ``[(tier, a, b)]``
-    ranges in order, adjacent ranges of one tier merged."""
+    Returns ``(end, plan, counted)``: the run ends before chunk ``end``; ``plan`` =
+    ``[(tier, a, b)]`` ranges in order, adjacent ranges of one tier merged; ``counted``: some
+    count moved (``deltas`` is zeroed first)."""
     cpu = tiers[0]
     plan: list[tuple[int, int, int]] = []
+    deltas.fill(0)
     while pos < nchunks:
         n = cpu.ready_prefix(keys, pos, nchunks, now)
         if n:
@@ -579,4 +581,4 @@ def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int,
         else:
             plan.append((found, pos, pos + 1))
         pos += 1
-    return pos, plan
+    return pos, plan, bool(deltas.any())

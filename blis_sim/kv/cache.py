@@ -205,10 +205,9 @@ class KVCache:
                 flags = self._flags_of(r, nchunks)
                 track = partial(self._track, keys) if self._threshold >= 2 else None
                 deltas = self._deltas
-                deltas.fill(0)
-                pos, plan = self._core.tier_walk(self.tiers, keys, start, nchunks, now, flags,
-                                                 deltas, track)
-                if deltas.any():
+                pos, plan, counted = self._core.tier_walk(self.tiers, keys, start, nchunks, now,
+                                                          flags, deltas, track)
+                if counted:
                     for t, (dq, dh) in enumerate(deltas.tolist()):
                         tc = self._tier_counters[t]
                         tc["chunk_queries"] += dq
@@ -289,7 +288,8 @@ class KVCache:
         else:
             r.end = gpu + num_new_tokens
             cache_to = min(r.end, r.num_tokens)
-        self._ensure_hashes(r, -(-r.end // bs))
+        if -(-r.end // bs) > r.hashes.shape[0]:
+            self._ensure_hashes(r, -(-r.end // bs))
         r.ncached = cache_to // bs
         self.pool.cache(rid, r.hashes, r.ncached)
         return Admission(computed, gpu, ext, host, disk, ready)
