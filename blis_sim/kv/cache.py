@@ -387,7 +387,8 @@ class KVCache:
     def _store(self, keys: np.ndarray, now: float) -> None:
         cb = self.config.chunk_bytes
         cpu = self.tiers[0]
-        tc0 = self.counters["tiers"][self.tier_labels[0]]
+        tcs = self._tier_counters
+        tc0 = tcs[0]
         if self._threshold >= 2:
             tr = self._tracker
             eligible = [k for k in keys.tolist() if tr.get(k, 0) >= self._threshold]
@@ -401,32 +402,34 @@ class KVCache:
             tc0["store_skipped_chunks"] += len(keys)
             tc0["allocation_failures"] += 1
             return
-        if not len(stored):
+        n = len(stored)
+        if not n:
             return
-        done, svc = self.stations[0].submit(False, len(stored) * cb, now)
-        tc0["write_bytes"] += len(stored) * cb
+        done, svc = self.stations[0].submit(False, n * cb, now)
+        tc0["write_bytes"] += n * cb
         tc0["write_time_us"] += svc
         tc0["write_jobs"] += 1
-        tc0["stored_chunks"] += len(stored)
+        tc0["stored_chunks"] += n
         cpu.set_ready(stored, done)
         # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written.
         for t in range(1, len(self.tiers)):
             tier = self.tiers[t]
-            tc = self.counters["tiers"][self.tier_labels[t]]
+            tc = tcs[t]
             put = tier.prepare_store(stored, done, _INF)
             if put is None:
-                tc["store_skipped_chunks"] += len(stored)
+                tc["store_skipped_chunks"] += n
                 tc["allocation_failures"] += 1
                 continue
-            if not len(put):
+            m = len(put)
+            if not m:
                 continue
-            t_done, t_svc = self.stations[t].submit(False, len(put) * cb, done)
-            tc["write_bytes"] += len(put) * cb
+            t_done, t_svc = self.stations[t].submit(False, m * cb, done)
+            tc["write_bytes"] += m * cb
             tc["write_time_us"] += t_svc
             tc["write_jobs"] += 1
-            tc["stored_chunks"] += len(put)
+            tc["stored_chunks"] += m
             tier.set_ready(put, t_done)
-            cpu.pin(stored, 0, len(stored), t_done)
+            cpu.pin(stored, 0, n, t_done)
 
     def free(self, rid: int) -> dict[str, int]:
         """A request finished (or was aborted): release its blocks, forget it. Returns its
