@@ -332,11 +332,11 @@ def go_json(value: Any, indent: str = "") -> str:
         if not value:
             return "{}"
         items = [f"{inner}{_escape(str(k))}: {go_json(v, inner)}" for k, v in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+        return _bracketed("{\n", items, "\n" + indent + "}")
     if isinstance(value, (list, tuple)):
         if not value:
             return "[]"
-        return "[\n" + ",\n".join([inner + go_json(v, inner) for v in value]) + "\n" + indent + "]"
+        return _bracketed("[\n", [inner + go_json(v, inner) for v in value], "\n" + indent + "]")
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -367,7 +367,11 @@ def _field_json(v: Any, key: str, omitempty: bool, inner: str) -> str | None:
         body = ",\n".join([f"{inner2}{_escape(k)}: {v[k]}" for k in sorted(v)])
         return f"{inner}{key}: {{\n{body}\n{inner}}}"
     if isinstance(v, (list, tuple)) and all(type(x) in _SCALARS or isinstance(x, StrictModel) for x in v):
-        return f"{inner}{key}: {go_json(list(v), inner)}"
+        if not v:
+            return f"{inner}{key}: []"
+        inner2 = inner + "  "  # go_json's list layout, built in place (the requests list is big)
+        return _bracketed(f"{inner}{key}: [\n", [inner2 + go_json(x, inner2) for x in v],
+                          "\n" + inner + "]")
     return f"{inner}{key}: {go_json(to_go(v), inner)}"  # Go maps (sorted keys), opaque values
 
 
@@ -409,7 +413,18 @@ def _writer(cls: type[StrictModel]) -> Callable[[dict[str, Any], str], list[str]
 
 def _model_json(model: StrictModel, indent: str) -> str:
     items = _writer(type(model))(model.__dict__, indent + "  ")
-    return "{\n" + ",\n".join(items) + "\n" + indent + "}" if items else "{}"
+    return _bracketed("{\n", items, "\n" + indent + "}") if items else "{}"
+
+
+def _bracketed(head: str, items: list[str], tail: str) -> str:
+    """``head + ",\\n".join(items) + tail`` (``items`` not empty) built by one join: with 50k
+    requests the text is tens of MB, and each concatenation would hold another copy at once."""
+    parts = [head]
+    for it in items:
+        parts.append(it)
+        parts.append(",\n")
+    parts[-1] = tail
+    return "".join(parts)
 
 
 def sim_results_text(results: Sequence[SimResult]) -> str:
