@@ -264,6 +264,17 @@ cdef class BlockPool:
     def allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
                  Py_ssize_t num_tokens):
         """See the pure twin: check-then-act allocation; ``False`` changes nothing."""
+        return self._allocate(rid, hashes, num_hit_blocks, num_tokens)
+
+    def allocate_and_cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_tokens,
+                           Py_ssize_t num_full_blocks):
+        """See the pure twin: a decode step crossing a block boundary in one call."""
+        if not self._allocate(rid, hashes, 0, num_tokens):
+            return -1
+        return self._cache(rid, hashes, num_full_blocks)
+
+    cdef bint _allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
+                        Py_ssize_t num_tokens) except -1:
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
         cdef bint known = it != self._req.end()
         cdef Py_ssize_t have = deref(it).second.size() if known else 0
@@ -312,6 +323,10 @@ cdef class BlockPool:
 
     def cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_full_blocks):
         """Register the hashes of ``rid``'s blocks up to ``num_full_blocks``."""
+        return self._cache(rid, hashes, num_full_blocks)
+
+    cdef Py_ssize_t _cache(self, int64_t rid, const uint64_t[::1] hashes,
+                           Py_ssize_t num_full_blocks) except -1:
         if not self.enable_caching:
             return 0
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
@@ -665,7 +680,7 @@ cdef inline void _count(unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, Py_
 def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t nchunks,
               double now, unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, track=None):
     """The connector's lookup over the offload tiers (see :func:`blis_sim.kv._core_py.tier_walk`)."""
-    cdef ChunkStore cpu = <ChunkStore>tiers[0]
+    cdef ChunkStore cpu = <ChunkStore?>tiers[0]
     cdef ChunkStore tier
     cdef list plan = []
     cdef Py_ssize_t n, t, found, ntiers = len(tiers)
@@ -700,7 +715,7 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
         _count(flags, deltas, 0, pos, pos + 1, False)
         found = 0
         for t in range(1, ntiers):
-            tier = <ChunkStore>tiers[t]
+            tier = <ChunkStore?>tiers[t]
             s = tier._resident(key)
             hit = s >= 0 and tier._ready[s] <= now
             _count(flags, deltas, t, pos, pos + 1, hit)

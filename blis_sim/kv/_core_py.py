@@ -225,6 +225,15 @@ class BlockPool:
             blocks.append(b)
         return True
 
+    def allocate_and_cache(self, rid: int, hashes: np.ndarray, num_tokens: int,
+                           num_full_blocks: int) -> int:
+        """``allocate(rid, hashes, 0, num_tokens)`` then, if it succeeded, ``cache(rid, hashes,
+        num_full_blocks)``: a decode step crossing a block boundary in one call. Returns -1
+        (nothing changed) or ``cache``'s count."""
+        if not self.allocate(rid, hashes, 0, num_tokens):
+            return -1
+        return self.cache(rid, hashes, num_full_blocks)
+
     def cache(self, rid: int, hashes: np.ndarray, num_full_blocks: int) -> int:
         """Register the hashes of ``rid``'s blocks up to ``num_full_blocks``; returns how many
         blocks were newly registered."""

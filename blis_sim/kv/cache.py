@@ -352,6 +352,21 @@ class KVCache:
         end = r.end + num_new_tokens
         bs = self.block_size
         need = -(-end // bs)
+        full = end // bs
+        if need > r.nblocks and full > r.ncached:  # a new block and a newly full one: one call
+            if need > r.hashes.shape[0]:
+                self._ensure_hashes(r, need)
+            added = self.pool.allocate_and_cache(rid, r.hashes, end, full)
+            if added < 0:
+                return False
+            self._epoch += 2 if added else 1
+            self.counters["block_misses"] += need - r.nblocks
+            r.nblocks = need
+            r.ncached = full
+            r.end = end
+            if end > r.num_tokens:
+                r.num_tokens = end
+            return True
         if need > r.nblocks:  # most decode steps fit in the last block: no pool call
             if not self.pool.allocate(rid, r.hashes, 0, end):
                 return False
@@ -361,7 +376,6 @@ class KVCache:
         r.end = end
         if end > r.num_tokens:
             r.num_tokens = end
-        full = end // bs
         if full > r.ncached:
             if need > r.hashes.shape[0]:
                 self._ensure_hashes(r, need)
