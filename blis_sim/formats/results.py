@@ -375,36 +375,44 @@ def _field_json(v: Any, key: str, omitempty: bool, inner: str) -> str | None:
     return f"{inner}{key}: {go_json(to_go(v), inner)}"  # Go maps (sorted keys), opaque values
 
 
-_WRITERS: dict[type, Callable[[dict[str, Any], str], list[str]]] = {}
+_WRITERS: dict[type, Callable[[dict[str, Any], str], str]] = {}
 
 
-def _writer(cls: type[StrictModel]) -> Callable[[dict[str, Any], str], list[str]]:
-    """A function ``(model.__dict__, inner indent) -> lines`` for ``cls``, generated from its plan:
-    the per-field rules of :func:`_field_json` unrolled, with scalars inline (one object
-    per request in SimResult / MetricsOutput files makes the loop over the plan the hot path)."""
+def _writer(cls: type[StrictModel]) -> Callable[[dict[str, Any], str], str]:
+    """A function ``(model.__dict__, indent) -> JSON text`` for ``cls``, generated from its plan:
+    the per-field rules of :func:`_field_json` unrolled, with scalars inline (one object per
+    request in SimResult / MetricsOutput files makes the loop over the plan the hot path)."""
     fn = _WRITERS.get(cls)
     if fn is not None:
         return fn
-    src = ["def write(d, inner):", "    out = []", "    a = out.append"]
-    for i, (name, key, omitempty, keep_none) in enumerate(_plan(cls)):
+    src = ["def write(d, indent):", "    inner = indent + '  '", "    out = []",
+           "    a = out.append", "    big = False"]
+    for name, key, omitempty, keep_none in _plan(cls):
         prefix = repr(key + ": ")
+        cond = "if v: " if omitempty else ""
         src += [f"    v = d[{name!r}]",
                 "    if v is None:",
                 f"        {'a(inner + ' + repr(key + ': null') + ')' if keep_none else 'pass'}",
                 "    elif type(v) is int:",
-                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + str(v))",
+                f"        {cond}a(inner + {prefix} + str(v))",
                 "    elif type(v) is float:",
-                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + _float(v))",
+                f"        {cond}a(inner + {prefix} + _float(v))",
                 "    elif type(v) is str:",
-                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + _escape(v))",
+                f"        {cond}a(inner + {prefix} + _escape(v))",
                 "    elif type(v) is bool:",
-                f"        {'if v: ' if omitempty else ''}a(inner + {prefix} + ('true' if v else 'false'))",
+                f"        {cond}a(inner + {prefix} + ('true' if v else 'false'))",
                 "    else:",
                 f"        line = _field_json(v, {key!r}, {omitempty!r}, inner)",
                 "        if line is not None:",
-                "            a(line)"]
-    src.append("    return out")
-    ns: dict[str, Any] = {"_float": _float, "_escape": _escape, "_field_json": _field_json}
+                "            a(line)",
+                "            big = True"]
+    src += ["    if not out:",
+            "        return '{}'",
+            "    if big:  # a nested value may be big: join once",
+            "        return _bracketed('{\\n', out, '\\n' + indent + '}')",
+            "    return '{\\n' + ',\\n'.join(out) + '\\n' + indent + '}'"]
+    ns: dict[str, Any] = {"_float": _float, "_escape": _escape, "_field_json": _field_json,
+                          "_bracketed": _bracketed}
     exec("\n".join(src), ns)  # noqa: S102 - source built above from field names only
     fn = ns["write"]
     _WRITERS[cls] = fn
@@ -412,8 +420,7 @@ def _writer(cls: type[StrictModel]) -> Callable[[dict[str, Any], str], list[str]
 
 
 def _model_json(model: StrictModel, indent: str) -> str:
-    items = _writer(type(model))(model.__dict__, indent + "  ")
-    return _bracketed("{\n", items, "\n" + indent + "}") if items else "{}"
+    return _writer(type(model))(model.__dict__, indent)
 
 
 def _bracketed(head: str, items: list[str], tail: str) -> str:
