@@ -27,6 +27,20 @@ cdef enum:
 ctypedef pair[double, long] HeapItem
 
 
+cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] arr,
+                               priority_queue[HeapItem]& heap, double* nxt) noexcept:
+    """The earliest pending arrival (open-loop or released follow-up) into ``nxt``; False if none.
+    The pure twin's ``_next_arrival``."""
+    cdef bint have = False
+    if op < open_idx.size():
+        nxt[0] = arr[open_idx[op]]
+        have = True
+    if not heap.empty() and (not have or -heap.top().first < nxt[0]):
+        nxt[0] = -heap.top().first
+        have = True
+    return have
+
+
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
              long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
              double horizon_us, port, long block_size, long store_chunk_tokens,
@@ -106,14 +120,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 status[i] = WAITING
                 waiting.push_back(i)
         if running.empty() and waiting.empty():
-            have_nxt = False
-            nxt = 0.0
-            if op < open_idx.size():
-                nxt = arr[open_idx[op]]
-                have_nxt = True
-            if not heap.empty() and (not have_nxt or -heap.top().first < nxt):
-                nxt = -heap.top().first
-                have_nxt = True
+            have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
             if not have_nxt or nxt > horizon_us:
                 break
             t = nxt
@@ -242,14 +249,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 preemption_count += 1
                 continue
         if scheduled.empty():
-            have_nxt = False
-            nxt = 0.0
-            if op < open_idx.size():
-                nxt = arr[open_idx[op]]
-                have_nxt = True
-            if not heap.empty() and (not have_nxt or -heap.top().first < nxt):
-                nxt = -heap.top().first
-                have_nxt = True
+            have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
             if n_loading:
                 for x in range(<Py_ssize_t>waiting.size()):
                     i = waiting[x]
