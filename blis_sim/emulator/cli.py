@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from blis_sim.emulator import loop as event_loop
 from blis_sim.emulator.config import METRICS_FAULTS, METRICS_PROFILES, EmulatorConfig, FaultConfig
 from blis_sim.emulator.profiles import PROFILES
 from blis_sim.errors import EXIT_OK, UsageError
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             await runner.cleanup()
 
-    asyncio.run(main())
+    event_loop.run(main())
     return EXIT_OK
 
 

@@ -13,8 +13,9 @@ API (all on the loop the engine was started on)::
 Each step: schedule, sleep for the modelled duration (``profile.step_seconds`` x seeded noise),
 then apply the step's results at the real end time, so server-side TTFT is measured, not assumed.
 Consecutive steps are paced from the previous step's target end time (up to 20 ms of timer lateness
-is absorbed), so a long decode keeps the modelled inter-token latency on average; timers aim 0.5 ms
-early and yield to the exact target, so epoll's 1 ms rounding adds no bias.
+is absorbed), so a long decode keeps the modelled inter-token latency on average. Times come from
+``emulator.loop.now()`` and waits from ``sleep_until`` (timers aimed early, then yields to the exact
+target), so neither epoll's nor libuv's 1 ms timer rounding biases them, whichever loop runs.
 Zero-duration steps still yield to the loop once, so HTTP handlers keep running. Stats are
 published every ``stats_interval_s`` (0 = after every step), like vLLM's stats logging.
 """
@@ -25,6 +26,8 @@ import logging
 import random
 
 from blis_sim.emulator.config import EmulatorConfig
+from blis_sim.emulator.loop import now as _now
+from blis_sim.emulator.loop import sleep_until
 from blis_sim.emulator.gpu_cache import BlockPool
 from blis_sim.emulator.metrics import Published
 from blis_sim.emulator.offload import OffloadTiers
@@ -39,22 +42,7 @@ class EngineFailed(RuntimeError):
     """The engine loop died (a bug); requests are answered with a 500 instead of hanging."""
 
 
-_TIMER_SLACK_S = 0.0005  # half of epoll's 1 ms timeout granularity
 _CATCH_UP_S = 0.02  # lateness (timer rounding, a busy machine) that the next steps absorb
-
-
-async def _sleep_until(loop: asyncio.AbstractEventLoop, target: float) -> None:
-    """Sleep until ``target`` (loop clock), neither early nor ~0.5 ms late on average.
-
-    epoll rounds timeouts up to whole milliseconds, so a plain sleep ends 0-1 ms late. Aim the timer
-    0.5 ms early, then yield to the loop (HTTP handlers keep running) until the target: the timer
-    lands within +-0.5 ms, and the yielding covers at most the last 0.5 ms.
-    """
-    delay = target - loop.time()
-    if delay > _TIMER_SLACK_S:
-        await asyncio.sleep(delay - _TIMER_SLACK_S)
-    while loop.time() < target:
-        await asyncio.sleep(0)
 
 
 class Engine:
@@ -120,7 +108,7 @@ class Engine:
 
     def abort(self, req: Request) -> None:
         if req.state != FINISHED:
-            self.scheduler.abort(req, asyncio.get_running_loop().time())
+            self.scheduler.abort(req, _now())
             self._dirty = True
             self._after_finishes(1)
 
@@ -137,7 +125,7 @@ class Engine:
         pub = Published(self.stats.snapshot(), running=len(sched.running), waiting=len(sched.waiting),
                         waiting_deferred=deferred, kv_usage=self.pool.usage())
         if self.tiers is not None:
-            now = asyncio.get_running_loop().time()
+            now = _now()
             pub.offload_pin_share, pub.active_promotions, pub.active_cascades = self.tiers.gauges(now)
         self._published = pub
         self._dirty = False
@@ -183,7 +171,7 @@ class Engine:
         except Exception as exc:  # a bug: fail every request loudly instead of hanging them
             log.exception("emulator engine failed")
             self.crashed = exc
-            now = asyncio.get_running_loop().time()
+            now = _now()
             sched = self.scheduler
             for req in list(sched.running) + list(sched.waiting):
                 try:
@@ -193,20 +181,20 @@ class Engine:
                 req.finish_reason = "error"
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # only for timers: times come from _now() (emulator.loop)
         wake = self._wake
         assert wake is not None
         sched = self.scheduler
         while True:
             wake.clear()
-            now = loop.time()
+            now = _now()
             if self._pending_cache_clear and not sched.running:
                 self._pending_cache_clear = not sched.clear_cache()
             plan = sched.schedule(now)
             if plan.empty:
                 self._target = 0.0  # idle: the next step starts from its own start time
                 wake_at = sched.next_wakeup(now)
-                timer = loop.call_at(wake_at, wake.set) if wake_at is not None else None
+                timer = loop.call_later(wake_at - now, wake.set) if wake_at is not None else None
                 await wake.wait()
                 if timer is not None:
                     timer.cancel()
@@ -214,13 +202,13 @@ class Engine:
             duration = self._step_seconds(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
             if duration > 0:
                 # Back-to-back steps are paced from the previous step's target end, so the timer's
-                # lateness (epoll rounds up to 1 ms) does not accumulate over a decode.
+                # lateness (timers round to 1 ms) does not accumulate over a decode.
                 base = self._target if 0.0 <= now - self._target < _CATCH_UP_S else now
                 self._target = base + duration
-                await _sleep_until(loop, self._target)
+                await sleep_until(self._target)
             else:
                 await asyncio.sleep(0)
-            finished = sched.finish_step(plan, loop.time())
+            finished = sched.finish_step(plan, _now())
             self._dirty = True
             if finished:
                 self._after_finishes(finished)

@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
+from blis_sim.emulator import loop as event_loop
 from blis_sim.emulator.config import EmulatorConfig, FaultConfig
 from blis_sim.emulator.engine import Engine
 from blis_sim.emulator.metrics import Published
@@ -67,7 +68,7 @@ class RunningEmulator:
 
     def __init__(self, config: EmulatorConfig, *, startup_timeout_s: float = 10.0) -> None:
         self.config = config
-        self._loop = asyncio.new_event_loop()
+        self._loop = event_loop.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._runner: web.AppRunner | None = None

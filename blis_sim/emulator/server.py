@@ -33,6 +33,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from blis_sim.emulator.config import FaultConfig
 from blis_sim.emulator.engine import Engine, EngineFailed
+from blis_sim.emulator.loop import now as _now
+from blis_sim.emulator.loop import sleep_until
 from blis_sim.emulator.metrics import build_registry, render
 from blis_sim.emulator.scheduler import FINISHED, Request
 from blis_sim.errors import ConfigError
@@ -338,13 +340,12 @@ class Handlers:
             headers["X-Request-Id"] = rid_header
         if stall:
             return await self._stall(request, params, headers)
-        loop = asyncio.get_running_loop()
         waiter = _Waiter()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
         req = Request(rid, params.prompt_ids, max_tokens=params.max_tokens,
                       min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
                       skip_cache=params.prompt_logprobs is not None,
-                      seed=hash(rid) & 0xFFFFFFFF, arrival=loop.time(), sink=waiter.wake)
+                      seed=hash(rid) & 0xFFFFFFFF, arrival=_now(), sink=waiter.wake)
         try:
             self.engine.submit(req)
         except EngineFailed as exc:
@@ -373,7 +374,7 @@ class Handlers:
             return error_response(500, f"the emulator engine failed: {self.engine.crashed!r}",
                                   "InternalServerError")
         if delay:
-            await asyncio.sleep(delay)
+            await sleep_until(_now() + delay)
         text = self.tok.decode(req.output_ids)
         usage = self._usage(req)
         created = int(time.time())
@@ -427,7 +428,7 @@ class Handlers:
                     await waiter.wait()
                     continue
                 if sent == 0 and delay:
-                    await asyncio.sleep(delay)
+                    await sleep_until(_now() + delay)  # never early, whichever loop runs
                 done = req.state == FINISHED
                 parts = self._token_events(fmt, req, params, sent, done)
                 n_new = req.num_output - sent

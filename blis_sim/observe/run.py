@@ -41,6 +41,7 @@ from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, Ph
                                     TraceServerConfig, write_itl, write_trace)
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import capture
+from blis_sim.observe import loop as event_loop
 from blis_sim.observe.client import API_FORMATS, Target
 from blis_sim.observe.dispatch import Dispatcher
 from blis_sim.observe.metrics import KvWindow
@@ -139,8 +140,8 @@ class ObserveResult:
 
 
 def observe(server_url: str, spec: WorkloadSpec | WorkloadPlan, options: ObserveOptions) -> ObserveResult:
-    """Synchronous :func:`observe_async` (own event loop)."""
-    return asyncio.run(observe_async(server_url, spec, options))
+    """Synchronous :func:`observe_async` on its own event loop (uvloop when available: observe.loop)."""
+    return event_loop.run(observe_async(server_url, spec, options))
 
 
 async def observe_async(server_url: str, spec: WorkloadSpec | WorkloadPlan,

@@ -1,0 +1,81 @@
+"""The emulator's event loop: uvloop when it imports, the standard library's loop otherwise.
+
+API::
+
+    run(main())                    # asyncio.run with uvloop's loop (fallback: the stdlib loop)
+    new_event_loop()               # a loop for a thread of its own (start_emulator)
+    loop_name(loop) -> str         # "uvloop" | "asyncio", for logs and tests
+    now() -> float                 # the emulator's clock (monotonic seconds, sub-µs resolution)
+    await sleep_until(target)      # sleep until now() >= target: never early, rarely > 0.2 ms late
+
+uvloop (libuv) costs less CPU per socket event and per timer than the stdlib selector loop; the
+emulator stands in for vLLM, whose API server also runs on uvloop (uvicorn's default). Where uvloop
+cannot import (Windows, a minimal install) or ``BLIS_NO_UVLOOP=1`` is set, the standard loop is used:
+same behaviour, more CPU.
+
+The clock: uvloop's ``loop.time()`` and timers count whole milliseconds (libuv), the stdlib loop's
+``time.monotonic()`` with timeouts rounded up to the next millisecond. Server-side timestamps (arrival,
+first token: what vLLM reports as TTFT) and step pacing must not depend on which loop runs, so the
+emulator stamps with :func:`now` (``time.monotonic``, the stdlib loop's clock) and waits with
+:func:`sleep_until`, which aims the loop's timer a little early and yields to the loop for the rest.
+Kept apart from ``blis_sim.observe.loop`` on purpose: the emulator imports
+nothing from the observe side (design D3).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's ``new_event_loop`` if usable, else asyncio's."""
+    if os.environ.get("BLIS_NO_UVLOOP", "") not in ("", "0"):
+        return asyncio.new_event_loop
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    return loop_factory()()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on the loop of :func:`loop_factory`."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main)
+
+
+def loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
+now = time.monotonic  # the stdlib loop's clock; precise under uvloop too
+
+# How early a timer is aimed: the stdlib loop rounds epoll timeouts up to whole ms (so aiming 0.5 ms
+# early lands within +-0.5 ms); libuv rounds to whole ms and runs timers against a clock cached per
+# loop iteration, so aim a full ms early there. The rest is covered by yielding to the loop.
+_SLACK_S = {"asyncio": 0.0005, "uvloop": 0.001}
+
+
+async def sleep_until(target: float) -> None:
+    """Sleep until :func:`now` reaches ``target``, neither early nor (on an idle loop) late.
+
+    The loop's timer ends the bulk of the wait; the last fraction of a millisecond is covered by
+    ``sleep(0)`` yields, so HTTP handlers keep running while it waits.
+    """
+    delay = target - now()
+    if delay <= 0:
+        return
+    slack = _SLACK_S[loop_name(asyncio.get_running_loop())]
+    if delay > slack:
+        await asyncio.sleep(delay - slack)
+    while now() < target:
+        await asyncio.sleep(0)
