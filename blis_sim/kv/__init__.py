@@ -92,7 +92,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from blis_sim import _backend
-from blis_sim.kv.cache import Admission, KVCache as _KVCache, Lookup
+import abc
+from typing import Any
+
+from blis_sim import _backend
+from blis_sim.kv.cache import Admission, KVCache as PyKVCache, Lookup
 from blis_sim.kv.config import (CpuTierConfig, FsTierConfig, KVConfig, TierStation,
                                 from_offload_config)
 
@@ -113,12 +117,25 @@ def load_core(backend: str | None = None) -> tuple[ModuleType, bool]:
     raise ValueError(f"unknown KV backend {backend!r} (use 'cython' or 'python')")
 
 
-class KVCache(_KVCache):
-    """The tiered KV cache (see the module docstring). ``backend``: "cython" | "python" | None."""
+class KVCache(abc.ABC):
+    """The tiered KV cache (see the module docstring). ``backend``: "cython" | "python" | None.
 
-    def __init__(self, config: KVConfig, backend: str | None = None) -> None:
+    ``KVCache(config)`` builds the compiled cache (:class:`blis_sim.kv.compiled.CompiledKVCache`,
+    the whole request layer in Cython) or the pure one (:class:`blis_sim.kv.cache.KVCache` on
+    the pure core); both are instances of this class and behave identically."""
+
+    def __new__(cls, config: KVConfig, backend: str | None = None) -> Any:  # type: ignore[misc]
         mod, compiled = load_core(backend)
-        super().__init__(config, mod, compiled)
+        if compiled:
+            from blis_sim.kv.compiled import CompiledKVCache
+            return CompiledKVCache(config)
+        return PyKVCache(config, mod, False)
+
+
+KVCache.register(PyKVCache)
+if COMPILED:
+    from blis_sim.kv.compiled import CompiledKVCache
+    KVCache.register(CompiledKVCache)
 
 
 __all__ = ["Admission", "COMPILED", "core", "CpuTierConfig", "FsTierConfig", "KVCache", "KVConfig",

@@ -174,6 +174,11 @@ def extend_hashes(parent, seed, Py_ssize_t start, Py_ssize_t count):
     return out
 
 
+cdef inline const uint64_t* _ptr(const uint64_t[::1] a) noexcept:
+    """The data pointer of a (possibly empty) contiguous array, for the pointer-based cdef methods."""
+    return &a[0] if a.shape[0] else NULL
+
+
 cdef class BlockPool:
     """GPU blocks, free queue and hash map (see :mod:`blis_sim.kv._core_py`)."""
 
@@ -243,9 +248,11 @@ cdef class BlockPool:
 
     def lookup(self, const uint64_t[::1] hashes, Py_ssize_t max_blocks):
         """Number of leading ``hashes`` cached on the GPU, at most ``max_blocks``."""
+        return self._lookup(_ptr(hashes), min(max_blocks, hashes.shape[0]))
+
+    cdef Py_ssize_t _lookup(self, const uint64_t* hashes, Py_ssize_t n) noexcept:
         if not self.enable_caching:
             return 0
-        cdef Py_ssize_t n = min(max_blocks, hashes.shape[0])
         cdef Py_ssize_t i = 0
         cdef unordered_map[uint64_t, int32_t].iterator end = self._map.end()
         while i < n and self._map.find(hashes[i]) != end:
@@ -253,6 +260,9 @@ cdef class BlockPool:
         return i
 
     def num_blocks_of(self, int64_t rid):
+        return self._num_blocks_of(rid)
+
+    cdef Py_ssize_t _num_blocks_of(self, int64_t rid) noexcept:
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
@@ -264,17 +274,23 @@ cdef class BlockPool:
     def allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
                  Py_ssize_t num_tokens):
         """See the pure twin: check-then-act allocation; ``False`` changes nothing."""
-        return self._allocate(rid, hashes, num_hit_blocks, num_tokens)
+        return self._allocate(rid, _ptr(hashes), num_hit_blocks, num_tokens)
 
     def allocate_and_cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_tokens,
                            Py_ssize_t num_full_blocks):
         """See the pure twin: a decode step crossing a block boundary in one call."""
+        return self._allocate_and_cache(rid, _ptr(hashes), hashes.shape[0], num_tokens,
+                                        num_full_blocks)
+
+    cdef Py_ssize_t _allocate_and_cache(self, int64_t rid, const uint64_t* hashes, Py_ssize_t nh,
+                                        Py_ssize_t num_tokens, Py_ssize_t num_full_blocks) except -2:
         if not self._allocate(rid, hashes, 0, num_tokens):
             return -1
-        return self._cache(rid, hashes, num_full_blocks)
+        return self._cache(rid, hashes, nh, num_full_blocks)
 
-    cdef bint _allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
+    cdef bint _allocate(self, int64_t rid, const uint64_t* hashes, Py_ssize_t num_hit_blocks,
                         Py_ssize_t num_tokens) except -1:
+        # ``hashes`` holds at least ``num_hit_blocks`` entries (the caller's lookup found them)
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
         cdef bint known = it != self._req.end()
         cdef Py_ssize_t have = deref(it).second.size() if known else 0
@@ -323,9 +339,9 @@ cdef class BlockPool:
 
     def cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_full_blocks):
         """Register the hashes of ``rid``'s blocks up to ``num_full_blocks``."""
-        return self._cache(rid, hashes, num_full_blocks)
+        return self._cache(rid, _ptr(hashes), hashes.shape[0], num_full_blocks)
 
-    cdef Py_ssize_t _cache(self, int64_t rid, const uint64_t[::1] hashes,
+    cdef Py_ssize_t _cache(self, int64_t rid, const uint64_t* hashes, Py_ssize_t nh,
                            Py_ssize_t num_full_blocks) except -1:
         if not self.enable_caching:
             return 0
@@ -334,7 +350,7 @@ cdef class BlockPool:
             return 0
         cdef vector[int32_t]* blocks = &deref(it).second
         cdef Py_ssize_t start = self._req_cached[rid]
-        cdef Py_ssize_t end = min(num_full_blocks, <Py_ssize_t>blocks.size(), hashes.shape[0])
+        cdef Py_ssize_t end = min(num_full_blocks, <Py_ssize_t>blocks.size(), nh)
         cdef Py_ssize_t i, added = 0
         cdef int32_t b
         cdef uint64_t h
@@ -354,6 +370,9 @@ cdef class BlockPool:
 
     def free(self, int64_t rid):
         """Release ``rid``'s blocks, tail block first; returns the count."""
+        return self._free(rid)
+
+    cdef Py_ssize_t _free(self, int64_t rid) noexcept:
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
@@ -518,10 +537,12 @@ cdef class ChunkStore:
         return self._ready[s] if s >= 0 else -1.0
 
     def touch(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end):
+        self._touch(_ptr(keys), start, min(end, keys.shape[0]))
+
+    cdef void _touch(self, const uint64_t* keys, Py_ssize_t start, Py_ssize_t end) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s, b1, b2, delta
         cdef int lst
-        end = min(end, keys.shape[0])
         for i in range(end - 1, start - 1, -1):
             s = self._map.find(keys[i])
             if s < 0:
@@ -545,18 +566,24 @@ cdef class ChunkStore:
                 self.target_t1 = max(self.target_t1 - delta, 0)
 
     def pin(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end, double until):
+        self._pin(_ptr(keys), start, min(end, keys.shape[0]), until)
+
+    cdef void _pin(self, const uint64_t* keys, Py_ssize_t start, Py_ssize_t end,
+                   double until) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s
-        end = min(end, keys.shape[0])
         for i in range(start, end):
             s = self._resident(keys[i])
             if s >= 0 and self._busy[s] < until:
                 self._busy[s] = until
 
     def set_ready(self, const uint64_t[::1] keys, double ready):
+        self._set_ready(_ptr(keys), keys.shape[0], ready)
+
+    cdef void _set_ready(self, const uint64_t* keys, Py_ssize_t n, double ready) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s
-        for i in range(keys.shape[0]):
+        for i in range(n):
             s = self._resident(keys[i])
             if s >= 0:
                 self._ready[s] = ready
@@ -609,35 +636,49 @@ cdef class ChunkStore:
 
     def prepare_store(self, const uint64_t[::1] keys, double now, double ready):
         cdef vector[uint64_t] todo
+        if not self._prepare_store(_ptr(keys), keys.shape[0], now, ready, todo):
+            return None
+        out = np.empty(todo.size(), dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        cdef Py_ssize_t i
+        for i in range(<Py_ssize_t>todo.size()):
+            o[i] = todo[i]
+        return out
+
+    cdef bint _prepare_store(self, const uint64_t* keys, Py_ssize_t nkeys, double now,
+                             double ready, vector[uint64_t]& todo) except -1:
+        """Fills ``todo`` with the keys stored (in order, duplicates and residents left out);
+        ``False``: not enough evictable room, nothing changed."""
         cdef BlisFlatMap seen
         cdef Py_ssize_t i
         cdef uint64_t k
         cdef int64_t need, s
         cdef bint ok
-        seen.reserve(keys.shape[0])
-        for i in range(keys.shape[0]):
+        todo.clear()
+        if nkeys > 1:
+            seen.reserve(nkeys)
+        for i in range(nkeys):
             k = keys[i]
-            if seen.find(k) < 0 and self._resident(k) < 0:
+            if self._resident(k) < 0 and (nkeys == 1 or seen.find(k) < 0):
                 todo.push_back(k)
-                seen.set(k, 0)
+                if nkeys > 1:
+                    seen.set(k, 0)
         if todo.size() == 0:
-            return np.empty(0, dtype=np.uint64)
+            return True
         if self.capacity > 0:
             need = <int64_t>todo.size() - (self.capacity - self._size[0] - self._size[1])
             if need > 0:
                 ok = self._evict_arc(need, now) if self.arc else self._evict_lru(need, now)
                 if not ok:
-                    return None
-        out = np.empty(todo.size(), dtype=np.uint64)
-        cdef uint64_t[::1] o = out
+                    todo.clear()
+                    return False
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
             s = self._map.find(k)
             if s >= 0:
                 self._drop_slot(s)
             self._new_slot(k, 0, ready, ready)
-            o[i] = k
-        return out
+        return True
 
     def _walk(self, int lst):
         out = []
@@ -662,36 +703,42 @@ cdef class ChunkStore:
 
 
 # -- the admission-time tier walk (one call per lookup; see the pure twin) -------------------------
-cdef inline void _count(unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, Py_ssize_t tier,
+cdef struct Span:
+    int tier
+    Py_ssize_t a
+    Py_ssize_t b
+
+
+cdef inline void _count(unsigned char* flags, Py_ssize_t stride, int64_t* deltas, Py_ssize_t tier,
                         Py_ssize_t a, Py_ssize_t b, bint hit) noexcept:
     cdef Py_ssize_t i
     cdef unsigned char f
     for i in range(a, b):
-        f = flags[tier, i]
+        f = flags[tier * stride + i]
         if not (f & 1):
-            deltas[tier, 0] += 1
+            deltas[2 * tier] += 1
             f |= 1
         if hit and not (f & 2):
-            deltas[tier, 1] += 1
+            deltas[2 * tier + 1] += 1
             f |= 2
-        flags[tier, i] = f
+        flags[tier * stride + i] = f
 
 
-def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t nchunks,
-              double now, unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, track=None):
-    """The connector's lookup over the offload tiers (see :func:`blis_sim.kv._core_py.tier_walk`)."""
+cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize_t nchunks,
+                      double now, unsigned char* flags, Py_ssize_t stride, int64_t* deltas,
+                      vector[Span]& plan, object track) except -1:
+    """:func:`tier_walk` on raw arrays (``flags``: tiers × ``stride``; ``deltas``: tiers × 2,
+    zeroed here); fills ``plan``, returns the run's end."""
     cdef ChunkStore cpu = <ChunkStore?>tiers[0]
     cdef ChunkStore tier
-    cdef list plan = []
     cdef Py_ssize_t n, t, found, ntiers = len(tiers)
     cdef int64_t s
     cdef uint64_t key
     cdef bint hit
-    cdef tuple last
-    for t in range(deltas.shape[0]):
-        deltas[t, 0] = 0
-        deltas[t, 1] = 0
-    nchunks = min(nchunks, keys.shape[0])
+    cdef Span sp
+    plan.clear()
+    for t in range(2 * ntiers):
+        deltas[t] = 0
     while pos < nchunks:
         n = 0
         while pos + n < nchunks:
@@ -702,8 +749,9 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
         if n:
             if track is not None:
                 track(pos, pos + n)
-            _count(flags, deltas, 0, pos, pos + n, True)
-            plan.append((0, pos, pos + n))
+            _count(flags, stride, deltas, 0, pos, pos + n, True)
+            sp.tier, sp.a, sp.b = 0, pos, pos + n
+            plan.push_back(sp)
             pos += n
             if pos >= nchunks:
                 break
@@ -712,28 +760,40 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
         key = keys[pos]
         if cpu._resident(key) >= 0:  # PENDING (a READY one would have joined the prefix)
             break
-        _count(flags, deltas, 0, pos, pos + 1, False)
+        _count(flags, stride, deltas, 0, pos, pos + 1, False)
         found = 0
         for t in range(1, ntiers):
             tier = <ChunkStore?>tiers[t]
             s = tier._resident(key)
             hit = s >= 0 and tier._ready[s] <= now
-            _count(flags, deltas, t, pos, pos + 1, hit)
+            _count(flags, stride, deltas, t, pos, pos + 1, hit)
             if hit:
                 found = t
                 break
         if not found:
             break
-        if plan:
-            last = <tuple>plan[len(plan) - 1]
-            if last[0] == found and last[2] == pos:
-                plan[len(plan) - 1] = (found, last[1], pos + 1)
-            else:
-                plan.append((found, pos, pos + 1))
+        if plan.size() and plan.back().tier == found and plan.back().b == pos:
+            plan[plan.size() - 1].b = pos + 1
         else:
-            plan.append((found, pos, pos + 1))
+            sp.tier, sp.a, sp.b = <int>found, pos, pos + 1
+            plan.push_back(sp)
         pos += 1
+    return pos
+
+
+def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t nchunks,
+              double now, unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, track=None):
+    """The connector's lookup over the offload tiers (see :func:`blis_sim.kv._core_py.tier_walk`)."""
+    cdef vector[Span] plan
+    cdef Py_ssize_t t
+    nchunks = min(nchunks, keys.shape[0])
+    pos = _walk(tiers, _ptr(keys), pos, nchunks, now, &flags[0, 0], flags.shape[1],
+                &deltas[0, 0], plan, track)
+    out = [(sp.tier, sp.a, sp.b) for sp in plan]
     for t in range(deltas.shape[0]):
         if deltas[t, 0] or deltas[t, 1]:
-            return pos, plan, True
-    return pos, plan, False
+            return pos, out, True
+    return pos, out, False
+
+
+include "_cache.pxi"

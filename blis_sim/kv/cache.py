@@ -70,15 +70,87 @@ class _Req:
         self.flags: np.ndarray | None = None
 
 
-def _new_tier_counters() -> dict[str, float]:
+def new_tier_counters() -> dict[str, float]:
     return {"chunk_queries": 0, "chunk_hits": 0, "read_bytes": 0, "read_time_us": 0.0,
             "read_jobs": 0, "write_bytes": 0, "write_time_us": 0.0, "write_jobs": 0,
             "stored_chunks": 0, "promoted_chunks": 0, "store_skipped_chunks": 0, "evictions": 0,
             "allocation_failures": 0}
 
 
-class KVCache:
-    """GPU prefix cache + offload tiers + counters. See :mod:`blis_sim.kv` for the API."""
+class Readouts:
+    """The read-outs shared by the pure :class:`KVCache` and the compiled one
+    (``blis_sim.kv.compiled``): both hold ``counters``, ``pool``, ``tiers`` and ``tier_labels``
+    and list their requests with ``_request_states()``."""
+
+    counters: dict[str, Any]
+    pool: Any
+    tiers: list[Any]
+    tier_labels: tuple[str, ...]
+
+    def _request_states(self) -> dict[int, tuple[Any, ...]]:
+        raise NotImplementedError
+
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter (design D2), as plain data (ints/floats/dicts)."""
+        c = self.counters
+        out: dict[str, Any] = {k: v for k, v in c.items() if k not in ("tiers", "cached_by_source")}
+        out["cached_by_source"] = dict(c["cached_by_source"])
+        bh, bm = c["block_hits"], c["block_misses"]
+        out["cache_hit_rate"] = bh / (bh + bm) if bh + bm else 0.0
+        out["gpu_evictions"] = self.pool.evictions
+        out["kv_cache_usage"] = self.pool.usage()
+        tiers = {}
+        for i, label in enumerate(self.tier_labels):
+            t = dict(c["tiers"][label])
+            t["evictions"] = self.tiers[i].evictions
+            t["resident_chunks"] = len(self.tiers[i])
+            tiers[label] = t
+        out["tiers"] = tiers
+        return out
+
+    def hit_rate_entries(self) -> list[dict[str, Any]]:
+        """The shared-shape per-definition entries (shared-shapes.md; ``metric`` is None)."""
+        c = self.counters
+
+        def entry(definition: str, tier: str | None, unit: str, hits: int,
+                  queries: int) -> dict[str, Any]:
+            return {"definition": definition, "tier": tier, "unit": unit, "hits": int(hits),
+                    "queries": int(queries), "hit_rate": hits / queries if queries else 0.0,
+                    "metric": None}
+
+        q = c["prefix_cache_queries"]
+        out = [entry("prefix_cache", None, "tokens", c["prefix_cache_hits"], q)]
+        if self.tiers:
+            out.append(entry("external", None, "tokens", c["external_hits"],
+                             c["external_queries"]))
+        for src in SOURCES:
+            if src == "device" or self.tiers:
+                out.append(entry("by_source", src, "tokens", c["cached_by_source"][src], q))
+        for label in self.tier_labels:
+            t = c["tiers"][label]
+            out.append(entry("tiered", label, "chunks", t["chunk_hits"], t["chunk_queries"]))
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Complete state (pool, tiers, requests, counters), for parity tests and debugging."""
+        return {
+            "pool": self.pool.state(),
+            "tiers": [t.state() for t in self.tiers],
+            "requests": self._request_states(),
+            "counters": self.snapshot(),
+        }
+
+    def check_invariants(self) -> None:
+        """Raise :class:`SimulationError` if a structural invariant is broken (tests use it)."""
+        problems = _invariant_problems(self)
+        if problems:
+            raise SimulationError("KV cache invariant broken: " + "; ".join(problems[:5]))
+
+
+class KVCache(Readouts):
+    """GPU prefix cache + offload tiers + counters (pure Python). See :mod:`blis_sim.kv` for the
+    API."""
 
     def __init__(self, config: KVConfig, core: ModuleType, compiled: bool) -> None:
         self.config = config
@@ -109,7 +181,7 @@ class KVCache:
             "external_queries": 0, "external_hits": 0,
             "cached_by_source": {s: 0 for s in SOURCES},
             "block_hits": 0, "block_misses": 0,
-            "tiers": {label: _new_tier_counters() for label in self.tier_labels},
+            "tiers": {label: new_tier_counters() for label in self.tier_labels},
         }
         self._tier_counters = [self.counters["tiers"][label] for label in self.tier_labels]
         self._deltas = np.zeros((len(self.tiers), 2), dtype=np.int64)
@@ -472,69 +544,15 @@ class KVCache:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
+    def _request_states(self) -> dict[int, tuple[Any, ...]]:
+        return {rid: (r.end, r.stored, r.num_tokens, r.preempted, dict(r.cached))
+                for rid, r in sorted(self._reqs.items())}
+
     def usage(self) -> float:
         """vLLM's ``kv_cache_usage_perc``."""
         return self.pool.usage()
 
-    def snapshot(self) -> dict[str, Any]:
-        """Every counter (design D2), as plain data (ints/floats/dicts)."""
-        c = self.counters
-        out: dict[str, Any] = {k: v for k, v in c.items() if k not in ("tiers", "cached_by_source")}
-        out["cached_by_source"] = dict(c["cached_by_source"])
-        bh, bm = c["block_hits"], c["block_misses"]
-        out["cache_hit_rate"] = bh / (bh + bm) if bh + bm else 0.0
-        out["gpu_evictions"] = self.pool.evictions
-        out["kv_cache_usage"] = self.pool.usage()
-        tiers = {}
-        for i, label in enumerate(self.tier_labels):
-            t = dict(c["tiers"][label])
-            t["evictions"] = self.tiers[i].evictions
-            t["resident_chunks"] = len(self.tiers[i])
-            tiers[label] = t
-        out["tiers"] = tiers
-        return out
-
-    def hit_rate_entries(self) -> list[dict[str, Any]]:
-        """The shared-shape per-definition entries (shared-shapes.md; ``metric`` is None)."""
-        c = self.counters
-
-        def entry(definition: str, tier: str | None, unit: str, hits: int,
-                  queries: int) -> dict[str, Any]:
-            return {"definition": definition, "tier": tier, "unit": unit, "hits": int(hits),
-                    "queries": int(queries), "hit_rate": hits / queries if queries else 0.0,
-                    "metric": None}
-
-        q = c["prefix_cache_queries"]
-        out = [entry("prefix_cache", None, "tokens", c["prefix_cache_hits"], q)]
-        if self.tiers:
-            out.append(entry("external", None, "tokens", c["external_hits"],
-                             c["external_queries"]))
-        for src in SOURCES:
-            if src == "device" or self.tiers:
-                out.append(entry("by_source", src, "tokens", c["cached_by_source"][src], q))
-        for label in self.tier_labels:
-            t = c["tiers"][label]
-            out.append(entry("tiered", label, "chunks", t["chunk_hits"], t["chunk_queries"]))
-        return out
-
-    def state(self) -> dict[str, Any]:
-        """Complete state (pool, tiers, requests, counters), for parity tests and debugging."""
-        return {
-            "pool": self.pool.state(),
-            "tiers": [t.state() for t in self.tiers],
-            "requests": {rid: (r.end, r.stored, r.num_tokens, r.preempted, dict(r.cached))
-                         for rid, r in sorted(self._reqs.items())},
-            "counters": self.snapshot(),
-        }
-
-    def check_invariants(self) -> None:
-        """Raise :class:`SimulationError` if a structural invariant is broken (tests use it)."""
-        problems = _invariant_problems(self)
-        if problems:
-            raise SimulationError("KV cache invariant broken: " + "; ".join(problems[:5]))
-
-
-def _invariant_problems(cache: KVCache) -> list[str]:
+def _invariant_problems(cache: Readouts) -> list[str]:
     p: list[str] = []
     s = cache.pool.state()
     ref, hashes, queue = s["ref"], s["hash"], s["free_queue"]

@@ -1,0 +1,572 @@
+# The compiled twin of blis_sim/kv/cache.py (KVCache's request layer) and of
+# blis_sim/kv/station.py (TransferStation), included into _core.pyx so that it calls the pool's and
+# the tiers' cdef methods on raw arrays. Same operations in the same order as the pure code, so the
+# two give identical states, counters and float times (tests/test_kv_parity.py); the docstrings and
+# the reasoning live in the pure modules.
+from blis_sim.errors import SimulationError
+from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
+
+cdef double _EPS = 1e-6
+
+
+cdef class Station:
+    """Compiled :class:`blis_sim.kv.station.TransferStation`."""
+
+    cdef public object cfg
+    cdef vector[double] _rfree, _wfree
+    cdef double base, rbw, wbw, f1, sigma
+    cdef int qsat
+    cdef bint flat
+    cdef object _rng
+
+    def __init__(self, cfg, seed):
+        self.cfg = cfg
+        self._rfree.assign(cfg.n_read_threads, 0.0)
+        self._wfree.assign(cfg.n_write_threads, 0.0)
+        self.base, self.rbw, self.wbw = cfg.base_latency, cfg.read_bandwidth, cfg.write_bandwidth
+        self.qsat, self.f1 = cfg.saturation_queue_depth, cfg.single_transfer_fraction
+        self.sigma = cfg.latency_jitter_stddev
+        self._rng = np.random.default_rng(seed) if self.sigma > 0 else None
+        self.flat = self.qsat < 2 or self.f1 <= 0.0 or self.f1 >= 1.0
+
+    cdef double _ramp(self, int q) noexcept:
+        if self.flat or q >= self.qsat:
+            return 1.0
+        return self.f1 + (1.0 - self.f1) * (q - 1) / (self.qsat - 1)
+
+    def service_time(self, bint read, int64_t nbytes, int q):
+        return self.base + nbytes / ((self.rbw if read else self.wbw) * self._ramp(q))
+
+    def submit(self, bint read, int64_t nbytes, double t):
+        cdef double svc
+        cdef double done = self._submit(read, nbytes, t, &svc)
+        return done, svc
+
+    cdef double _submit(self, bint read, int64_t nbytes, double t, double* svc_out) except? -1:
+        cdef vector[double]* servers = &self._rfree if read else &self._wfree
+        cdef Py_ssize_t i, best = 0, n = servers.size()
+        cdef double free = deref(servers)[0]
+        cdef double start, svc
+        cdef int q
+        for i in range(1, n):
+            if deref(servers)[i] < free:
+                free = deref(servers)[i]
+                best = i
+        start = t if t > free else free
+        if self.flat:
+            svc = self.base + <double>nbytes / ((self.rbw if read else self.wbw) * 1.0)
+        else:
+            q = 1
+            for i in range(n):
+                if deref(servers)[i] > start:
+                    q += 1
+            svc = self.base + <double>nbytes / ((self.rbw if read else self.wbw) * self._ramp(q))
+        if self._rng is not None:
+            svc *= max(0.05, 1.0 + float(self._rng.normal(0.0, self.sigma)))
+        deref(servers)[best] = start + svc
+        svc_out[0] = svc
+        return start + svc
+
+
+cdef class _Req:
+    """Per-request state (the pure ``_Req``), with the block hashes in a C++ vector."""
+
+    cdef int64_t rid, num_prompt, num_tokens, end, stored, nblocks, ncached, lk_epoch
+    cdef bint preempted, skip, admitted, has_lk
+    cdef uint64_t seed
+    cdef double lk_now
+    cdef int64_t lk[4]
+    cdef int64_t cached[3]
+    cdef vector[uint64_t] hashes
+    cdef vector[Span] plan
+    cdef vector[unsigned char] flags  # tiers × flags_cols: (tier, chunk) counted bits
+    cdef Py_ssize_t flags_cols
+
+
+# one tier's counters: the ints of new_tier_counters() by index (_TC_INT_NAMES), then its two
+# float times in their own vectors
+cdef tuple _TC_INT_NAMES = ("chunk_queries", "chunk_hits", "read_bytes", "read_jobs", "write_bytes",
+                            "write_jobs", "stored_chunks", "promoted_chunks",
+                            "store_skipped_chunks", "evictions", "allocation_failures")
+cdef enum:
+    CQ = 0
+    CH = 1
+    RB = 2
+    RJ = 3
+    WB = 4
+    WJ = 5
+    SC = 6
+    PC = 7
+    SK = 8
+    AF = 10
+    _TC_INTS = 11
+
+
+cdef class CacheCore:
+    """Compiled :class:`blis_sim.kv.cache.KVCache` (hot paths); :class:`blis_sim.kv.CompiledKVCache`
+    adds the read-outs shared with the pure class."""
+
+    cdef public object config, pool, tiers, stations, tier_labels
+    cdef public bint compiled
+    cdef public int block_size, chunk_tokens
+    cdef BlockPool _pool
+    cdef int bpc, ntiers
+    cdef int64_t chunk_bytes, bytes_per_block
+    cdef bint prompt_only
+    cdef int _threshold
+    cdef Py_ssize_t _tracker_max
+    cdef dict _tracker, _reqs
+    cdef int64_t _epoch
+    # prefix_cache q/h, preempted q/h, external q/h, by source device/host/disk, block hits/misses
+    cdef int64_t c_pq, c_ph, c_rq, c_rh, c_eq, c_eh, c_dev, c_host, c_disk, c_bh, c_bm
+    cdef vector[int64_t] _tc  # ntiers × _TC_INTS
+    cdef vector[double] _rt, _wt  # read/write time per tier
+    cdef vector[int64_t] _deltas
+    cdef vector[uint64_t] _keys_tmp, _stored, _put
+
+    def __init__(self, config):
+        self.config = config
+        self.compiled = True
+        self.block_size = config.block_size
+        self.chunk_tokens = config.chunk_tokens
+        self.bpc = config.blocks_per_chunk
+        self.chunk_bytes = config.chunk_bytes
+        self.bytes_per_block = config.bytes_per_block
+        self.prompt_only = config.offload_prompt_only
+        self._pool = BlockPool(config.num_gpu_blocks, config.block_size, config.enable_caching)
+        self.pool = self._pool
+        self.tier_labels = config.tier_labels
+        self.tiers = []
+        self.stations = []
+        if config.cpu is not None:
+            self.tiers.append(ChunkStore(config.cpu.num_chunks, config.cpu.eviction_policy))
+            self.stations.append(Station(config.cpu.link, config.seed * 1000003))
+            for i, fs in enumerate(config.fs_tiers):
+                cap = -1 if fs.max_bytes is None else fs.max_bytes // max(config.chunk_bytes, 1)
+                self.tiers.append(ChunkStore(cap, "lru"))
+                self.stations.append(Station(fs.station, config.seed * 1000003 + i + 1))
+        self.ntiers = len(self.tiers)
+        self._threshold = config.cpu.store_threshold if config.cpu is not None else 0
+        self._tracker_max = config.cpu.max_tracker_size if config.cpu is not None else 0
+        self._tracker = {}
+        self._reqs = {}
+        self._epoch = 0
+        self._tc.assign(self.ntiers * _TC_INTS, 0)
+        self._rt.assign(self.ntiers, 0.0)
+        self._wt.assign(self.ntiers, 0.0)
+        self._deltas.assign(2 * self.ntiers, 0)
+
+    # ------------------------------------------------------------------------------- requests
+    def add_request(self, int64_t rid, block_hashes, int64_t num_prompt_tokens, *,
+                    bint skip_prefix_cache=False):
+        if rid in self._reqs:
+            raise SimulationError(f"request {rid} is already registered with the KV cache")
+        if num_prompt_tokens < 1:
+            raise SimulationError(f"request {rid}: a prompt needs at least one token")
+        cdef Py_ssize_t need = num_prompt_tokens // self.block_size
+        cdef const uint64_t[::1] h
+        cdef _Req r = _Req()
+        if block_hashes is None:
+            _extend(r.hashes, _mix(_SEED ^ <uint64_t>rid), <uint64_t>rid, 0, need)
+        else:
+            arr = np.ascontiguousarray(block_hashes, dtype=np.uint64)
+            if arr.ndim != 1 or arr.shape[0] < need:
+                raise SimulationError(f"request {rid}: {arr.shape[0]} block hashes for a "
+                                      f"{num_prompt_tokens}-token prompt (needs {need})")
+            h = arr
+            r.hashes.assign(&h[0] if h.shape[0] else NULL, (&h[0] if h.shape[0] else NULL) + h.shape[0])
+        r.rid = rid
+        r.num_prompt = r.num_tokens = num_prompt_tokens
+        r.skip = skip_prefix_cache
+        r.seed = _mix(<uint64_t>rid)
+        r.lk_epoch = -1
+        self._reqs[rid] = r
+
+    cdef _Req _req(self, int64_t rid):
+        r = self._reqs.get(rid)
+        if r is None:
+            raise SimulationError(f"request {rid} is not registered with the KV cache")
+        return <_Req>r
+
+    cdef void _ensure_hashes(self, _Req r, Py_ssize_t num_blocks) noexcept:
+        cdef Py_ssize_t have = r.hashes.size()
+        cdef uint64_t parent
+        if num_blocks > have:
+            parent = r.hashes[have - 1] if have else _mix(_SEED ^ <uint64_t>r.rid)
+            _extend(r.hashes, parent, r.seed, have, max(num_blocks - have, have))
+
+    cdef const uint64_t* _chunk_keys(self, _Req r, Py_ssize_t nchunks) noexcept:
+        """The chunk keys 0..nchunks of ``r`` (valid until the next call)."""
+        cdef Py_ssize_t i, bpc = self.bpc
+        if nchunks * bpc > <Py_ssize_t>r.hashes.size():
+            self._ensure_hashes(r, nchunks * bpc)
+        if bpc == 1:
+            return r.hashes.data()
+        # A chunk is keyed by its last GPU block's hash, which chains over the whole prefix.
+        self._keys_tmp.resize(nchunks)
+        for i in range(nchunks):
+            self._keys_tmp[i] = r.hashes[(i + 1) * bpc - 1]
+        return self._keys_tmp.data()
+
+    cdef void _grow_flags(self, _Req r, Py_ssize_t nchunks) noexcept:
+        cdef Py_ssize_t old = r.flags_cols, cols, t, i
+        if old >= nchunks:
+            return
+        cols = max(nchunks, 2 * old)
+        cdef vector[unsigned char] g
+        g.assign(self.ntiers * cols, 0)
+        for t in range(self.ntiers):
+            for i in range(old):
+                g[t * cols + i] = r.flags[t * old + i]
+        r.flags.swap(g)
+        r.flags_cols = cols
+
+    # ------------------------------------------------------------------------------- lookup
+    def lookup(self, int64_t rid, double now):
+        cdef _Req r = self._req(rid)
+        self._lookup(r, now)
+        return Lookup(r.lk[0], r.lk[1], r.lk[2], r.lk[3])
+
+    cdef int _lookup(self, _Req r, double now) except -1:
+        cdef int64_t bs = self.block_size, ct = self.chunk_tokens
+        cdef int64_t n_tok = r.num_tokens, gpu = 0, ext = 0, pos, start, nchunks
+        cdef Py_ssize_t t
+        cdef const uint64_t* keys
+        cdef ChunkStore cpu
+        r.plan.clear()
+        if not r.skip:
+            gpu = self._pool._lookup(r.hashes.data(), min((n_tok - 1) // bs,
+                                                          <int64_t>r.hashes.size())) * bs
+        if self.ntiers and not r.skip:
+            nchunks = n_tok // ct
+            keys = self._chunk_keys(r, nchunks)
+            cpu = <ChunkStore>self.tiers[0]
+            cpu._touch(keys, 0, nchunks)
+            if nchunks * ct - gpu >= ct:
+                start = gpu // ct
+                self._grow_flags(r, nchunks)
+                track = None
+                if self._threshold >= 2:
+                    track = _Tracker(self._tracker, self._tracker_max,
+                                     [keys[t] for t in range(nchunks)])
+                pos = _walk(self.tiers, keys, start, nchunks, now, r.flags.data(), r.flags_cols,
+                            self._deltas.data(), r.plan, track)
+                for t in range(self.ntiers):
+                    self._tc[t * _TC_INTS + CQ] += self._deltas[2 * t]
+                    self._tc[t * _TC_INTS + CH] += self._deltas[2 * t + 1]
+                ext = ct * pos - gpu if pos > start else 0
+                if ext < ct:
+                    ext = 0
+                    r.plan.clear()
+        r.lk[0], r.lk[1] = gpu, ext
+        self._split(r.plan, gpu, &r.lk[2])
+        r.has_lk, r.lk_epoch, r.lk_now = True, self._epoch, now
+        return 0
+
+    cdef void _split(self, vector[Span]& plan, int64_t gpu, int64_t* out) noexcept:
+        cdef int64_t ct = self.chunk_tokens, toks
+        cdef size_t i
+        out[0] = out[1] = 0
+        for i in range(plan.size()):
+            toks = ct * plan[i].b - max(ct * plan[i].a, gpu)
+            out[0 if plan[i].tier == 0 else 1] += toks
+
+    # ------------------------------------------------------------------------------- admission
+    def admit(self, int64_t rid, int64_t num_new_tokens, double now):
+        cdef _Req r = self._req(rid)
+        cdef int64_t bs = self.block_size
+        cdef int64_t gpu, gpu_blocks, total, before, ext, host, disk, computed, cache_to, new_blocks
+        cdef double ready
+        cdef int64_t loaded[3]
+        if r.nblocks:
+            raise SimulationError(f"request {rid} is already admitted (it holds GPU blocks)")
+        if not r.has_lk or r.lk_epoch != self._epoch or r.lk_now != now:
+            self._lookup(r, now)
+        gpu = r.lk[0]
+        gpu_blocks = gpu // bs
+        total = gpu + r.lk[1] + num_new_tokens
+        before = self._pool._num_blocks_of(rid)
+        if not self._pool._allocate(rid, r.hashes.data(), gpu_blocks, total):
+            return None
+        self._epoch += 1
+        r.has_lk = False
+        ext, host, disk, ready = r.lk[1], r.lk[2], r.lk[3], now
+        if ext:
+            ready = self._load(r, gpu, now, loaded)
+            ext, host, disk = loaded[0], loaded[1], loaded[2]
+        if not r.skip:
+            if r.preempted:
+                self.c_rq += r.num_tokens
+                self.c_rh += gpu
+            else:
+                self.c_pq += r.num_tokens
+                self.c_ph += gpu
+                if self.ntiers and r.num_tokens - gpu:
+                    self.c_eq += r.num_tokens - gpu
+                    self.c_eh += ext
+                self.c_dev += gpu
+                self.c_host += host
+                self.c_disk += disk
+        if not r.admitted:
+            r.admitted = True
+            r.cached[0], r.cached[1], r.cached[2] = gpu, host, disk
+        r.nblocks = self._pool._num_blocks_of(rid)
+        new_blocks = r.nblocks - before - gpu_blocks
+        self.c_bh += gpu_blocks + ext // bs
+        self.c_bm += max(new_blocks - ext // bs, 0)
+        computed = gpu + ext
+        if computed >= r.num_tokens:
+            computed = r.num_tokens - 1  # the last token is recomputed to sample the next one
+        if ext:
+            r.end = computed + num_new_tokens
+            cache_to = gpu
+        else:
+            r.end = gpu + num_new_tokens
+            cache_to = min(r.end, r.num_tokens)
+        if (r.end + bs - 1) // bs > <int64_t>r.hashes.size():
+            self._ensure_hashes(r, (r.end + bs - 1) // bs)
+        r.ncached = cache_to // bs
+        self._pool._cache(rid, r.hashes.data(), r.hashes.size(), r.ncached)
+        return Admission(computed, gpu, ext, host, disk, ready)
+
+    cdef double _load(self, _Req r, int64_t gpu, double now, int64_t* out) except? -1:
+        """Promote fs-resident chunks into the CPU tier, then load CPU → GPU: ``out`` = loaded
+        external/host/disk tokens; returns the time the load is complete."""
+        cdef int64_t ct = self.chunk_tokens, cb = self.chunk_bytes, nbytes, ext
+        cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
+        cdef ChunkStore tier
+        cdef Station st
+        cdef const uint64_t* keys = self._chunk_keys(r, r.plan.back().b)
+        cdef Py_ssize_t start = r.plan[0].a, end = start, a, b, i
+        cdef int t
+        cdef double cpu_ready = now, done, svc
+        cdef vector[Span] kept
+        cdef Span sp
+        for i in range(<Py_ssize_t>r.plan.size()):
+            if r.plan[i].tier == 0:
+                cpu._pin(keys, r.plan[i].a, r.plan[i].b, now + _EPS)
+        for i in range(<Py_ssize_t>r.plan.size()):
+            t, a, b = r.plan[i].tier, r.plan[i].a, r.plan[i].b
+            if t:
+                if not cpu._prepare_store(keys + a, b - a, now, INF, self._put):
+                    self._tc[AF] += 1
+                    break
+                st = <Station>self.stations[t]
+                done = st._submit(True, (b - a) * cb, now, &svc)
+                self._tc[t * _TC_INTS + RB] += (b - a) * cb
+                self._rt[t] += svc
+                self._tc[t * _TC_INTS + RJ] += 1
+                cpu._set_ready(self._put.data(), self._put.size(), done)
+                self._tc[PC] += self._put.size()
+                tier = <ChunkStore>self.tiers[t]
+                tier._touch(keys, a, b)
+                tier._pin(keys, a, b, done)
+                cpu_ready = max(cpu_ready, done)
+            end = b
+        for i in range(<Py_ssize_t>r.plan.size()):
+            if r.plan[i].a < end:
+                sp = r.plan[i]
+                sp.b = min(sp.b, end)
+                kept.push_back(sp)
+        ext = ct * end - gpu if end > start else 0
+        if ext < ct:
+            out[0] = out[1] = out[2] = 0
+            return now
+        nbytes = (ext // self.block_size) * self.bytes_per_block
+        st = <Station>self.stations[0]
+        done = st._submit(True, nbytes, cpu_ready, &svc)
+        self._tc[RB] += nbytes
+        self._rt[0] += svc
+        self._tc[RJ] += 1
+        cpu._pin(keys, start, end, done)
+        out[0] = ext
+        self._split(kept, gpu, out + 1)
+        return done
+
+    # ------------------------------------------------------------------------------- running
+    def allocate(self, int64_t rid, int64_t num_new_tokens):
+        cdef _Req r = self._req(rid)
+        cdef int64_t end = r.end + num_new_tokens, bs = self.block_size
+        cdef int64_t need = (end + bs - 1) // bs, full = end // bs
+        cdef Py_ssize_t added
+        if need > r.nblocks and full > r.ncached:  # a new block and a newly full one: one call
+            if need > <int64_t>r.hashes.size():
+                self._ensure_hashes(r, need)
+            added = self._pool._allocate_and_cache(rid, r.hashes.data(), r.hashes.size(), end, full)
+            if added < 0:
+                return False
+            self._epoch += 2 if added else 1
+            self.c_bm += need - r.nblocks
+            r.nblocks = need
+            r.ncached = full
+            r.end = end
+            if end > r.num_tokens:
+                r.num_tokens = end
+            return True
+        if need > r.nblocks:  # most decode steps fit in the last block: no pool call
+            if not self._pool._allocate(rid, r.hashes.data(), 0, end):
+                return False
+            self._epoch += 1
+            self.c_bm += need - r.nblocks
+            r.nblocks = need
+        r.end = end
+        if end > r.num_tokens:
+            r.num_tokens = end
+        if full > r.ncached:
+            if need > <int64_t>r.hashes.size():
+                self._ensure_hashes(r, need)
+            if self._pool._cache(rid, r.hashes.data(), r.hashes.size(), full):
+                self._epoch += 1
+            r.ncached = full
+        return True
+
+    def computed(self, int64_t rid, double now):
+        cdef _Req r = self._req(rid)
+        cdef int64_t limit, nchunks
+        cdef const uint64_t* keys
+        if not self.ntiers:
+            return
+        limit = min(r.end, r.num_prompt) if self.prompt_only else r.end
+        nchunks = limit // self.chunk_tokens
+        if nchunks <= r.stored:
+            return
+        keys = self._chunk_keys(r, nchunks)
+        self._store(keys + r.stored, nchunks - r.stored, now)
+        r.stored = nchunks
+
+    cdef int _store(self, const uint64_t* keys, Py_ssize_t nkeys, double now) except -1:
+        cdef int64_t cb = self.chunk_bytes, n, m
+        cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
+        cdef ChunkStore tier
+        cdef Station st
+        cdef double done, svc, t_done, t_svc
+        cdef Py_ssize_t t, i
+        cdef vector[uint64_t] eligible
+        if self._threshold >= 2:
+            tr = self._tracker
+            for i in range(nkeys):
+                if tr.get(keys[i], 0) >= self._threshold:
+                    eligible.push_back(keys[i])
+            self._tc[SK] += nkeys - <Py_ssize_t>eligible.size()
+            if not eligible.size():
+                return 0
+            keys, nkeys = eligible.data(), eligible.size()
+        ok = cpu._prepare_store(keys, nkeys, now, INF, self._stored)
+        self._epoch += 1
+        if not ok:
+            self._tc[SK] += nkeys
+            self._tc[AF] += 1
+            return 0
+        n = self._stored.size()
+        if not n:
+            return 0
+        st = <Station>self.stations[0]
+        done = st._submit(False, n * cb, now, &svc)
+        self._tc[WB] += n * cb
+        self._wt[0] += svc
+        self._tc[WJ] += 1
+        self._tc[SC] += n
+        cpu._set_ready(self._stored.data(), n, done)
+        # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written.
+        for t in range(1, self.ntiers):
+            tier = <ChunkStore>self.tiers[t]
+            if not tier._prepare_store(self._stored.data(), n, done, INF, self._put):
+                self._tc[t * _TC_INTS + SK] += n
+                self._tc[t * _TC_INTS + AF] += 1
+                continue
+            m = self._put.size()
+            if not m:
+                continue
+            st = <Station>self.stations[t]
+            t_done = st._submit(False, m * cb, done, &t_svc)
+            self._tc[t * _TC_INTS + WB] += m * cb
+            self._wt[t] += t_svc
+            self._tc[t * _TC_INTS + WJ] += 1
+            self._tc[t * _TC_INTS + SC] += m
+            tier._set_ready(self._put.data(), m, t_done)
+            cpu._pin(self._stored.data(), 0, n, t_done)
+        return 0
+
+    def free(self, int64_t rid):
+        cdef _Req r = self._req(rid)
+        self._pool._free(rid)
+        self._epoch += 1
+        del self._reqs[rid]
+        return {"device": r.cached[0], "host": r.cached[1], "disk": r.cached[2]}
+
+    def preempt(self, int64_t rid):
+        cdef _Req r = self._req(rid)
+        self._pool._free(rid)
+        self._epoch += 1
+        r.end = r.nblocks = r.ncached = 0
+        r.preempted = True
+        r.has_lk = False
+
+    # ------------------------------------------------------------------------------- reading
+    def cached_by_source(self, int64_t rid):
+        cdef _Req r = self._req(rid)
+        return {"device": r.cached[0], "host": r.cached[1], "disk": r.cached[2]}
+
+    def num_free_blocks(self):
+        return self._pool.num_free
+
+    def usage(self):
+        return self._pool.usage()
+
+    @property
+    def counters(self):
+        """The counters as the pure class keeps them (a fresh dict each time)."""
+        tiers = {}
+        for t, label in enumerate(self.tier_labels):
+            tc = new_tier_counters()
+            for k, name in enumerate(_TC_INT_NAMES):
+                tc[name] = self._tc[t * _TC_INTS + k]
+            tc["read_time_us"] = self._rt[t]
+            tc["write_time_us"] = self._wt[t]
+            tiers[label] = tc
+        return {
+            "prefix_cache_queries": self.c_pq, "prefix_cache_hits": self.c_ph,
+            "preempted_queries": self.c_rq, "preempted_hits": self.c_rh,
+            "external_queries": self.c_eq, "external_hits": self.c_eh,
+            "cached_by_source": {"device": self.c_dev, "host": self.c_host, "disk": self.c_disk},
+            "block_hits": self.c_bh, "block_misses": self.c_bm,
+            "tiers": tiers,
+        }
+
+    def _request_states(self):
+        out = {}
+        cdef _Req r
+        for rid in sorted(self._reqs):
+            r = self._reqs[rid]
+            out[rid] = (r.end, r.stored, r.num_tokens, r.preempted,
+                        {"device": r.cached[0], "host": r.cached[1], "disk": r.cached[2]})
+        return out
+
+
+cdef void _extend(vector[uint64_t]& out, uint64_t parent, uint64_t seed, Py_ssize_t start,
+                  Py_ssize_t count) noexcept:
+    """Append :func:`extend_hashes` ``(parent, seed, start, count)`` to ``out``."""
+    cdef uint64_t h = parent
+    cdef Py_ssize_t k
+    for k in range(count):
+        h = _chain(h, _mix(seed ^ <uint64_t>(start + k)))
+        out.push_back(h)
+
+
+cdef class _Tracker:
+    """store_threshold's reuse tracker as a ``track(a, b)`` callable (the pure ``_track``)."""
+
+    cdef dict tr
+    cdef Py_ssize_t cap
+    cdef list keys
+
+    def __init__(self, dict tr, Py_ssize_t cap, list keys):
+        self.tr, self.cap, self.keys = tr, cap, keys
+
+    def __call__(self, Py_ssize_t a, Py_ssize_t b):
+        tr = self.tr
+        for k in self.keys[a:b]:
+            c = tr.pop(k, 0)
+            if not c and len(tr) >= self.cap:
+                del tr[next(iter(tr))]
+            tr[k] = c + 1
