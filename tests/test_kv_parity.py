@@ -171,6 +171,25 @@ def test_hashes_agree(toks: list[int], bs: int, salt: int) -> None:
     assert 0 not in a.tolist()
 
 
+@needs_cython
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(0, 40), shared=st.integers(0, 40), extra=st.integers(0, 40),
+       seed=st.integers(0, 2**64 - 1))
+def test_prefixed_hashes_agree(n: int, shared: int, extra: int, seed: int) -> None:
+    """A prefix-group request's hashes: the group's first blocks, then unique chained content,
+    the same in both cores and the same as building them from extend_hashes by hand."""
+    from blis_sim.kv import _core
+    shared = min(shared, n)
+    prefix = _core_py.hash_blocks(np.arange(n * 4, dtype=np.int64), 4)
+    root = _core_py.root_hash(0)
+    count = shared + extra
+    a = _core.prefixed_hashes(prefix, shared, root, seed, count)
+    b = _core_py.prefixed_hashes(prefix, shared, root, seed, count)
+    parent = int(prefix[shared - 1]) if shared else root
+    by_hand = prefix[:shared].tolist() + _core_py.extend_hashes(parent, seed, shared, extra).tolist()
+    assert a.tolist() == b.tolist() == by_hand
+
+
 @pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])
 def test_hash_chain_matches_iff_prefix_matches(backend: str) -> None:
     from blis_sim.kv import load_core

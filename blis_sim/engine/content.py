@@ -67,6 +67,12 @@ class ContentPlan:
     _streams: dict[int, np.ndarray] = field(default_factory=dict)
     _seeds: list[int] = field(default_factory=list)
     _root: int = 0
+    # the columns read once per request, as lists (indexing a numpy array makes a scalar object)
+    _prompt_of: list[int] = field(default_factory=list)
+    _session_of: list[int] = field(default_factory=list)
+    _group_of: list[int] = field(default_factory=list)
+    _shared_of: list[int] = field(default_factory=list)
+    _no_prefix: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __post_init__(self) -> None:
         if self.core is None:
@@ -82,6 +88,10 @@ class ContentPlan:
             z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
             self._seeds = (z ^ (z >> np.uint64(31))).tolist()
         self._root = int(self.core.root_hash(0))
+        self._prompt_of = self.prompt_len.tolist()
+        self._session_of = self.session.tolist()
+        self._group_of = self.group.tolist()
+        self._shared_of = self.shared_prefix.tolist()
 
     # -- groups -------------------------------------------------------------------------------
     def _group_prefix_hashes(self, g: int) -> np.ndarray:
@@ -122,8 +132,8 @@ class ContentPlan:
     def block_hashes(self, i: int) -> np.ndarray:
         """Hashes covering at least the prompt's full blocks (prompt + output for sessions)."""
         bs = self.block_size
-        need = int(self.prompt_len[i]) // bs
-        if self.session[i] >= 0:
+        need = self._prompt_of[i] // bs
+        if self._session_of[i] >= 0:
             stream = self._round_stream(i)
             if self.generated_differs:
                 n_out = int(self.output_len[i])
@@ -131,16 +141,13 @@ class ContentPlan:
                 stream = np.concatenate([stream[:stream.shape[0] - n_out], segment_tokens(
                     self.seed, "session-generated", name, i, length=n_out)])
             return self.core.hash_blocks(stream, bs)
-        g = int(self.group[i])
+        g = self._group_of[i]
         pfull = 0
+        prefix = self._no_prefix
         if g >= 0:
             prefix = self._group_prefix_hashes(g)
-            pfull = min(int(self.shared_prefix[i]) // bs, need, prefix.shape[0])
-        parent = int(prefix[pfull - 1]) if pfull else self._root
-        tail = self.core.extend_hashes(parent, self._seeds[i], pfull, need - pfull)
-        if not pfull:
-            return tail
-        return np.concatenate([prefix[:pfull], tail])
+            pfull = min(self._shared_of[i] // bs, need, prefix.shape[0])
+        return self.core.prefixed_hashes(prefix, pfull, self._root, self._seeds[i], need)
 
     def __len__(self) -> int:
         return int(self.prompt_len.shape[0])

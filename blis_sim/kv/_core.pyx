@@ -174,6 +174,21 @@ def extend_hashes(parent, seed, Py_ssize_t start, Py_ssize_t count):
     return out
 
 
+def prefixed_hashes(const uint64_t[::1] prefix, Py_ssize_t shared, root, seed, Py_ssize_t count):
+    """See the pure twin: ``prefix[:shared]`` then unique chained hashes, in one array."""
+    out = np.empty(count, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef uint64_t h = prefix[shared - 1] if shared else <uint64_t>int(root)
+    cdef uint64_t s = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
+    cdef Py_ssize_t k
+    for k in range(shared):
+        o[k] = prefix[k]
+    for k in range(shared, count):
+        h = _chain(h, _mix(s ^ <uint64_t>k))
+        o[k] = h
+    return out
+
+
 cdef inline const uint64_t* _ptr(const uint64_t[::1] a) noexcept:
     """The data pointer of a (possibly empty) contiguous array, for the pointer-based cdef methods."""
     return &a[0] if a.shape[0] else NULL

@@ -96,6 +96,14 @@ def extend_hashes(parent: int, seed: int, start: int, count: int) -> np.ndarray:
     return out
 
 
+def prefixed_hashes(prefix: np.ndarray, shared: int, root: int, seed: int, count: int) -> np.ndarray:
+    """``count`` block hashes: ``prefix[:shared]``, then :func:`extend_hashes` of unique content
+    after it (``root`` is the parent when ``shared`` is 0): a prefix-group request's blocks."""
+    parent = int(prefix[shared - 1]) if shared else root
+    tail = extend_hashes(parent, seed, shared, count - shared)
+    return np.concatenate([prefix[:shared], tail]) if shared else tail
+
+
 class BlockPool:
     """GPU blocks, free queue and hash map (see the module docstring)."""
 
