@@ -23,8 +23,8 @@ cdef extern from *:
     // std::unordered_map costs two misses and a malloc (an unbounded fs tier holds ~1M chunks).
     // Values are >= 0; find() returns -1 when absent. Key 0 (free-slot marker) is kept aside.
     struct BlisFlatMap {
-        std::vector<uint64_t> k;
-        std::vector<int64_t> v;
+        struct E { uint64_t k; int64_t v; };  // key and value side by side: one miss per probe
+        std::vector<E> e;
         uint64_t mask;
         int shift;
         int64_t n;
@@ -35,31 +35,30 @@ cdef extern from *:
             return (key * 0x9E3779B97F4A7C15ULL) >> shift;
         }
         void rehash(uint64_t cap) {
-            std::vector<uint64_t> ok; ok.swap(k);
-            std::vector<int64_t> ov; ov.swap(v);
-            k.assign(cap, 0); v.assign(cap, 0);
+            std::vector<E> old; old.swap(e);
+            e.assign(cap, E{0, 0});
             mask = cap - 1;
             shift = 64 - __builtin_ctzll(cap);
-            for (size_t i = 0; i < ok.size(); ++i) {
-                if (ok[i]) {
-                    uint64_t j = home(ok[i]);
-                    while (k[j]) j = (j + 1) & mask;
-                    k[j] = ok[i]; v[j] = ov[i];
+            for (size_t i = 0; i < old.size(); ++i) {
+                if (old[i].k) {
+                    uint64_t j = home(old[i].k);
+                    while (e[j].k) j = (j + 1) & mask;
+                    e[j] = old[i];
                 }
             }
         }
         void reserve(uint64_t count) {
             uint64_t cap = 16;
             while (cap < 2 * count) cap <<= 1;
-            if (cap > k.size()) rehash(cap);
+            if (cap > e.size()) rehash(cap);
         }
         inline int64_t find(uint64_t key) const {
             if (!key) return has0 ? v0 : -1;
             uint64_t i = home(key);
             while (true) {
-                uint64_t c = k[i];
-                if (c == key) return v[i];
-                if (!c) return -1;
+                const E& c = e[i];
+                if (c.k == key) return c.v;
+                if (!c.k) return -1;
                 i = (i + 1) & mask;
             }
         }
@@ -67,19 +66,19 @@ cdef extern from *:
             if (!key) { if (!has0) { has0 = true; ++n; } v0 = val; return; }
             uint64_t i = home(key);
             while (true) {
-                uint64_t c = k[i];
-                if (c == key) { v[i] = val; return; }
+                uint64_t c = e[i].k;
+                if (c == key) { e[i].v = val; return; }
                 if (!c) break;
                 i = (i + 1) & mask;
             }
-            k[i] = key; v[i] = val; ++n;
-            if ((uint64_t)n * 2 > k.size()) rehash(k.size() * 2);
+            e[i].k = key; e[i].v = val; ++n;
+            if ((uint64_t)n * 2 > e.size()) rehash(e.size() * 2);
         }
         void erase(uint64_t key) {
             if (!key) { if (has0) { has0 = false; --n; } return; }
             uint64_t i = home(key);
             while (true) {
-                uint64_t c = k[i];
+                uint64_t c = e[i].k;
                 if (!c) return;
                 if (c == key) break;
                 i = (i + 1) & mask;
@@ -87,12 +86,18 @@ cdef extern from *:
             uint64_t j = i;
             while (true) {
                 j = (j + 1) & mask;
-                uint64_t c = k[j];
+                uint64_t c = e[j].k;
                 if (!c) break;
                 // the entry at j may fill the hole at i unless its home lies in (i, j]
-                if (((j - home(c)) & mask) >= ((j - i) & mask)) { k[i] = c; v[i] = v[j]; i = j; }
+                if (((j - home(c)) & mask) >= ((j - i) & mask)) { e[i] = e[j]; i = j; }
             }
-            k[i] = 0; --n;
+            e[i].k = 0; --n;
+        }
+        // every (key, value), in slot order (state dumps only)
+        void items(std::vector<uint64_t>& ks, std::vector<int64_t>& vs) const {
+            if (has0) { ks.push_back(0); vs.push_back(v0); }
+            for (size_t i = 0; i < e.size(); ++i)
+                if (e[i].k) { ks.push_back(e[i].k); vs.push_back(e[i].v); }
         }
     };
     """
@@ -102,6 +107,8 @@ cdef extern from *:
         int64_t find(uint64_t key) noexcept nogil
         void set(uint64_t key, int64_t val) except +
         void erase(uint64_t key) noexcept nogil
+        void items(vector[uint64_t]& ks, vector[int64_t]& vs) except +
+        int64_t n
 
 
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
@@ -202,7 +209,7 @@ cdef class BlockPool:
     cdef public int64_t num_free, evictions
     cdef vector[int32_t] _ref, _prev, _next
     cdef vector[uint64_t] _hash
-    cdef unordered_map[uint64_t, int32_t] _map
+    cdef BlisFlatMap _map  # block hash -> block id
     cdef int32_t _head, _tail
     cdef unordered_map[int64_t, vector[int32_t]] _req
     cdef unordered_map[int64_t, int64_t] _req_cached
@@ -269,8 +276,7 @@ cdef class BlockPool:
         if not self.enable_caching:
             return 0
         cdef Py_ssize_t i = 0
-        cdef unordered_map[uint64_t, int32_t].iterator end = self._map.end()
-        while i < n and self._map.find(hashes[i]) != end:
+        while i < n and self._map.find(hashes[i]) >= 0:
             i += 1
         return i
 
@@ -319,7 +325,7 @@ cdef class BlockPool:
         if n_new < 0:
             n_new = 0
         for i in range(hits):
-            b = self._map[hashes[i]]
+            b = <int32_t>self._map.find(hashes[i])
             hit_ids.push_back(b)
             if self._ref[b] == 0:
                 evictable += 1
@@ -337,15 +343,13 @@ cdef class BlockPool:
             blocks.push_back(b)
         if hits:
             self._req_cached[rid] = hits
-        cdef unordered_map[uint64_t, int32_t].iterator mit
         for i in range(n_new):
             b = self._head
             self._unlink(b)
             h = self._hash[b]
             if h != 0:
-                mit = self._map.find(h)
-                if mit != self._map.end() and deref(mit).second == b:
-                    self._map.erase(mit)
+                if self._map.find(h) == b:
+                    self._map.erase(h)
                 self._hash[b] = 0
                 self.evictions += 1
             self._ref[b] = 1
@@ -374,9 +378,9 @@ cdef class BlockPool:
             if self._hash[b] != 0:
                 continue
             h = hashes[i]
-            if self._map.find(h) != self._map.end():
+            if self._map.find(h) >= 0:
                 continue
-            self._map[h] = b
+            self._map.set(h, b)
             self._hash[b] = h
             added += 1
         if end > start:
@@ -409,6 +413,12 @@ cdef class BlockPool:
             self._push_front(front[i])
         return blocks.size()
 
+    def _map_items(self):
+        cdef vector[uint64_t] ks
+        cdef vector[int64_t] vs
+        self._map.items(ks, vs)
+        return sorted(zip([int(k) for k in ks], [int(v) for v in vs]))
+
     def free_queue(self):
         out = []
         cdef int32_t b = self._head
@@ -428,7 +438,7 @@ cdef class BlockPool:
             "free_queue": self.free_queue(),
             "ref": [int(x) for x in self._ref],
             "hash": [int(x) for x in self._hash],
-            "map": sorted((int(m.first), int(m.second)) for m in self._map),
+            "map": self._map_items(),
             "requests": dict(sorted(reqs.items())),
             "req_cached": dict(sorted(cached.items())),
             "num_free": self.num_free,
