@@ -73,7 +73,7 @@ def replay_once(prefix: str, out_dir: str) -> dict:
     from blis_sim.engine.replay_trace import replay_outcome
     from blis_sim.engine.scheduler import COMPILED as loop_compiled
     from blis_sim.engine.simulate import EngineOptions
-    from blis_sim.formats import load_trace, write_metrics_output, write_sim_results
+    from blis_sim.formats import load_trace
     from blis_sim.kv import COMPILED as kv_compiled
 
     t1, c1 = time.perf_counter(), time.process_time()
@@ -81,8 +81,8 @@ def replay_once(prefix: str, out_dir: str) -> dict:
     t2, c2 = time.perf_counter(), time.process_time()
     out = replay_outcome(trace, EngineOptions(model="qwen/qwen3-14b", num_gpu_blocks=1000))
     t3, c3 = time.perf_counter(), time.process_time()
-    write_sim_results(out.results, os.path.join(out_dir, "sim.json"))  # as `blis replay` does:
-    write_metrics_output(out.metrics(), os.path.join(out_dir, "simagg.json"))  # one list at a time
+    out.write_outputs(os.path.join(out_dir, "sim.json"),  # as `blis replay` does
+                      os.path.join(out_dir, "simagg.json"))
     t4, c4 = time.perf_counter(), time.process_time()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     o = out.outcome

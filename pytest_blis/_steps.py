@@ -17,7 +17,7 @@ from typing import Any
 
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, calibrate, write_report
 from blis_sim.errors import ServerError
-from blis_sim.formats.results import MetricsOutput, SimResult, write_metrics_output, write_sim_results
+from blis_sim.formats.results import MetricsOutput, SimResult
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions, ObserveResult, observe, write_result
 from blis_sim.workload import WorkloadPlan
@@ -69,12 +69,11 @@ def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: C
 
 def replay_step(trace: Trace, replay_options: Any, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
     """Replay a trace through the simulator and write SimResult + MetricsOutput."""
-    from blis_sim.engine import replay  # the engine is only imported when a cell replays
+    from blis_sim.engine import replay_outcome  # the engine is only imported when a cell replays
 
-    results, metrics = replay(trace, replay_options)
-    write_sim_results(results, paths.sim_results)
-    write_metrics_output(metrics, paths.sim_metrics)
-    return list(results), metrics
+    out = replay_outcome(trace, replay_options)
+    out.write_outputs(paths.sim_results, paths.sim_metrics)  # the files straight from the columns
+    return out.results, out.metrics()
 
 
 def calibrate_step(trace: Trace, results: list[SimResult], metrics: MetricsOutput,

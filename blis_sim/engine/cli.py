@@ -195,15 +195,11 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
 
 
 def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) -> None:
-    """Write the requested files; results are built, written and dropped before the metrics, so
-    the two large object lists are never alive together."""
-    from blis_sim.formats import metrics_output_text, write_metrics_output, write_sim_results
+    """Write the requested files (from the outcome's columns: no object per request)."""
+    from blis_sim.formats import metrics_output_text
 
-    if args.results_path:
-        write_sim_results(outcome.results, args.results_path)
-    metrics = outcome.metrics(include_requests=bool(args.metrics_path))
-    if args.metrics_path:
-        write_metrics_output(metrics, args.metrics_path)
+    metrics = outcome.write_outputs(results_path=args.results_path or None,
+                                    metrics_path=args.metrics_path or None)
     if trace is not None and getattr(args, "trace_output", None):
         from blis_sim.formats import write_trace
 

@@ -5,6 +5,7 @@ API::
     results, metrics = replay(trace, options)          # list[SimResult], MetricsOutput
     outcome = replay_outcome(trace, options)            # ReplayOutcome: + SimOutcome, resolved config
     records = outcome.trace()                           # the re-export (--trace-output), mode "replayed"
+    outcome.write_outputs("sim.json", "simagg.json")     # the files, written from the columns (fast)
 
 Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs fixed):
 
@@ -30,9 +31,10 @@ Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from blis_sim.engine.outputs import metrics_output, sim_results, trace_records
+from blis_sim.engine.outputs import metrics_output, sim_results, trace_records, write_outputs
 from blis_sim.engine.requests import table_from_trace, trace_window
 from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
                                       simulate_table)
@@ -57,6 +59,13 @@ class ReplayOutcome:
 
     def metrics(self, include_requests: bool = True) -> Any:
         return metrics_output(self.outcome, include_requests=include_requests)
+
+    def write_outputs(self, results_path: str | Path | None = None,
+                      metrics_path: str | Path | None = None) -> Any:
+        """Write the SimResult / MetricsOutput files given (same bytes as writing ``results`` and
+        ``metrics()``, without one object per request); returns the MetricsOutput without
+        ``requests``."""
+        return write_outputs(self.outcome, results_path=results_path, metrics_path=metrics_path)
 
     def trace(self) -> Any:
         """The replay re-exported as a TraceV2 (``mode: replayed``; observations kept verbatim)."""

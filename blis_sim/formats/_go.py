@@ -6,6 +6,9 @@ formats numbers and quotes strings its own way, and Python's defaults differ fro
 - :func:`yaml_float` — ``strconv.FormatFloat(f, 'g', -1, 64)`` as yaml.v3 emits it (``7000``, ``0.68``,
   ``1e+21``, ``.inf``).
 - :func:`json_float` — ``encoding/json``'s float64 format (``32984``, ``28.346298``, ``1e-07``).
+- :func:`json_floats` / :func:`json_ints` — the same for a whole numpy column at once (``list[str]``, one
+  per value): what the columnar results writer uses (the shortest digits come from orjson's Ryu in C,
+  ~0.1 µs a value against ~1 µs for ``repr``).
 - :func:`fixed_float` — ``strconv.FormatFloat(f, 'f', -1, 64)`` (the CSV ``reason_ratio`` column).
 - :func:`csv_field` — ``encoding/csv`` minimal quoting.
 - :func:`parse_int`, :func:`parse_bool`, :func:`parse_float` — ``strconv.ParseInt/ParseBool/ParseFloat``: they
@@ -16,6 +19,9 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
+
+import numpy as np
+import orjson
 
 _INT_RE = re.compile(r"[+-]?[0-9]+\Z")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -93,6 +99,47 @@ def json_float(f: float) -> str:
     if a < 1e-6 or a >= 1e21:
         return _fmt_e(ds, dp, neg).replace("e-0", "e-").replace("e+0", "e+")
     return _fmt_f(ds, dp, neg)
+
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def json_floats(values: np.ndarray) -> list[str]:
+    """``[json_float(v) for v in values]`` for a 1-D float array, computed column-wise.
+
+    orjson writes a float64 in [1e-4, 1e16) with the shortest round-trip digits in fixed notation, as
+    Python's ``repr`` does (``33037.0``, ``0.1``), so only the ``.0`` of whole values needs stripping
+    (found with numpy); values outside that range, zeros and NaN/Inf (which raise, as in
+    :func:`json_float`) go through :func:`json_float` one by one.
+    """
+    a = np.ascontiguousarray(values, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"expected a 1-D array, got shape {a.shape}")
+    if a.size == 0:
+        return []
+    out = orjson.dumps(a, option=_NUMPY).decode()[1:-1].split(",")
+    with np.errstate(invalid="ignore"):
+        mag = np.abs(a)
+        plain = (mag >= 1e-4) & (mag < 1e16)
+        whole = np.flatnonzero(plain & (a == np.trunc(a)))
+        zero = a == 0
+    for i in whole.tolist():
+        out[i] = out[i][:-2]  # "33037.0" -> "33037"
+    for i in np.flatnonzero(~plain & ~zero).tolist():
+        out[i] = json_float(float(a[i]))
+    for i in np.flatnonzero(zero).tolist():  # zeros are common (no delay, one output token)
+        out[i] = "-0" if math.copysign(1.0, a[i]) < 0 else "0"
+    return out
+
+
+def json_ints(values: np.ndarray) -> list[str]:
+    """``[str(v) for v in values]`` for a 1-D integer array (``true``/``false`` for a bool array)."""
+    a = np.ascontiguousarray(values)
+    if a.ndim != 1 or a.dtype.kind not in "iub":
+        raise ValueError(f"expected a 1-D integer or bool array, got {a.dtype} shape {a.shape}")
+    if a.size == 0:
+        return []
+    return orjson.dumps(a, option=_NUMPY).decode()[1:-1].split(",")
 
 
 def fixed_float(f: float) -> str:

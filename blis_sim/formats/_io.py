@@ -4,6 +4,7 @@
   interrupted run leaves the old file or the new one, never half of one. An unwritable path raises
   ``OSError``: the caller knows which flag named it and wraps it in an InputError (the writers of every
   format, ``write_trace`` etc., behave the same).
+- :func:`atomic_write_chunks` — the same for text produced piece by piece (a big file never held whole).
 - :func:`csv_rows` — ``(first line number, fields)`` per CSV row, blank lines skipped as Go's csv.Reader does,
   any read/decode/quoting problem a located :class:`~blis_sim.errors.FormatError`.
 - :func:`go_quote` — a value quoted as Go's ``%q`` would, for messages that mirror the reference's.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import csv
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from blis_sim.errors import FormatError
@@ -21,11 +22,18 @@ from blis_sim.errors import FormatError
 
 def atomic_write(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
+    atomic_write_chunks(path, (text,))
+
+
+def atomic_write_chunks(path: str | Path, chunks: Iterable[str]) -> None:
+    """Write the concatenation of ``chunks`` to ``path`` via a temp file and a rename; an exception
+    while producing them leaves ``path`` untouched."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or Path("."))
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+            for chunk in chunks:
+                f.write(chunk)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
+import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
 from blis_sim.errors import FormatError
@@ -36,7 +39,7 @@ from blis_sim.formats import _go
 from blis_sim.formats._model import StrictModel, to_go
 from blis_sim.formats._strict import describe, read_text
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats._io import atomic_write
+from blis_sim.formats._io import atomic_write, atomic_write_chunks
 
 _Float = Field(default=0.0, allow_inf_nan=False)
 
@@ -434,17 +437,289 @@ def _bracketed(head: str, items: list[str], tail: str) -> str:
     return "".join(parts)
 
 
-def sim_results_text(results: Sequence[SimResult]) -> str:
+# --------------------------------------------------------------------------------------------- columnar rows
+
+
+class IntMapColumn(NamedTuple):
+    """A Go ``map[string]int`` field per row: ``values[i, j]`` is row i's value for ``keys[j]``."""
+
+    keys: tuple[str, ...]
+    values: np.ndarray  # (n, len(keys)) integers
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Rows of one model class held column by column (the simulator's outputs are numpy arrays).
+
+    ``data`` maps a field name to a 1-D numpy array (one value per row; float, integer or bool), a
+    list of ``str``, an :class:`IntMapColumn`, or one scalar (``str``/``int``/``float``/``bool``/``None``)
+    or dict shared by every row. A field left out takes its default. Values are not validated: the
+    columns come from our own code, as the objects of :meth:`records` would (built without pydantic).
+    """
+
+    cls: type[StrictModel]
+    n: int
+    data: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        for name, col in self.data.items():
+            if name not in self.cls.model_fields:
+                raise ValueError(f"{self.cls.__name__} has no field {name!r}")
+            size = _column_size(col)
+            if size is not None and size != self.n:
+                raise ValueError(f"column {name!r} has {size} rows, expected {self.n}")
+
+    def column(self, name: str) -> Any:
+        if name in self.data:
+            return self.data[name]
+        return self.cls.model_fields[name].get_default(call_default_factory=True)
+
+    def take(self, rows: np.ndarray | slice) -> Columns:
+        """The rows selected by an index array or a slice, in that order."""
+        data: dict[str, Any] = {}
+        for name, col in self.data.items():
+            if isinstance(col, np.ndarray):
+                data[name] = col[rows]
+            elif isinstance(col, IntMapColumn):
+                data[name] = IntMapColumn(col.keys, col.values[rows])
+            elif isinstance(col, (list, tuple)):
+                data[name] = col[rows] if isinstance(rows, slice) else [col[i] for i in rows.tolist()]
+            else:
+                data[name] = col
+        n = len(range(*rows.indices(self.n))) if isinstance(rows, slice) else len(rows)
+        return Columns(self.cls, n, data)
+
+    def records(self) -> list[Any]:
+        """One model object per row (what the JSON readers would give back for the written text)."""
+        names = list(self.cls.model_fields)
+        per_field: list[Any] = []
+        for name in names:
+            col = self.column(name)
+            if isinstance(col, np.ndarray):
+                per_field.append(col.tolist())
+            elif isinstance(col, IntMapColumn):
+                keys = col.keys
+                per_field.append([dict(zip(keys, row)) for row in col.values.tolist()])
+            elif isinstance(col, (list, tuple)):
+                per_field.append(col)
+            else:
+                per_field.append(repeat(col, self.n))
+        make = _constructor(self.cls)
+        return [make(dict(zip(names, row))) for row in zip(*per_field)]
+
+
+def _column_size(col: Any) -> int | None:
+    if isinstance(col, np.ndarray):
+        if col.ndim != 1:
+            raise ValueError(f"a column must be 1-D, got shape {col.shape}")
+        return int(col.shape[0])
+    if isinstance(col, IntMapColumn):
+        if col.values.ndim != 2 or col.values.shape[1] != len(col.keys):
+            raise ValueError(f"an int map column needs ({len(col.keys)} keys) columns, got {col.values.shape}")
+        return int(col.values.shape[0])
+    if isinstance(col, (list, tuple)):
+        return len(col)
+    return None
+
+
+def _constructor(cls: type[StrictModel]) -> Callable[[dict[str, Any]], Any]:
+    """``cls.model_construct(**values)`` for a dict holding every field, without its per-field
+    default and alias handling (which costs more than everything else at one object per row)."""
+    fields_set = set(cls.model_fields)
+    new, setattr_ = cls.__new__, object.__setattr__
+
+    def make(values: dict[str, Any]) -> Any:
+        m = new(cls)
+        setattr_(m, "__dict__", values)
+        setattr_(m, "__pydantic_fields_set__", fields_set)
+        setattr_(m, "__pydantic_extra__", None)
+        setattr_(m, "__pydantic_private__", None)
+        return m
+
+    return make
+
+
+# Rows are formatted this many at a time: the per-column strings of one chunk are alive at once,
+# never those of the whole file.
+CHUNK_ROWS = 8192
+
+
+def _scalar_field(v: Any, key: str, omitempty: bool, keep_none: bool, inner: str) -> str | None:
+    """One field's ``key: value`` line by the rules of the generated writer (None: omitted)."""
+    if v is None:
+        return f"{inner}{key}: null" if keep_none else None
+    if type(v) in _SCALARS:
+        if omitempty and not v:
+            return None
+        return f"{inner}{key}: {go_json(v, inner)}"
+    return _field_json(v, key, omitempty, inner)
+
+
+def _string_cells(values: Sequence[str]) -> tuple[list[str], bool]:
+    """(cells, quoted): the values themselves when none needs escaping (the template adds the quotes),
+    else each one escaped and quoted."""
+    try:
+        joined = "".join(values)
+    except TypeError:
+        raise TypeError("a list column must hold str values (use a numpy array for numbers)") from None
+    if _PLAIN_JSON.match(joined):
+        return list(values), False
+    cache: dict[str, str] = {}
+    return [cache[v] if v in cache else cache.setdefault(v, _escape(v)) for v in values], True
+
+
+def _rows_text(cols: Columns, indent: str) -> Iterator[str]:
+    """The rows as JSON objects (``indent`` before each, ``json.MarshalIndent`` layout inside), one
+    string per chunk of rows, rows joined by ``,\\n`` within a chunk (the caller joins the chunks)."""
+    for start in range(0, cols.n, CHUNK_ROWS):
+        yield _chunk_text(cols.take(slice(start, min(cols.n, start + CHUNK_ROWS))), indent)
+
+
+# One field of a chunk's rows: its parts in order, each either text every row writes (str) or one
+# string per row (list), and whether every row writes it. The first part starts with ",\n" + indent.
+_Piece = tuple[list[Any], bool] | None
+
+
+def _field_piece(col: Any, key: str, omitempty: bool, keep_none: bool, inner: str) -> _Piece:
+    head = f",\n{inner}{key}: "
+    if isinstance(col, IntMapColumn):
+        if not col.keys:
+            col = {}  # written as a constant below
+        else:
+            inner2 = inner + "  "
+            parts: list[Any] = [head + "{"]
+            for j in sorted(range(len(col.keys)), key=lambda j: col.keys[j]):  # Go maps: sorted keys
+                parts += [f"{',' if len(parts) > 1 else ''}\n{inner2}{_escape(col.keys[j])}: ",
+                          _go.json_ints(col.values[:, j])]
+            return parts + ["\n" + inner + "}"], True
+    if isinstance(col, np.ndarray):
+        cells = _go.json_floats(col) if col.dtype.kind == "f" else _go.json_ints(col)
+        empty = (col == 0).tolist() if omitempty else None
+        close = ""
+    elif isinstance(col, (list, tuple)):
+        cells, quoted = _string_cells(col)
+        empty = [not v for v in col] if omitempty else None
+        head, close = (head, "") if quoted else (head + '"', '"')
+    else:
+        text = _scalar_field(col, key, omitempty, keep_none, inner)
+        return None if text is None else ([",\n" + text], True)
+    if empty is None or not any(empty):
+        return [head, cells, close], True
+    if all(empty):
+        return None
+    # some rows omit the field: one fragment per row, "" where omitted
+    frags = list(map((head.replace("%", "%%") + "%s" + close).__mod__, cells))
+    for i in np.flatnonzero(empty).tolist():
+        frags[i] = ""
+    return [frags], False
+
+
+def _chunk_text(cols: Columns, indent: str) -> str:
+    """One chunk of rows, joined by ``,\\n``. Each row is the same sequence of items — text every
+    row shares, or that row's string of a column — so the whole chunk is one list, filled a column
+    at a time with slice assignments, and one join (no per-row formatting in Python)."""
+    inner = indent + "  "
+    pieces = [p for name, key, omitempty, keep_none in _plan(cols.cls)
+              if (p := _field_piece(cols.column(name), key, omitempty, keep_none, inner)) is not None]
+    n = cols.n
+    if not pieces:  # every field omitted in every row
+        return ",\n".join([indent + "{}"] * n)
+    if not pieces[0][1]:  # the first field's leading "," cannot be dropped once for all rows
+        return ",\n".join(indent + _model_json(r, indent) for r in cols.records())
+    first = pieces[0][0]
+    parts = [indent + "{\n" + first[0][2:]] + first[1:]  # the first field has no leading ","
+    parts += [part for p in pieces[1:] for part in p[0]] + ["\n" + indent + "}"]
+    items: list[Any] = []
+    for part in parts:  # adjacent texts merged
+        if isinstance(part, str) and items and isinstance(items[-1], str):
+            items[-1] += part
+        else:
+            items.append(part)
+    stride = len(items)
+    flat: list[str] = [""] * (n * stride)
+    for j, item in enumerate(items):
+        if isinstance(item, str):
+            flat[j::stride] = [item + ",\n"] * n if j == stride - 1 else [item] * n
+        else:
+            flat[j::stride] = item
+    flat[-1] = items[-1]  # no separator after the chunk's last row
+    return "".join(flat)
+
+
+def _array_chunks(cols: Columns, indent: str = "") -> Iterator[str]:
+    """``go_json(cols.records(), indent)`` as successive pieces of text."""
+    if cols.n == 0:
+        yield "[]"
+        return
+    yield "[\n"
+    sep = ""
+    for text in _rows_text(cols, indent + "  "):
+        yield sep
+        yield text
+        sep = ",\n"
+    yield "\n" + indent + "]"
+
+
+def _sorted_by_id(cols: Columns) -> Columns:
+    rid = cols.column("request_id")
+    if isinstance(rid, np.ndarray):
+        if rid.size < 2 or bool(np.all(rid[1:] >= rid[:-1])):
+            return cols
+        return cols.take(np.argsort(rid, kind="stable"))
+    order = sorted(range(cols.n), key=lambda i: rid[i])
+    return cols.take(np.asarray(order, dtype=np.int64))
+
+
+def _metrics_chunks(metrics: MetricsOutput, requests: Columns | None) -> Iterator[str]:
+    if requests is None:
+        yield go_json(metrics)
+        return
+    if requests.cls is not RequestMetrics:
+        raise TypeError(f"request columns must be of RequestMetrics, not {requests.cls.__name__}")
+    if metrics.requests:
+        raise ValueError("pass the requests either in the MetricsOutput or as columns, not both")
+    d = metrics.__dict__
+    before: list[str] = []
+    after: list[str] = []
+    found = False
+    for name, key, omitempty, keep_none in _plan(MetricsOutput):
+        if name == "requests":
+            found = requests.n > 0 or not omitempty
+            continue
+        text = _scalar_field(d[name], key, omitempty, keep_none, "  ")
+        if text is not None:
+            (after if found else before).append(text)
+    if not found:
+        yield go_json(metrics)
+        return
+    yield "{\n" + "".join(t + ",\n" for t in before) + '  "requests": '
+    yield from _array_chunks(requests, "  ")
+    yield "".join(",\n" + t for t in after) + "\n}"
+
+
+def sim_results_text(results: Sequence[SimResult] | Columns) -> str:
+    if isinstance(results, Columns):
+        return "".join(_array_chunks(_sorted_by_id(results)))
     return go_json(sorted(results, key=lambda r: r.request_id))
 
 
-def metrics_output_text(metrics: MetricsOutput) -> str:
-    return go_json(metrics)
+def metrics_output_text(metrics: MetricsOutput, requests: Columns | None = None) -> str:
+    """``requests``: the per-request entries as :class:`Columns` of :class:`RequestMetrics` (then
+    ``metrics.requests`` must be empty); written where the ``requests`` field goes."""
+    return "".join(_metrics_chunks(metrics, requests))
 
 
-def write_sim_results(results: Sequence[SimResult], path: str | Path) -> None:
+def write_sim_results(results: Sequence[SimResult] | Columns, path: str | Path) -> None:
+    """Sorted by request id (stable); a :class:`Columns` of SimResult is written without building
+    one object per row (same bytes)."""
+    if isinstance(results, Columns):
+        if results.cls is not SimResult:
+            raise TypeError(f"sim result columns must be of SimResult, not {results.cls.__name__}")
+        atomic_write_chunks(path, _array_chunks(_sorted_by_id(results)))
+        return
     atomic_write(path, sim_results_text(results))
 
 
-def write_metrics_output(metrics: MetricsOutput, path: str | Path) -> None:
-    atomic_write(path, metrics_output_text(metrics))
+def write_metrics_output(metrics: MetricsOutput, path: str | Path, requests: Columns | None = None) -> None:
+    """``requests``: as in :func:`metrics_output_text` (the big part, written chunk by chunk)."""
+    atomic_write_chunks(path, _metrics_chunks(metrics, requests))
