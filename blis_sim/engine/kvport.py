@@ -28,11 +28,10 @@ class KVPort:
     def __init__(self, kv: Any, content: ContentPlan, window_first: int = -1) -> None:
         self.kv = kv
         self.content = content
-        n = len(content)
-        self.prompt_len = content.prompt_len
-        self.registered = np.zeros(n, dtype=bool)
-        self.admitted = np.zeros(n, dtype=bool)
-        self.cached = np.zeros((n, 3), dtype=np.int64)
+        self._n = len(content)
+        self._prompt_of = content.prompt_len.tolist()
+        self._registered = bytearray(self._n)
+        self._first: dict[int, tuple[int, int, int]] = {}  # i -> (device, host, disk) at admission
         self.window_first = window_first
         self.window_snapshot: dict[str, Any] | None = None
         # the per-step calls go straight to the cache
@@ -42,18 +41,30 @@ class KVPort:
         self.finish = kv.free
 
     def lookup(self, i: int, now: float) -> Any:
-        if not self.registered[i]:
+        if not self._registered[i]:
             if i == self.window_first and self.window_snapshot is None:
                 self.window_snapshot = self.kv.snapshot()
-            self.kv.add_request(i, self.content.block_hashes(i), int(self.prompt_len[i]))
-            self.registered[i] = True
+            self.kv.add_request(i, self.content.block_hashes(i), self._prompt_of[i])
+            self._registered[i] = 1
         return self.kv.lookup(i, now)
 
     def admit(self, i: int, num_new_tokens: int, now: float) -> Any:
         res = self.kv.admit(i, num_new_tokens, now)
-        if res is not None and not self.admitted[i]:
-            self.admitted[i] = True
-            self.cached[i, 0] = res.gpu_tokens
-            self.cached[i, 1] = res.host_tokens
-            self.cached[i, 2] = res.disk_tokens
+        if res is not None and i not in self._first:
+            self._first[i] = (res.gpu_tokens, res.host_tokens, res.disk_tokens)
         return res
+
+    @property
+    def admitted(self) -> np.ndarray:
+        """Per request: admitted at least once (bool)."""
+        out = np.zeros(self._n, dtype=bool)
+        out[list(self._first)] = True
+        return out
+
+    @property
+    def cached(self) -> np.ndarray:
+        """Per request: (device, host, disk) tokens found at its first admission (n × 3)."""
+        out = np.zeros((self._n, 3), dtype=np.int64)
+        if self._first:
+            out[list(self._first)] = list(self._first.values())
+        return out

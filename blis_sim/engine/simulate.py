@@ -153,9 +153,10 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
                     log_steps=log_steps, backend=options.loop_backend)
     frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
-    rates = hit_rates(table, port.admitted, port.cached, counters,
+    admitted, cached = port.admitted, port.cached
+    rates = hit_rates(table, admitted, cached, counters,
                       port.window_snapshot if first >= 0 else None, tiers=offload is not None)
-    return SimOutcome(table=table, loop=loop, cached=port.cached, admitted=port.admitted,
+    return SimOutcome(table=table, loop=loop, cached=cached, admitted=admitted,
                       frontend_us=frontend, kv_counters=counters, hit_rates=rates,
                       block_size=block_size, num_gpu_blocks=num_gpu_blocks, offload=offload,
                       dropped=dropped)
