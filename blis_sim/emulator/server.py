@@ -20,7 +20,7 @@ sends its role chunk together with the first token. Errors are vLLM's JSON
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 import random
 import time
 import uuid
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -39,7 +40,12 @@ from blis_sim.emulator.metrics import build_registry, render
 from blis_sim.emulator.scheduler import FINISHED, Request
 from blis_sim.errors import ConfigError
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _dumps(obj: Any) -> str:
+    """Compact JSON text (vLLM's chunks are compact); orjson, the hot path's encoder."""
+    return orjson.dumps(obj).decode()
+
 ENGINE_KEY = web.AppKey("engine", Engine)
 STATE_KEY = web.AppKey("state", dict)
 
@@ -116,6 +122,7 @@ class Handlers:
         self.tok = engine.tokenizer
         self.model = engine.config.model
         self.faults = engine.config.faults
+        self._faults_active = self.faults.active  # (a comparison with a fresh FaultConfig: not per request)
         self._fault_rng = random.Random(engine.config.seed + 2)
         self._created = int(time.time())
         self.registry = build_registry(engine.published, engine.config, engine.geometry,
@@ -218,6 +225,7 @@ class Handlers:
 
     def apply_faults(self, faults: FaultConfig) -> None:
         self.faults = faults
+        self._faults_active = faults.active
         self.engine.config = self.engine.config.replace(faults=faults)
 
     async def restart(self, request: web.Request) -> web.Response:
@@ -302,7 +310,7 @@ class Handlers:
     def _draw_faults(self) -> tuple[int | None, bool, float, bool]:
         """(error status or None, cut stream?, first-token delay, stall?) for one request."""
         f = self.faults
-        if not f.active:
+        if not self._faults_active:
             return None, False, 0.0, False
         r = self._fault_rng
         status = f.error_status if f.error_rate and r.random() < f.error_rate else None
@@ -341,7 +349,7 @@ class Handlers:
         if stall:
             return await self._stall(request, params, headers)
         waiter = _Waiter()
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
+        rid = ("chatcmpl-" if chat else "cmpl-") + os.urandom(8).hex()  # uuid4().hex[:16]'s shape
         req = Request(rid, params.prompt_ids, max_tokens=params.max_tokens,
                       min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
                       skip_cache=params.prompt_logprobs is not None,
@@ -443,10 +451,10 @@ class Handlers:
                 sent += n_new
                 if done:
                     parts.extend(self._closing_events(fmt, req, params, had_tokens=n_new > 0))
-                    await resp.write("".join(parts).encode())
+                    # The last events and the end of the chunked body in one write (one syscall).
+                    await resp.write_eof("".join(parts).encode())
                     break
                 await resp.write("".join(parts).encode())
-            await resp.write_eof()
         except asyncio.CancelledError:
             self.engine.abort(req)
             raise
@@ -561,8 +569,8 @@ class _Waiter:
 async def _json_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     try:
-        body = json.loads(raw) if raw else {}
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = orjson.loads(raw) if raw else {}
+    except (ValueError, UnicodeDecodeError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")

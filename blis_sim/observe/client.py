@@ -18,19 +18,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
+from blis_sim.observe.http1 import HttpError, HttpTimeout, Http1Pool
 from blis_sim.observe.records import (STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord,
                                       RunClock, WireRequest)
-from blis_sim.observe.sse import LineSplitter, LineTooLong, classify, interpret, usage_numbers
+from blis_sim.observe.sse import LineSplitter, LineTooLong, interpret, usage_numbers
 
 API_FORMATS = ("completions", "chat")
 _ERROR_BODY_LIMIT = 2048
 _DRAIN_TIMEOUT_S = 0.5
+_loads = orjson.loads
+_dumps = orjson.dumps  # compact JSON bytes; the body's key order is build_body's
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,12 @@ class Target:
         return aiohttp.ClientTimeout(total=self.timeout_s)
 
     @functools.cached_property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.api_format == "chat" else "/v1/completions"
+
+    @functools.cached_property
     def endpoint(self) -> str:
-        path = "/v1/chat/completions" if self.api_format == "chat" else "/v1/completions"
-        return self.base_url.rstrip("/") + path
+        return self.base_url.rstrip("/") + self.path
 
 
 def build_body(target: Target, wire: WireRequest) -> dict[str, Any]:
@@ -86,13 +94,20 @@ def build_headers(target: Target, wire: WireRequest, x_request_id: str) -> dict[
     return headers
 
 
-async def send(session: aiohttp.ClientSession, target: Target, record: RequestRecord,
+async def send(session: aiohttp.ClientSession | Http1Pool, target: Target, record: RequestRecord,
                clock: RunClock) -> None:
-    """Send ``record.wire`` and fill ``record``. Server faults end up in status/error_message."""
+    """Send ``record.wire`` and fill ``record``. Server faults end up in status/error_message.
+
+    ``session`` is an :class:`~blis_sim.observe.http1.Http1Pool` (the lean path observe uses for
+    ``http://`` servers) or an aiohttp session (https, and any caller that has one).
+    """
     wire = record.wire
     record.x_request_id = record.x_request_id or str(uuid.uuid4())
-    body = json.dumps(build_body(target, wire)).encode()
+    body = _dumps(build_body(target, wire))
     headers = build_headers(target, wire, record.x_request_id)
+    if isinstance(session, Http1Pool):
+        await _send_lean(session, target, record, body, headers)
+        return
     timeout = target.client_timeout
     record.send_ns = clock.now_ns()
     try:
@@ -107,14 +122,41 @@ async def send(session: aiohttp.ClientSession, target: Target, record: RequestRe
             else:
                 await _read_body(resp, record, clock)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        where = _phase(record, "timeout")
-        record.fail(STATUS_TIMEOUT, f"{where}: no complete answer within {target.timeout_s:g} s {exc}".strip())
+        _timed_out(record, target, exc)
     except aiohttp.ClientError as exc:
         record.fail(STATUS_ERROR, f"{_phase(record, 'error')}: {type(exc).__name__}: {exc}")
     except LineTooLong as exc:
         record.fail(STATUS_ERROR, f"streaming error: {exc}")
     except (OSError, UnicodeError, ValueError) as exc:  # e.g. a reset below aiohttp, a broken encoding
         record.fail(STATUS_ERROR, f"HTTP error: {type(exc).__name__}: {exc}")
+
+
+async def _send_lean(pool: Http1Pool, target: Target, record: RequestRecord, body: bytes,
+                     headers: dict[str, str]) -> None:
+    """The same request over :class:`Http1Pool`: parsing runs in the protocol callback, no await per read."""
+    sink = _LeanSink(record, target.record_itl)
+    record.send_ns = time.perf_counter_ns()
+    try:
+        await pool.request("POST", target.path, body, headers, sink, target.timeout_s)
+    except asyncio.TimeoutError as exc:  # HttpTimeout included
+        _timed_out(record, target, exc)
+        return
+    except HttpError as exc:
+        record.fail(STATUS_ERROR, f"{_phase(record, 'error')}: {type(exc).__name__}: {exc}")
+        return
+    except LineTooLong as exc:
+        record.fail(STATUS_ERROR, f"streaming error: {exc}")
+        return
+    except (OSError, UnicodeError, ValueError) as exc:
+        record.fail(STATUS_ERROR, f"HTTP error: {type(exc).__name__}: {exc}")
+        return
+    sink.finish()
+
+
+def _timed_out(record: RequestRecord, target: Target, exc: BaseException) -> None:
+    where = _phase(record, "timeout")
+    detail = "" if isinstance(exc, HttpTimeout) else str(exc)
+    record.fail(STATUS_TIMEOUT, f"{where}: no complete answer within {target.timeout_s:g} s {detail}".strip())
 
 
 def _phase(record: RequestRecord, what: str) -> str:
@@ -124,35 +166,53 @@ def _phase(record: RequestRecord, what: str) -> str:
     return f"streaming {what}" if record.wire.streaming else f"body read {what}"
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, clock: RunClock,
-                       record_itl: bool) -> None:
-    splitter = LineSplitter()
-    malformed = 0
-    first_problem = ""
-    saw_done = False
-    async for raw in resp.content.iter_any():
-        now = clock.now_ns()
-        for line in splitter.feed(raw):
-            kind, payload = classify(line)
-            if kind == "done":
-                saw_done = True
-                break
-            if kind != "data":
-                continue
+class StreamState:
+    """SSE events of one streaming response → the record. ``feed`` per network read, then ``finish``.
+
+    Per read: split lines, and for each ``data:`` event count it, stamp it with the read's time (taken
+    by the caller as the bytes arrived), decode it (orjson) and keep what matters: first content,
+    finish reason, usage. Nothing is logged or validated per event.
+    """
+
+    __slots__ = ("record", "record_itl", "splitter", "malformed", "first_problem", "saw_done")
+
+    def __init__(self, record: RequestRecord, record_itl: bool) -> None:
+        self.record = record
+        self.record_itl = record_itl
+        self.splitter = LineSplitter()
+        self.malformed = 0
+        self.first_problem = ""
+        self.saw_done = False
+
+    def feed(self, raw: bytes, now: int) -> bool:
+        """Take one read's bytes received at ``now``; True once ``data: [DONE]`` arrived."""
+        record = self.record
+        for line in self.splitter.feed(raw):
+            if not line.startswith(b"data:"):
+                continue  # blank separators, ``:`` comments, event:/id:/retry: fields
+            payload = line[5:]
+            if payload.strip() == b"[DONE]":
+                self.saw_done = True
+                return True
             record.num_chunks += 1
             record.last_chunk_ns = now
             if not record.first_chunk_ns:
                 record.first_chunk_ns = now
-            if record_itl:
+            if self.record_itl:
                 record.chunk_times_ns.append(now)
             try:
-                info = interpret(json.loads(payload))
-            except ValueError as exc:
-                malformed += 1
-                first_problem = first_problem or f"malformed JSON in SSE event {record.num_chunks}: {exc}"
-                continue
+                obj = _loads(payload)
+            except ValueError:
+                try:  # what orjson refuses (e.g. invalid UTF-8) the tolerant path may still read
+                    obj = json.loads(payload.decode("utf-8", errors="replace"))
+                except ValueError as exc:
+                    self.malformed += 1
+                    self.first_problem = self.first_problem or \
+                        f"malformed JSON in SSE event {record.num_chunks}: {exc}"
+                    continue
+            info = interpret(obj)
             if info.error:
-                first_problem = first_problem or info.error
+                self.first_problem = self.first_problem or info.error
                 continue
             if info.has_content and not record.first_content_ns:
                 record.first_content_ns = now
@@ -160,20 +220,78 @@ async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, cloc
                 record.finish_reason = info.finish_reason
             if info.usage is not None:
                 _take_usage(record, info.usage)
-        if saw_done:
+        return False
+
+    def finish(self) -> None:
+        """The stream ended (or [DONE] came): set the status from what was seen."""
+        record = self.record
+        if self.first_problem:
+            extra = f" ({self.malformed} malformed events)" if self.malformed > 1 else ""
+            record.fail(STATUS_ERROR, f"streaming error: {self.first_problem}{extra}")
+        elif not self.saw_done and not record.finish_reason:
+            # A clean close without [DONE] is fine once a finish_reason came (some servers omit it);
+            # before that, the answer was cut short.
+            record.fail(STATUS_ERROR, f"streaming error: stream ended before any finish_reason and without "
+                                      f"[DONE] after {record.num_chunks} events")
+        else:
+            record.status = STATUS_OK
+
+
+class _LeanSink:
+    """:class:`Http1Pool`'s view of one request: head, body pieces (timed on arrival), done."""
+
+    __slots__ = ("record", "stream", "status", "parts", "size")
+
+    def __init__(self, record: RequestRecord, record_itl: bool) -> None:
+        self.record = record
+        self.stream = StreamState(record, record_itl) if record.wire.streaming else None
+        self.status = 0
+        self.parts: list[bytes] = []  # an error body or a non-streaming body
+        self.size = 0
+
+    def head(self, status: int, headers: dict[str, str], now_ns: int) -> None:
+        self.status = status
+        self.record.first_byte_ns = now_ns
+
+    def data(self, chunk: bytes, now_ns: int) -> None:
+        if self.status == 200 and self.stream is not None:
+            self.stream.feed(chunk, now_ns)
+            return
+        if not self.parts:
+            self.record.first_chunk_ns = now_ns
+        self.record.last_chunk_ns = now_ns
+        if self.status != 200 and self.size >= _ERROR_BODY_LIMIT:
+            return
+        self.parts.append(chunk)
+        self.size += len(chunk)
+
+    def done(self) -> bool:
+        if self.status != 200:
+            return self.size >= _ERROR_BODY_LIMIT
+        return self.stream is not None and self.stream.saw_done
+
+    def finish(self) -> None:
+        record = self.record
+        if self.status != 200:
+            text = b"".join(self.parts)[:_ERROR_BODY_LIMIT].decode("utf-8", errors="replace")
+            record.fail(STATUS_ERROR, f"HTTP {self.status}: {text.strip()}")
+        elif self.stream is not None:
+            self.stream.finish()
+        else:
+            record.last_chunk_ns = record.last_chunk_ns or time.perf_counter_ns()
+            record.first_chunk_ns = record.first_chunk_ns or record.last_chunk_ns
+            _take_body(record, b"".join(self.parts))
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, record: RequestRecord, clock: RunClock,
+                       record_itl: bool) -> None:
+    state = StreamState(record, record_itl)
+    async for raw in resp.content.iter_any():
+        if state.feed(raw, clock.now_ns()):
             break
-    if saw_done:
+    if state.saw_done:
         await _drain_after_done(resp)
-    if first_problem:
-        extra = f" ({malformed} malformed events)" if malformed > 1 else ""
-        record.fail(STATUS_ERROR, f"streaming error: {first_problem}{extra}")
-    elif not saw_done and not record.finish_reason:
-        # A clean close without [DONE] is fine once a finish_reason came (some servers omit it);
-        # before that, the answer was cut short.
-        record.fail(STATUS_ERROR, f"streaming error: stream ended before any finish_reason and without "
-                                  f"[DONE] after {record.num_chunks} events")
-    else:
-        record.status = STATUS_OK
+    state.finish()
 
 
 async def _drain_after_done(resp: aiohttp.ClientResponse) -> None:
@@ -194,9 +312,14 @@ async def _read_body(resp: aiohttp.ClientResponse, record: RequestRecord, clock:
         parts.append(raw)
     record.last_chunk_ns = clock.now_ns()
     record.first_chunk_ns = record.first_chunk_ns or record.last_chunk_ns
+    _take_body(record, b"".join(parts))
+
+
+def _take_body(record: RequestRecord, raw: bytes) -> None:
+    """A non-streaming answer's JSON body → the record."""
     record.num_chunks = 1
     try:
-        info = interpret(json.loads(b"".join(parts)))
+        info = interpret(json.loads(raw))
     except ValueError as exc:
         record.fail(STATUS_ERROR, f"JSON parse error: {exc}")
         return

@@ -2,7 +2,8 @@
 
 API::
 
-    dispatcher = Dispatcher(session, target, clock, max_concurrency=256, warmup_requests=0,
+    dispatcher = Dispatcher(session, target, clock, max_concurrency=256, warmup_requests=0,  # session:
+                            # an Http1Pool (observe's lean path) or an aiohttp session
                             stop=asyncio.Event(), grace_s=5.0, on_record=None)
     records = await dispatcher.run_phase(source, phase="", build=to_wire)
     dispatcher.next_id, dispatcher.interrupted
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from blis_sim.observe.client import Target, send
+from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.records import STATUS_ERROR, RequestRecord, RunClock, WireRequest
 
 
@@ -54,7 +56,7 @@ class ListSource:
 class Dispatcher:
     """Sends the requests of one phase at a time; request ids continue across phases."""
 
-    def __init__(self, session: aiohttp.ClientSession, target: Target, clock: RunClock, *,
+    def __init__(self, session: aiohttp.ClientSession | Http1Pool, target: Target, clock: RunClock, *,
                  max_concurrency: int = 256, warmup_requests: int = 0,
                  stop: asyncio.Event | None = None, grace_s: float = 5.0,
                  on_record: Callable[[RequestRecord], None] | None = None) -> None:

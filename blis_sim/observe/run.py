@@ -44,6 +44,7 @@ from blis_sim.observe import capture
 from blis_sim.observe import loop as event_loop
 from blis_sim.observe.client import API_FORMATS, Target
 from blis_sim.observe.dispatch import Dispatcher
+from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
 from blis_sim.observe.scrape import CounterWindow, Scraper
 from blis_sim.observe.progress import Progress
@@ -200,6 +201,8 @@ class _Run:
         self.signal_name = ""
         self.dispatcher: Dispatcher | None = None
         self.session: aiohttp.ClientSession | None = None
+        # The requests themselves go over the lean HTTP/1.1 pool (http://), else over aiohttp (https).
+        self.pool: Http1Pool | None = None
         self._progress = Progress(0, enabled=False)
         self.measured = _measured_phases(plan, opts.window_phases)  # checked before anything is sent
 
@@ -220,6 +223,11 @@ class _Run:
         assert self.session is not None, "only inside execute()"
         return self.session
 
+    @property
+    def sender(self) -> aiohttp.ClientSession | Http1Pool:
+        """What the generation requests go through: the lean pool when the URL allows it."""
+        return self.pool if self.pool is not None else self.http
+
     def warn(self, message: str) -> None:
         log.warning("observe: %s", message)
         self.warnings.append(message)
@@ -232,37 +240,47 @@ class _Run:
         async with aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"blis-observe/{__version__}"}
                                          ) as session:
             self.session = session
-            self.vllm_version = await self._version()
-            self.builder = await calibrate_prompts(self.http, self.target, use_tokenize=self.opts.use_tokenize)
-            if self.opts.prewarm_duration_s > 0 and not self.stop.is_set():
-                await self._prewarm()
-            scraper = Scraper(self.http, self.metrics_url, api_key=self.opts.api_key, timeout_s=self.opts.timeout_s)
-            if self.opts.scrape_kv_metrics:
-                self.window = CounterWindow(scraper, self.clock, settle_s=self.opts.settle_s,
-                                            vllm_commit=self.opts.vllm_commit, model=self.opts.model,
-                                            warn=self.warn, sleep=self._sleep)
-            else:
-                self.geometry = await scraper.geometry()
-            await self._open_connections(min(self.opts.max_concurrency, WARM_CONNECTIONS))
-            start_ns = self.clock.now_ns()
-            # Objects made so far (plan, modules, session) need no cycle collection during dispatch:
-            # frozen, collections scan only what dispatch creates, which keeps GC pauses short. Left
-            # alone when someone else in the process froze first (unfreezing would undo theirs).
-            freeze = gc.get_freeze_count() == 0
-            if freeze:
-                gc.freeze()
+            if Http1Pool.supports(self.base_url):
+                self.pool = Http1Pool(self.base_url, headers={"User-Agent": f"blis-observe/{__version__}"})
             try:
-                await self._phases()
+                return await self._execute()
             finally:
-                if freeze:
-                    gc.unfreeze()
-            wall_s = (self.clock.now_ns() - start_ns) / 1e9
+                if self.pool is not None:
+                    await self.pool.close()
+
+    async def _execute(self) -> ObserveResult:
+        """The run itself, inside the aiohttp session and the lean pool."""
+        self.vllm_version = await self._version()
+        self.builder = await calibrate_prompts(self.http, self.target, use_tokenize=self.opts.use_tokenize)
+        if self.opts.prewarm_duration_s > 0 and not self.stop.is_set():
+            await self._prewarm()
+        scraper = Scraper(self.http, self.metrics_url, api_key=self.opts.api_key, timeout_s=self.opts.timeout_s)
+        if self.opts.scrape_kv_metrics:
+            self.window = CounterWindow(scraper, self.clock, settle_s=self.opts.settle_s,
+                                        vllm_commit=self.opts.vllm_commit, model=self.opts.model,
+                                        warn=self.warn, sleep=self._sleep)
+        else:
+            self.geometry = await scraper.geometry()
+        await self._open_connections(min(self.opts.max_concurrency, WARM_CONNECTIONS))
+        start_ns = self.clock.now_ns()
+        # Objects made so far (plan, modules, session) need no cycle collection during dispatch:
+        # frozen, collections scan only what dispatch creates, which keeps GC pauses short. Left
+        # alone when someone else in the process froze first (unfreezing would undo theirs).
+        freeze = gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
+        try:
+            await self._phases()
+        finally:
+            if freeze:
+                gc.unfreeze()
+        wall_s = (self.clock.now_ns() - start_ns) / 1e9
         return self._result(wall_s)
 
     async def _phases(self) -> None:
         measured = self.measured
         first, last = (measured[0], measured[-1]) if measured else (-1, -1)
-        dispatcher = Dispatcher(self.http, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
+        dispatcher = Dispatcher(self.sender, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
                                 warmup_requests=self.opts.warmup_requests, stop=self.stop,
                                 grace_s=self.opts.grace_s, on_record=self._completed)
         self.dispatcher = dispatcher
@@ -346,6 +364,9 @@ class _Run:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass  # nothing to warm: the requests will say what is wrong
 
+        if self.pool is not None:
+            await self.pool.open(n)
+            return
         await asyncio.gather(*(one() for _ in range(n)))
 
     async def _prewarm(self) -> None:
@@ -360,7 +381,7 @@ class _Run:
                 wire = WireRequest(prompt=PREWARM_PROMPT, max_tokens=64, streaming=False, arrival_us=0,
                                    input_tokens=0)
                 rec = RequestRecord(request_id=-1, wire=wire)
-                await send(self.http, self.target, rec, self.clock)
+                await send(self.sender, self.target, rec, self.clock)
                 sent += 1
                 if rec.status != "ok":
                     failed += 1
