@@ -18,6 +18,7 @@ from aiohttp import web
 
 from blis_sim.observe.client import Target, send
 from blis_sim.observe.dispatch import Dispatcher, ListSource
+from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
 from blis_sim.observe.sse import LineSplitter, classify, interpret, usage_numbers
 
@@ -131,12 +132,29 @@ def _wire(mode: str, streaming: bool = True, arrival_us: int = 0) -> WireRequest
 
 
 async def _one(url: str, mode: str, *, streaming: bool = True, api_format: str = "completions",
-               timeout_s: float = 2.0) -> RequestRecord:
+               timeout_s: float = 2.0, lean: bool = False) -> RequestRecord:
+    """One request, over observe's lean HTTP/1.1 pool (``lean``) or an aiohttp session."""
     target = Target(url, "m", api_format=api_format, api_key="sekret", timeout_s=timeout_s)
     record = RequestRecord(request_id=0, wire=_wire(mode, streaming))
-    async with aiohttp.ClientSession() as session:
-        await send(session, target, record, RunClock())
+    async with _sender(url, lean) as sender:
+        await send(sender, target, record, RunClock())
     return record
+
+
+@contextlib.asynccontextmanager
+async def _sender(url: str, lean: bool) -> AsyncIterator[aiohttp.ClientSession | Http1Pool]:
+    if lean:
+        pool = Http1Pool(url)
+        try:
+            yield pool
+        finally:
+            await pool.close()
+    else:
+        async with aiohttp.ClientSession() as session:
+            yield session
+
+
+LEAN = pytest.mark.parametrize("lean", [True, False], ids=["http1pool", "aiohttp"])
 
 
 def test_line_splitter_handles_split_crlf_and_cr() -> None:
@@ -158,10 +176,11 @@ def test_interpret_and_usage() -> None:
     assert usage_numbers({"prompt_tokens": 5, "prompt_tokens_details": None}) == (5, 0, -1)
 
 
+@LEAN
 @in_loop
-async def test_streaming_ok_records_every_timestamp_and_wire_details(server: Any) -> None:
+async def test_streaming_ok_records_every_timestamp_and_wire_details(server: Any, lean: bool) -> None:
     url, app = server
-    r = await _one(url, "cached")
+    r = await _one(url, "cached", lean=lean)
     assert r.status == "ok", r.error_message
     assert (r.num_chunks, r.output_tokens, r.server_input_tokens, r.cached_tokens) == (3, 2, 11, 4)
     assert r.server_ttft_ms() == 8.75  # usage.metrics: queue + first token (non-numbers ignored)
@@ -175,35 +194,39 @@ async def test_streaming_ok_records_every_timestamp_and_wire_details(server: Any
     assert headers["x-gateway-inference-fairness-id"] == "t1"
 
 
+@LEAN
 @in_loop
-async def test_chat_role_chunk_is_first_chunk_but_not_first_content(server: Any) -> None:
+async def test_chat_role_chunk_is_first_chunk_but_not_first_content(server: Any, lean: bool) -> None:
     url, app = server
-    r = await _one(url, "hello", api_format="chat")
+    r = await _one(url, "hello", api_format="chat", lean=lean)
     assert r.status == "ok"
     assert r.first_content_ns - r.first_chunk_ns >= 100_000_000  # the server left 300 ms between them
     assert "messages" in app[SEEN][0][0]
 
 
+@LEAN
 @in_loop
-async def test_non_streaming(server: Any) -> None:
+async def test_non_streaming(server: Any, lean: bool) -> None:
     url, app = server
-    r = await _one(url, "plain", streaming=False)
+    r = await _one(url, "plain", streaming=False, lean=lean)
     assert (r.status, r.num_chunks, r.output_tokens, r.server_input_tokens) == ("ok", 1, 2, 7)
     assert "stream_options" not in app[SEEN][0][0]
     assert r.first_chunk_ns and r.last_chunk_ns >= r.first_chunk_ns
 
 
+@LEAN
 @in_loop
-async def test_missing_done_after_finish_reason_is_ok(server: Any) -> None:
+async def test_missing_done_after_finish_reason_is_ok(server: Any, lean: bool) -> None:
     url, _ = server
-    r = await _one(url, "nodone")
+    r = await _one(url, "nodone", lean=lean)
     assert (r.status, r.output_tokens, r.finish_reason) == ("ok", 2, "length")
 
 
+@LEAN
 @in_loop
-async def test_split_events_crlf_and_comments(server: Any) -> None:
+async def test_split_events_crlf_and_comments(server: Any, lean: bool) -> None:
     url, _ = server
-    r = await _one(url, "splitcrlf")
+    r = await _one(url, "splitcrlf", lean=lean)
     assert (r.status, r.num_chunks, r.finish_reason) == ("ok", 3, "length"), r.error_message
 
 
@@ -218,29 +241,32 @@ async def test_split_events_crlf_and_comments(server: Any) -> None:
     ("stall", True, "timeout", "streaming timeout"),
     ("slowhead", True, "timeout", "HTTP timeout"),
 ])
+@LEAN
 @in_loop
 async def test_server_faults_are_recorded_not_raised(server: Any, mode: str, streaming: bool, status: str,
-                                                    message: str) -> None:
+                                                    message: str, lean: bool) -> None:
     url, _ = server
     # Only the timeout cases need a short timeout; the others get slack for a loaded CI machine.
-    r = await _one(url, mode, streaming=streaming, timeout_s=0.5 if status == "timeout" else 10.0)
+    r = await _one(url, mode, streaming=streaming, timeout_s=0.5 if status == "timeout" else 10.0, lean=lean)
     assert r.status == status
     assert r.error_message.startswith(message), r.error_message
     if mode == "stall":
         assert r.first_chunk_ns and r.num_chunks == 1  # the partial timings are kept
 
 
-def test_unreachable_server_is_an_error_record() -> None:
-    r = asyncio.run(_one("http://127.0.0.1:9", "x", timeout_s=1.0))
+@LEAN
+def test_unreachable_server_is_an_error_record(lean: bool) -> None:
+    r = asyncio.run(_one("http://127.0.0.1:9", "x", timeout_s=1.0, lean=lean))
     assert r.status == "error" and r.error_message.startswith("HTTP error")
 
 
+@LEAN
 @in_loop
-async def test_dispatcher_schedule_concurrency_warmup_and_ids(server: Any) -> None:
+async def test_dispatcher_schedule_concurrency_warmup_and_ids(server: Any, lean: bool) -> None:
     url, app = server
     planned = [_wire("ok", arrival_us=i * 2000) for i in range(20)]
     clock = RunClock()
-    async with aiohttp.ClientSession() as session:
+    async with _sender(url, lean) as session:
         d = Dispatcher(session, Target(url, "m"), clock, max_concurrency=4, warmup_requests=3)
         records = await d.run_phase(ListSource(planned), build=lambda p, off: p)
     assert [r.request_id for r in records] == list(range(20))
@@ -257,12 +283,13 @@ async def test_dispatcher_schedule_concurrency_warmup_and_ids(server: Any) -> No
     assert not d.interrupted
 
 
+@LEAN
 @in_loop
-async def test_stop_cancels_in_flight_after_grace_and_keeps_records(server: Any) -> None:
+async def test_stop_cancels_in_flight_after_grace_and_keeps_records(server: Any, lean: bool) -> None:
     url, _ = server
     planned = [_wire("stall", arrival_us=0), _wire("ok", arrival_us=0), _wire("ok", arrival_us=10_000_000)]
     stop = asyncio.Event()
-    async with aiohttp.ClientSession() as session:
+    async with _sender(url, lean) as session:
         d = Dispatcher(session, Target(url, "m", timeout_s=30), RunClock(), stop=stop, grace_s=0.5)
         loop = asyncio.get_running_loop()
         loop.call_later(1.0, stop.set)  # the "ok" request has long finished; "stall" is still in flight
@@ -300,11 +327,12 @@ async def test_follow_ups_released_on_completion(server: Any) -> None:
         assert nxt.send_ns - prev.last_chunk_ns >= 5_000_000  # think time respected
 
 
+@LEAN
 @in_loop
-async def test_abort_cuts_the_grace_period_short(server: Any) -> None:
+async def test_abort_cuts_the_grace_period_short(server: Any, lean: bool) -> None:
     url, _ = server
     stop = asyncio.Event()
-    async with aiohttp.ClientSession() as session:
+    async with _sender(url, lean) as session:
         d = Dispatcher(session, Target(url, "m", timeout_s=30), RunClock(), stop=stop, grace_s=60)
         loop = asyncio.get_running_loop()
         loop.call_later(0.2, stop.set)

@@ -242,16 +242,20 @@ class _Connection(asyncio.Protocol):
                 state = _CHUNK_SIZE
                 continue
             # _CHUNK_SIZE or _TRAILER: a line
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
-                self.buf += data[pos:]
-                if len(self.buf) > 4096:
-                    raise ProtocolError("chunk size line too long")
-                pos = n
-                break
-            line = self.buf + data[pos:eol]
+            if self.buf.endswith(b"\r") and data.startswith(b"\n", pos):
+                line = self.buf[:-1]  # the CRLF was split across two reads
+                pos += 1
+            else:
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    self.buf += data[pos:]
+                    if len(self.buf) > 4096:
+                        raise ProtocolError("chunk size line too long")
+                    pos = n
+                    break
+                line = self.buf + data[pos:eol]
+                pos = eol + 2
             self.buf = b""
-            pos = eol + 2
             if state == _TRAILER:
                 if not line:  # the empty line after the last chunk (and any trailers)
                     self.state = _IDLE
