@@ -21,7 +21,10 @@ carries it.
 from __future__ import annotations
 
 import math
+import re
+from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from pydantic import Field, field_validator, model_validator
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._io import atomic_write, csv_with_header, go_quote
+from blis_sim.formats._io import atomic_write, csv_with_header, gc_paused, go_quote
 from blis_sim.formats._model import StrictModel
 
 
@@ -128,6 +131,7 @@ _REPEATED = frozenset({"client_id", "tenant_id", "slo_class", "prefix_group", "m
 _SUFFIX = {"deadline_us": " (use 0 for no timeout)", "slo_target_us": " (use 0 for no target)"}
 _DEFAULTS: dict[str, Any] = {name: f.get_default(call_default_factory=True)
                              for name, f in TraceRecord.model_fields.items() if name != "request_id"}
+_ROW_DEFAULTS: dict[str, Any] = {"request_id": 0, **_DEFAULTS}  # a row's dict starts as a copy: field order
 
 
 def columns_for(records: Sequence[TraceRecord], mode: str) -> list[str]:
@@ -229,34 +233,220 @@ def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
 def read_trace_data(path: str | Path) -> list[TraceRecord]:
     """Read a TraceV2 data CSV with the reference's positional rules (blis-pipeline.md §1.4)."""
     p = Path(path)
+    with gc_paused():
+        text = _plain_text(p)
+        if text is None:
+            return _read_rows(p)
+        return _read_text(text, str(p), p)
+
+
+def _read_text(text: str, file: str, p: Path) -> list[TraceRecord]:
+    lines = text.split("\n")
+    h = next((i for i, line in enumerate(lines) if line), None)
+    if h is None:
+        return _read_rows(p)  # no header row: its error
+    header = lines[h].split(",")
+    pos = _column_positions(header)
+    min_cols = len(pos)
+    fast = _ChunkParser(pos, min_cols)
+    slow = _row_parser(pos, min_cols, file, fast.shared)
+    out: list[TraceRecord] = []
+    for start in range(h + 1, len(lines), _CHUNK_LINES):
+        chunk = lines[start:start + _CHUNK_LINES]
+        numbers = range(start + 1, start + 1 + len(chunk))  # 1-based line numbers
+        if "" in chunk:  # blank lines are skipped, as Go's csv.Reader does
+            keep = [k for k, line in enumerate(chunk) if line]
+            chunk, numbers = [chunk[k] for k in keep], [numbers[k] for k in keep]  # type: ignore[assignment]
+        if not chunk:
+            continue
+        records = fast.parse(chunk)
+        if records is None:  # something unusual or wrong in this chunk: row by row, located errors
+            records = [_checked_row(slow, row, line, min_cols, file)
+                       for line, row in zip(numbers, (c.split(",") for c in chunk))]
+        out += records
+    return out
+
+
+# A data file read in one piece is parsed this many lines at a time (the cells of one chunk are alive
+# at once, not those of the whole file).
+_CHUNK_LINES = 4096
+
+
+def _plain_text(path: Path) -> str | None:
+    """The file's text when the fast path can split it on "\\n" and "," exactly as Go's (and
+    Python's) csv reader would: valid UTF-8 without quotes, CRs or NULs. None: use the csv module
+    (which also reports whatever is wrong with the file, located)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if '"' in text or "\r" in text or "\x00" in text:
+        return None
+    return text
+
+
+def _read_rows(p: Path) -> list[TraceRecord]:
+    """The general reader: Python's csv module (quoted fields, CRLF, ...), one row at a time."""
     file = str(p)
     header, rows = csv_with_header(p)
     pos = _column_positions(header)
     # As the reference: every optional column the header declares counts (ours too), trailing ones included.
     min_cols = len(pos)
     parse_row = _row_parser(pos, min_cols, file)
-    out: list[TraceRecord] = []
-    for line, row in rows:
-        n = len(row)
-        if n < min_cols:
-            raise FormatError(f"CSV row has {n} columns, expected at least {min_cols}", file=file, line=line)
-        values = parse_row(row, n, line)
-        d, a = values["deadline_us"], values["arrival_time_us"]
-        if d > 0 and a > 0 and d < a:
-            raise FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} (corrupt trace?)",
-                              file=file, line=line, field="deadline_us")
-        out.append(_fast_record(values))
-    return out
+    return [_checked_row(parse_row, row, line, min_cols, file) for line, row in rows]
 
 
-def _row_parser(pos: dict[str, int], min_cols: int, file: str) -> Any:
+def _checked_row(parse_row: Any, row: list[str], line: int, min_cols: int, file: str) -> TraceRecord:
+    n = len(row)
+    if n < min_cols:
+        raise FormatError(f"CSV row has {n} columns, expected at least {min_cols}", file=file, line=line)
+    values = parse_row(row, n, line)
+    d, a = values["deadline_us"], values["arrival_time_us"]
+    if d > 0 and a > 0 and d < a:
+        raise FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} (corrupt trace?)",
+                          file=file, line=line, field="deadline_us")
+    return _fast_record(values)
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}(?:,[0-9]{1,18})*\Z")  # what the row parser takes without a closer look
+_BOOL_VALUES = {"true": True, "false": False}
+
+
+class _ChunkParser:
+    """Well-formed chunks of rows, a column at a time: every row the same number of fields, every
+    cell in the row parser's fast form (plain digits, ``true``/``false``, ``0`` for the ratio) or
+    accepted by its slow check. Anything else — a short row, a bad cell, a deadline before its
+    arrival — returns None, and the chunk is read row by row for the located error.
+
+    A column with one value in the whole chunk (most of them: zeros, empty strings, ``ok``) is
+    converted once and goes into the chunk's template dict; each record is a copy of it with the
+    varying columns assigned."""
+
+    def __init__(self, pos: dict[str, int], min_cols: int) -> None:
+        self.pos = pos
+        self.min_cols = min_cols
+        self.order = sorted(pos, key=lambda c: pos[c])
+        self.shared: dict[str, str] = {}
+        self._makers: dict[tuple[str, ...], Any] = {}
+
+    def parse(self, chunk: list[str]) -> list[TraceRecord] | None:
+        n = len(chunk)
+        width = chunk[0].count(",") + 1
+        if width < self.min_cols:
+            return None
+        stride = width + 1
+        # every row followed by a "\n" item: all of them where expected <=> every row has `width` fields
+        flat = (",\n,".join(chunk) + ",\n").split(",")
+        if len(flat) != n * stride or flat[width::stride].count("\n") != n:
+            return None
+        template = dict(_ROW_DEFAULTS)  # a column after unknown extras, absent from these rows: its default
+        names: list[str] = []
+        columns: list[list[Any]] = []
+        for col in self.order:
+            i = self.pos[col]
+            if i >= width:
+                continue
+            cells = flat[i::stride]
+            if cells.count(cells[0]) == n:
+                values = self._convert(col, cells[:1])
+                if values is None:
+                    return None
+                template[col] = values[0]
+            else:
+                values = self._convert(col, cells)
+                if values is None:
+                    return None
+                names.append(col)
+                columns.append(values)
+        if self._deadline_problem(template, names, columns, n):
+            return None
+        key = tuple(names)
+        make = self._makers.get(key)
+        if make is None:
+            make = self._makers[key] = _record_maker(key)
+        return make(n, template, *columns)
+
+    @staticmethod
+    def _deadline_problem(template: dict[str, Any], names: list[str], columns: list[list[Any]], n: int) -> bool:
+        """Whether some row's deadline precedes its arrival (the row parser's check)."""
+        if "deadline_us" not in names and not template["deadline_us"]:
+            return False
+        deadlines, arrivals = (columns[names.index(c)] if c in names else repeat(template[c], n)
+                               for c in ("deadline_us", "arrival_time_us"))
+        return any(0 < d < a for d, a in zip(deadlines, arrivals))
+
+    def _convert(self, col: str, cells: list[str]) -> list[Any] | None:
+        if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
+            cells = [c.strip(_go.GO_SPACE) if c else c for c in cells]
+            if not any(cells):
+                return [0] * len(cells)
+            if _DIGITS.match(",".join(cells)):
+                return list(map(int, cells))
+            return self._cellwise(col, cells, empty_is=0)
+        if col in _TRIMMED:
+            return [c.strip(_go.GO_SPACE) for c in cells] if any(cells) else cells
+        if col in _INTS:
+            if _DIGITS.match(",".join(cells)):
+                return list(map(int, cells))
+            return self._cellwise(col, cells)
+        if col in _BOOLS:
+            if set(cells) <= _BOOL_VALUES.keys():
+                return list(map(_BOOL_VALUES.__getitem__, cells))
+            return self._cellwise(col, cells)
+        if col == "reason_ratio":
+            if set(cells) == {"0"}:
+                return [0.0] * len(cells)
+            return self._cellwise(col, cells)
+        if col in _REPEATED:  # one string object per distinct value: a few hundred bytes less per row
+            return list(map(self.shared.setdefault, cells, cells))
+        return cells
+
+    @staticmethod
+    def _cellwise(col: str, cells: list[str], empty_is: Any = None) -> list[Any] | None:
+        """Each cell through the row parser's checks (signs, Go's bool forms, ratios); None at the
+        first one they reject (its message needs the row's line: the caller reads the chunk again)."""
+        try:
+            return [empty_is if (empty_is is not None and not c) else _parse_cell(col, c, "", 0)
+                    for c in cells]
+        except FormatError:
+            return None
+
+
+def _record_maker(names: tuple[str, ...]) -> Any:
+    """``make(n, template, *columns) -> list[TraceRecord]``: per row a copy of the template dict
+    with ``names`` set to that row's values (one generated function per set of varying columns),
+    then the records around them as :func:`_fast_record` builds one (the values are checked
+    already), each step a loop in C."""
+    params = [f"v{k}" for k in range(len(names))]
+    src = [f"def row(template{''.join(', ' + p for p in params)}):", "    d = COPY(template)"]
+    src += [f"    d[{name!r}] = {p}" for name, p in zip(names, params)]
+    src.append("    return d")
+    namespace: dict[str, Any] = {"COPY": dict.copy}
+    exec("\n".join(src), namespace)  # noqa: S102 - source built above from fixed field names only
+    row = namespace["row"]
+
+    def make(n: int, template: dict[str, Any], *columns: list[Any]) -> list[TraceRecord]:
+        dicts = list(map(row, repeat(template, n), *columns))
+        records = list(map(_NEW, repeat(TraceRecord, n)))
+        for slot, values in (("__dict__", dicts), ("__pydantic_fields_set__", repeat(_ALL_FIELDS_SET, n)),
+                             ("__pydantic_extra__", repeat(None, n)), ("__pydantic_private__", repeat(None, n))):
+            deque(map(_SET, records, repeat(slot, n), values), maxlen=0)
+        return records
+
+    return make
+
+
+_NEW, _SET = TraceRecord.__new__, object.__setattr__
+
+
+def _row_parser(pos: dict[str, int], min_cols: int, file: str, shared: dict[str, str] | None = None) -> Any:
     """A row -> field-values function specialised to this header's column positions.
 
     Generated source (like ``dataclasses`` and ``namedtuple`` do) so each cell is one inlined fast check —
     plain ASCII digits, ``true``/``false``, ``0`` — with everything else (signs, errors, range checks, the
     reference's messages) in :func:`_parse_cell`. A loop over a column plan cost twice as much per row.
     """
-    body = ["def parse_row(row, n, line):", "    d = dict(DEFAULTS)"]
+    body = ["def parse_row(row, n, line):", "    d = dict(DEFAULTS)"]  # every field, in declaration order
     for col, i in sorted(pos.items(), key=lambda kv: kv[1]):
         pad = "    "
         if i >= min_cols:  # placed after unknown extra columns: a row may still lack it (keep the default)
@@ -282,8 +472,9 @@ def _row_parser(pos: dict[str, int], min_cols: int, file: str) -> Any:
         else:
             body.append(f"{pad}d[{col!r}] = row[{i}]")
     body.append("    return d")
-    namespace: dict[str, Any] = {"DEFAULTS": _DEFAULTS, "slow": _parse_cell, "FILE": file, "TRIM": _go.trim_space,
-                                 "TF": frozenset({"true", "false"}), "SHARED": {}}
+    namespace: dict[str, Any] = {"DEFAULTS": _ROW_DEFAULTS, "slow": _parse_cell, "FILE": file, "TRIM": _go.trim_space,
+                                 "TF": frozenset({"true", "false"}),
+                                 "SHARED": {} if shared is None else shared}
     exec("\n".join(body), namespace)  # noqa: S102 - source built above from fixed column names only
     return namespace["parse_row"]
 
