@@ -457,6 +457,8 @@ cdef class ChunkStore:
     cdef vector[int] _list
     cdef vector[int64_t] _free_slots
     cdef BlisFlatMap _map
+    cdef BlisFlatMap _seen  # scratch of _prepare_store (left empty between calls)
+    cdef vector[int64_t] _victims  # scratch of _evict_lru
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
     cdef int64_t _size[4]
@@ -625,7 +627,8 @@ cdef class ChunkStore:
         return s
 
     cdef bint _evict_lru(self, int64_t count, double now):
-        cdef vector[int64_t] victims
+        cdef vector[int64_t]* victims = &self._victims
+        victims.clear()
         cdef int64_t s = self._head[0]
         while s >= 0 and <int64_t>victims.size() < count:
             if self._evictable(s, now):
@@ -635,7 +638,7 @@ cdef class ChunkStore:
             return False
         cdef size_t i
         for i in range(victims.size()):
-            self._drop_slot(victims[i])
+            self._drop_slot(deref(victims)[i])
         self.evictions += count
         return True
 
@@ -674,20 +677,20 @@ cdef class ChunkStore:
                              double ready, vector[uint64_t]& todo) except -1:
         """Fills ``todo`` with the keys stored (in order, duplicates and residents left out);
         ``False``: not enough evictable room, nothing changed."""
-        cdef BlisFlatMap seen
         cdef Py_ssize_t i
         cdef uint64_t k
         cdef int64_t need, s
         cdef bint ok
         todo.clear()
-        if nkeys > 1:
-            seen.reserve(nkeys)
         for i in range(nkeys):
             k = keys[i]
-            if self._resident(k) < 0 and (nkeys == 1 or seen.find(k) < 0):
+            if self._resident(k) < 0 and (nkeys == 1 or self._seen.find(k) < 0):
                 todo.push_back(k)
                 if nkeys > 1:
-                    seen.set(k, 0)
+                    self._seen.set(k, 0)
+        if nkeys > 1:
+            for i in range(<Py_ssize_t>todo.size()):
+                self._seen.erase(todo[i])
         if todo.size() == 0:
             return True
         if self.capacity > 0:
