@@ -33,34 +33,25 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from aiohttp import web
-
 from blis_sim.emulator import loop as event_loop
 from blis_sim.emulator.config import EmulatorConfig, FaultConfig
 from blis_sim.emulator.engine import Engine
 from blis_sim.emulator.metrics import Published
-from blis_sim.emulator.server import Handlers, build_app
+from blis_sim.emulator.server import App, Handlers, build_app
 from blis_sim.errors import ServerError
 
 READY_PREFIX = "blis emulate: serving "
 
 
-async def serve(config: EmulatorConfig) -> tuple[web.AppRunner, Handlers, str]:
-    """Start the app on the running loop; returns (runner, handlers, url)."""
+async def serve(config: EmulatorConfig) -> tuple[App, Handlers, str]:
+    """Start the engine and the server on the running loop; returns (app, handlers, url)."""
     engine = Engine(config)
     app, handlers = build_app(engine)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     try:
-        await site.start()
+        host, port = await app.start(config.host, config.port)
     except OSError as exc:
-        await runner.cleanup()
         raise ServerError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    server = site._server  # noqa: SLF001 - the bound port is only known here
-    assert server is not None and server.sockets
-    host, port = server.sockets[0].getsockname()[:2]
-    return runner, handlers, f"http://{host}:{port}"
+    return app, handlers, f"http://{host}:{port}"
 
 
 class RunningEmulator:
@@ -71,7 +62,7 @@ class RunningEmulator:
         self._loop = event_loop.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: App | None = None
         self._handlers: Handlers | None = None
         self.url = ""
         self._thread = threading.Thread(target=self._main, name="blis-emulator", daemon=True)

@@ -1,8 +1,12 @@
-"""The HTTP surface of vLLM's OpenAI-compatible server, on aiohttp.
+"""The HTTP surface of vLLM's OpenAI-compatible server, on the emulator's own HTTP/1.1 server.
 
 API::
 
-    app = build_app(engine)        # aiohttp.web.Application; the engine starts/stops with the app
+    app, handlers = build_app(engine)   # App: ``await app.start(host, port)``, ``await app.cleanup()``;
+                                        # the engine starts and stops with it
+
+The transport is :mod:`blis_sim.emulator.http` (aiohttp.web's handler surface, at a fraction of its
+per-request CPU; see there).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming and not), ``GET
 /v1/models``, ``GET /health``, ``GET /version``, ``POST /tokenize``, ``POST /detokenize``,
@@ -29,9 +33,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from blis_sim.emulator import http as web
 from blis_sim.emulator.config import FaultConfig
 from blis_sim.emulator.engine import Engine, EngineFailed
 from blis_sim.emulator.loop import now as _now
@@ -46,8 +50,6 @@ def _dumps(obj: Any) -> str:
     """Compact JSON text (vLLM's chunks are compact); orjson, the hot path's encoder."""
     return orjson.dumps(obj).decode()
 
-ENGINE_KEY = web.AppKey("engine", Engine)
-STATE_KEY = web.AppKey("state", dict)
 
 
 class ApiError(Exception):
@@ -582,32 +584,40 @@ async def _wait_for_disconnect(request: web.Request) -> None:
         await asyncio.sleep(0.05)
 
 
-def build_app(engine: Engine) -> tuple[web.Application, Handlers]:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+class App:
+    """The emulator's server: routes on :class:`~blis_sim.emulator.http.HttpServer`, plus the engine."""
+
+    def __init__(self, engine: Engine, routes: dict[tuple[str, str], web.Handler]) -> None:
+        self.engine = engine
+        self.server = web.HttpServer(routes, max_body=64 * 1024 * 1024)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Start the engine, then listen; (host, port) bound."""
+        await self.engine.start()
+        try:
+            return await self.server.start(host, port)
+        except BaseException:
+            await self.engine.stop()
+            raise
+
+    async def cleanup(self) -> None:
+        await self.server.close()
+        await self.engine.stop()
+
+
+def build_app(engine: Engine) -> tuple[App, Handlers]:
     h = Handlers(engine)
-    app[ENGINE_KEY] = engine
-    route: Callable[..., Any]
-    for method, path, route in (
-        ("POST", "/v1/completions", h.completions),
-        ("POST", "/v1/chat/completions", h.chat_completions),
-        ("GET", "/v1/models", h.models),
-        ("GET", "/health", h.health),
-        ("GET", "/version", h.version),
-        ("POST", "/tokenize", h.tokenize),
-        ("POST", "/detokenize", h.detokenize),
-        ("GET", "/metrics", h.metrics),
-        ("POST", "/reset_prefix_cache", h.reset_prefix_cache),
-        ("POST", "/_emulator/faults", h.set_faults),
-        ("POST", "/_emulator/restart", h.restart),
-    ):
-        app.router.add_route(method, path, route)
-
-    async def on_startup(_: web.Application) -> None:
-        await engine.start()
-
-    async def on_cleanup(_: web.Application) -> None:
-        await engine.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app, h
+    routes: dict[tuple[str, str], web.Handler] = {
+        ("POST", "/v1/completions"): h.completions,
+        ("POST", "/v1/chat/completions"): h.chat_completions,
+        ("GET", "/v1/models"): h.models,
+        ("GET", "/health"): h.health,
+        ("GET", "/version"): h.version,
+        ("POST", "/tokenize"): h.tokenize,
+        ("POST", "/detokenize"): h.detokenize,
+        ("GET", "/metrics"): h.metrics,
+        ("POST", "/reset_prefix_cache"): h.reset_prefix_cache,
+        ("POST", "/_emulator/faults"): h.set_faults,
+        ("POST", "/_emulator/restart"): h.restart,
+    }
+    return App(engine, routes), h
