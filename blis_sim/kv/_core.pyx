@@ -453,8 +453,8 @@ cdef class ChunkStore:
     cdef public bint arc
     cdef vector[uint64_t] _key
     cdef vector[double] _ready, _busy
-    cdef vector[int64_t] _prev, _next
-    cdef vector[int] _list
+    cdef vector[int32_t] _prev, _next  # slot links (an unbounded fs tier holds ~1M slots)
+    cdef vector[unsigned char] _list
     cdef vector[int64_t] _free_slots
     cdef BlisFlatMap _map
     cdef BlisFlatMap _seen  # scratch of _prepare_store (left empty between calls)
