@@ -363,3 +363,25 @@ def test_line_splitter_any_chunking_gives_the_same_lines() -> None:
         assert out == [line.encode() for line in content]
 
     check()
+
+
+def test_stream_state_decodes_only_events_that_can_change_the_record() -> None:
+    """Middle token events (after the first content, no finish reason/usage/error) are counted and
+    timed but not decoded; the events that carry something still are, whatever their position."""
+    from blis_sim.observe.client import StreamState
+
+    record = RequestRecord(request_id=0, wire=_wire("x"))
+    state = StreamState(record, record_itl=True)
+    events = [b'data: {"choices":[{"index":0,"text":" a","finish_reason":null}]}\n\n',
+              b'data: {"choices":[{"index":0,"text":" b","finish_reason":null}]}\n\n',
+              b'data: {"error": {"message": "late failure"}, "finish_reason":null}\n\n',
+              b'data: {"choices":[{"index":0,"text":" c","finish_reason":"length"}]}\n\n',
+              b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}\n\n']
+    for t, raw in enumerate(events, start=1):
+        assert not state.feed(raw, t * 1000)
+    assert state.feed(b"data: [DONE]\n\n", 9000)
+    state.finish()
+    assert (record.first_content_ns, record.last_chunk_ns, record.num_chunks) == (1000, 5000, 5)
+    assert record.chunk_times_ns == [1000, 2000, 3000, 4000, 5000]
+    assert (record.finish_reason, record.output_tokens, record.server_input_tokens) == ("length", 3, 3)
+    assert record.status == "error" and "late failure" in record.error_message

@@ -35,6 +35,10 @@ API_FORMATS = ("completions", "chat")
 _ERROR_BODY_LIMIT = 2048
 _DRAIN_TIMEOUT_S = 0.5
 _loads = orjson.loads
+# A token event after the first content that has no finish reason, usage or error needs no decoding.
+_PLAIN_MARK = b'"finish_reason":null'
+_USAGE_MARK = b'"usage"'
+_ERROR_MARK = b'"error"'
 _dumps = orjson.dumps  # compact JSON bytes; the body's key order is build_body's
 
 
@@ -200,6 +204,9 @@ class StreamState:
                 record.first_chunk_ns = now
             if self.record_itl:
                 record.chunk_times_ns.append(now)
+            if record.first_content_ns and _PLAIN_MARK in payload and _USAGE_MARK not in payload \
+                    and _ERROR_MARK not in payload:
+                continue  # a middle token event: nothing in it changes the record (no JSON decode)
             try:
                 obj = _loads(payload)
             except ValueError:

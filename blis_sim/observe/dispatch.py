@@ -53,6 +53,43 @@ class ListSource:
         return []
 
 
+class _Wakeup:
+    """The dispatch loop's sleep: until ``set()`` (a completion, the stop) or a timeout.
+
+    One future and at most one timer per sleep; an ``asyncio.Event`` plus ``asyncio.wait`` cost
+    several tasks and callbacks per completion, which at thousands of requests per second is CPU the
+    client takes from the responses it is timing. A ``set()`` before ``wait()`` is not remembered: the
+    loop re-reads its state after every wake-up, and nothing can change between that read and the wait.
+    """
+
+    __slots__ = ("_fut",)
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._fut = fut
+        timer = loop.call_later(timeout, _resolve, fut) if timeout is not None else None
+        try:
+            await fut
+        finally:
+            self._fut = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Dispatcher:
     """Sends the requests of one phase at a time; request ids continue across phases."""
 
@@ -87,8 +124,9 @@ class Dispatcher:
         heapq.heapify(heap)
         records: list[RequestRecord] = []
         inflight: dict[asyncio.Task[None], tuple[Any, RequestRecord]] = {}
-        wake = asyncio.Event()
+        wake = _Wakeup()
         stop_wait = asyncio.ensure_future(self.stop.wait())
+        stop_wait.add_done_callback(lambda _: wake.set())
 
         def finished(task: asyncio.Task[None]) -> None:
             planned, record = inflight.pop(task)
@@ -108,13 +146,13 @@ class Dispatcher:
                 if not heap:
                     if not inflight:
                         break
-                    await self._wait_for(wake, stop_wait, None)
+                    await wake.wait(None)
                     continue
                 due_us, _, planned = heap[0]
                 delay_s = (start_ns + due_us * 1000 - self.clock.now_ns()) / 1e9
                 if delay_s > 0:
                     # Sleep until due, but wake early for a follow-up that is due sooner, or a stop.
-                    await self._wait_for(wake, stop_wait, delay_s)
+                    await wake.wait(delay_s)
                     continue
                 heapq.heappop(heap)
                 if self.slots.locked():
@@ -133,16 +171,6 @@ class Dispatcher:
             stop_wait.cancel()
             self.interrupted = self.interrupted or self.stop.is_set()
         return records
-
-    @staticmethod
-    async def _wait_for(wake: asyncio.Event, stop_wait: asyncio.Future[Any], timeout: float | None) -> None:
-        """Sleep until ``wake`` is set (a completion), the stop, or ``timeout`` seconds."""
-        wake.clear()
-        waiter = asyncio.ensure_future(wake.wait())
-        try:
-            await asyncio.wait([waiter, stop_wait], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
 
     def _launch(self, planned: Any, build: Callable[[Any, int], WireRequest], offset_us: int,
                 scheduled_ns: int, inflight: dict[asyncio.Task[None], tuple[Any, RequestRecord]],
