@@ -60,3 +60,19 @@ def test_add_bos() -> None:
     tok = Tokenizer()
     assert tok.encode("hi", add_bos=True) == [tok.bos_token_id, *tok.encode("hi")]
     assert tok.decode([tok.bos_token_id, *tok.encode("hi")]) == "hi"
+
+
+def test_fast_split_gives_the_regex_units() -> None:
+    """The letters-and-spaces fast path of encode() splits exactly as the regex does."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from blis_sim.emulator.tokenizer import _SPLIT, _split
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.text(alphabet="abZ  .é", max_size=40))
+    def check(text: str) -> None:
+        assert _split(text) == _SPLIT.findall(text)
+
+    check()
+    assert _split("  lead  and trail  ") == _SPLIT.findall("  lead  and trail  ")
