@@ -8,6 +8,20 @@ API::
     write_metrics_output(metrics, "simagg.json")
     sim_results_text(results) / metrics_output_text(metrics) -> str
 
+    # the columnar fast path (the simulator's outputs: same bytes, no object per request)
+    cols = Columns(SimResult, n, {"request_id": ids, "ttft_us": ttft, ..., "slo_class": "",
+                                  "cached_tokens_by_source": IntMapColumn(("device", ...), counts)})
+    write_sim_results(cols, "sim.json")             # sorted by request_id like the list
+    write_metrics_output(metrics, "simagg.json", requests=Columns(RequestMetrics, n, {...}))
+    columns_json(cols) / cols.records() / cols.take(rows)
+
+A :class:`Columns` holds one numpy array (or ``list[str]``, :class:`IntMapColumn`, or one shared
+scalar) per field. Its rows are written a chunk of :data:`CHUNK_ROWS` at a time: each column
+formatted at once (:func:`~blis_sim.formats._go.json_floats` / ``json_ints``: orjson's shortest
+digits laid out in Go's format), the fields every row writes the same way folded into text, one
+list per chunk interleaving that text with the cells, one join. The output is byte-identical to
+:func:`go_json` of :meth:`Columns.records` (tests compare both on awkward values).
+
 Both are written like Go's ``json.MarshalIndent(v, "", "  ")``: 2-space indent, keys in the reference's
 order, ``omitempty`` fields dropped when zero, floats in Go's format (``32984``, not ``32984.0``), ``<>&``
 escaped as ``\\u003c`` etc., no trailing newline. Reading is strict: unknown keys, duplicate keys, wrong types
@@ -462,6 +476,9 @@ class Columns:
     data: Mapping[str, Any]
 
     def __post_init__(self) -> None:
+        missing = [name for name, f in self.cls.model_fields.items() if f.is_required() and name not in self.data]
+        if missing:
+            raise ValueError(f"{self.cls.__name__} columns need {', '.join(missing)} (no default)")
         for name, col in self.data.items():
             if name not in self.cls.model_fields:
                 raise ValueError(f"{self.cls.__name__} has no field {name!r}")
@@ -695,6 +712,11 @@ def _metrics_chunks(metrics: MetricsOutput, requests: Columns | None) -> Iterato
     yield "{\n" + "".join(t + ",\n" for t in before) + '  "requests": '
     yield from _array_chunks(requests, "  ")
     yield "".join(",\n" + t for t in after) + "\n}"
+
+
+def columns_json(cols: Columns, indent: str = "") -> str:
+    """``go_json(cols.records(), indent)`` without the objects: the rows as a JSON array."""
+    return "".join(_array_chunks(cols, indent))
 
 
 def sim_results_text(results: Sequence[SimResult] | Columns) -> str:
