@@ -23,6 +23,7 @@ what the client adds.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import resource
@@ -47,12 +48,15 @@ def _lengths() -> dict[str, Any]:
             "output_distribution": {"type": "constant", "params": {"value": 4}}}
 
 
-def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> dict[str, float]:
+def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S,
+             emulator_pid: int | None = None) -> dict[str, float]:
     spec = _spec([{"id": "users", "concurrency": concurrency, "think_time_us": 0, **_lengths()}], n)
     warm = max(concurrency, n // 10)
     opts = ObserveOptions(model="tiny-llama", max_concurrency=concurrency, warmup_requests=warm,
                           scrape_kv_metrics=True, settle_s=0.2, progress=False, timeout_s=60)
+    emu_cpu0 = _cpu_of(emulator_pid)
     result = observe(url, spec, opts)
+    emu_cpu = _cpu_of(emulator_pid) - emu_cpu0
     window = result.window
     server_ms = window.server_ttft["mean_ms"] if window and window.server_ttft else 0.0
     kept = [r for r in result.records if r.status == "ok" and not r.warmup and r.first_content_ns]
@@ -60,41 +64,78 @@ def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> di
     # Per request with the server's own TTFT (usage.metrics); the window's mean where it is missing.
     own = [r.server_ttft_ms() for r in kept]
     over = [t - delay_s * 1000 - (s if s is not None else server_ms) for t, s in zip(ttft, own)]
+    sent = max(1, len(result.records))
     return {"n": len(over), "server_ttft_mean_ms": server_ms, "ttft_p50_ms": percentile(ttft, 50),
             "overhead_p50_ms": percentile(over, 50), "overhead_p99_ms": percentile(over, 99),
+            "rate": len(result.records) / result.wall_s if result.wall_s else 0.0,
+            "client_cpu_ms": 1000 * result.cpu_s / sent, "emulator_cpu_ms": 1000 * emu_cpu / sent,
             "failed": sum(1 for r in result.trace.records if r.status != "ok")}
 
 
+def _cpu_of(pid: int | None) -> float:
+    """CPU seconds (user + system) of another process so far; NaN without psutil (a dev extra)."""
+    if pid is None:
+        return float("nan")
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def bare_client(url: str, concurrency: int, n: int) -> dict[str, float]:
-    """The floor: a minimal aiohttp loop (no trace, no parsing beyond finding the first text event),
-    same server, same requests. What observe adds is the difference to ``overhead()``'s TTFT."""
-    import asyncio
+    """The floor: the same transport as observe (Http1Pool on observe's event loop) with no trace, no
+    workload, no SSE decoding beyond finding the first text event; same server, same requests. What
+    observe adds is the difference to ``overhead()``'s TTFT."""
     import json
 
-    import aiohttp
+    from blis_sim.observe import loop as event_loop
+    from blis_sim.observe.http1 import Http1Pool
 
     body = json.dumps({"model": "tiny-llama", "prompt": " oak" * 64, "max_tokens": 4, "min_tokens": 4,
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
+    headers = {"Content-Type": "application/json"}
     ttft: list[float] = []
 
-    async def user(session: aiohttp.ClientSession, count: int) -> None:
+    class Sink:
+        __slots__ = ("first", "finished")
+
+        def __init__(self) -> None:
+            self.first = 0
+            self.finished = False
+
+        def head(self, status: int, headers: dict[str, str], now_ns: int) -> None:
+            pass
+
+        def data(self, chunk: bytes, now_ns: int) -> None:
+            if not self.first and b'"text"' in chunk:
+                self.first = now_ns
+            self.finished = self.finished or b"[DONE]" in chunk
+
+        def done(self) -> bool:
+            return self.finished
+
+    async def user(pool: Http1Pool, count: int) -> None:
         for _ in range(count):
-            t0 = time.perf_counter()
-            first = 0.0
-            async with session.post(url + "/v1/completions", data=body,
-                                    headers={"Content-Type": "application/json"}) as resp:
-                async for chunk in resp.content.iter_any():
-                    if not first and b'"text"' in chunk:
-                        first = time.perf_counter()
-            ttft.append((first - t0) * 1000)
+            sink = Sink()
+            t0 = time.perf_counter_ns()
+            await pool.request("POST", "/v1/completions", body, headers, sink, 60.0)
+            ttft.append((sink.first - t0) / 1e6)
 
-    async def main() -> None:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
-            await asyncio.gather(*(user(session, n // concurrency) for _ in range(concurrency)))
+    async def main() -> float:
+        pool = Http1Pool(url)
+        await pool.open(concurrency)
+        cpu0 = time.process_time()
+        await asyncio.gather(*(user(pool, n // concurrency) for _ in range(concurrency)))
+        cpu = time.process_time() - cpu0
+        await pool.close()
+        return cpu
 
-    asyncio.run(main())
+    cpu = event_loop.run(main())
     kept = ttft[len(ttft) // 10:]
-    return {"n": len(kept), "ttft_p50_ms": percentile(kept, 50), "ttft_p99_ms": percentile(kept, 99)}
+    return {"n": len(kept), "ttft_p50_ms": percentile(kept, 50), "ttft_p99_ms": percentile(kept, 99),
+            "client_cpu_ms": 1000 * cpu / max(1, len(ttft))}
 
 
 def lateness(url: str, rate: float, n: int) -> dict[str, float]:
@@ -115,8 +156,11 @@ def _emulator(delay_s: float) -> EmulatorConfig:
 def _overhead_line(label: str, conc: int, delay_s: float, r: dict[str, float], bare: dict[str, float]) -> str:
     return (f"{label:<13} conc={conc:<3d} delay={delay_s * 1000:>4.0f} ms n={r['n']:<5.0f} "
             f"server TTFT {r['server_ttft_mean_ms']:6.2f} ms | client TTFT p50 {r['ttft_p50_ms']:7.2f} ms | "
-            f"overhead p50 {r['overhead_p50_ms']:6.2f} ms p99 {r['overhead_p99_ms']:6.2f} ms | bare aiohttp TTFT "
-            f"p50 {bare['ttft_p50_ms']:7.2f} p99 {bare['ttft_p99_ms']:7.2f} ms | failed {r['failed']:.0f}")
+            f"overhead p50 {r['overhead_p50_ms']:6.2f} ms p99 {r['overhead_p99_ms']:6.2f} ms | "
+            f"{r['rate']:5.0f} req/s, CPU/request client {r['client_cpu_ms']:.3f} ms emulator "
+            f"{r['emulator_cpu_ms']:.3f} ms | bare-client TTFT p50 {bare['ttft_p50_ms']:7.2f} p99 "
+            f"{bare['ttft_p99_ms']:7.2f} ms (CPU {bare['client_cpu_ms']:.3f} ms/req) | failed {r['failed']:.0f} "
+            f"| load {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
@@ -139,7 +183,7 @@ def main() -> None:
             delay = fixed if fixed is not None else max(DELAY_S, 0.008 * conc)
             with spawn_emulator(_emulator(delay)) as emu:
                 count = max(int(n * scale), 4 * conc)
-                r = overhead(emu.url, conc, count, delay)
+                r = overhead(emu.url, conc, count, delay, emulator_pid=emu.pid)
                 bare = bare_client(emu.url, conc, count)
                 print(_overhead_line(label, conc, delay, r, bare), flush=True)
     with spawn_emulator(_emulator(DELAY_S)) as emu:

@@ -125,7 +125,8 @@ class StreamResponse:
         t.write(data)
 
 
-Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
+AnyResponse = Response | StreamResponse
+Handler = Callable[[Request], Awaitable[AnyResponse]]
 
 _date_cache: list[Any] = [0, b""]
 

@@ -155,7 +155,7 @@ class Handlers:
                                 "is_blocking": False}]}
         return web.json_response({"object": "list", "data": [card]})
 
-    async def metrics(self, request: web.Request) -> web.StreamResponse:
+    async def metrics(self, request: web.Request) -> web.AnyResponse:
         mode = self.faults.metrics
         if mode == "http500":
             return web.Response(status=500, text="Internal Server Error (injected fault)")
@@ -322,13 +322,13 @@ class Handlers:
         stall = bool(f.stall_rate) and r.random() < f.stall_rate
         return status, cut, delay, stall
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: web.Request) -> web.AnyResponse:
         return await self._generate(request, chat=False)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: web.Request) -> web.AnyResponse:
         return await self._generate(request, chat=True)
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.AnyResponse:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         status, cut, delay, stall = self._draw_faults()
         if status is not None:
@@ -365,7 +365,7 @@ class Handlers:
         return await self._complete(request, req, params, waiter, chat, headers, delay)
 
     async def _stall(self, request: web.Request, params: GenParams,
-                     headers: dict[str, str]) -> web.StreamResponse:
+                     headers: dict[str, str]) -> web.AnyResponse:
         if params.stream:
             resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8"})
             await resp.prepare(request)
@@ -426,7 +426,7 @@ class Handlers:
 
     async def _stream(self, request: web.Request, req: Request, params: GenParams, waiter: _Waiter,
                       chat: bool, headers: dict[str, str], cut: bool, delay: float
-                      ) -> web.StreamResponse:
+                      ) -> web.AnyResponse:
         resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8"})
         fmt = _SseFormat(req.rid, self.model, chat)
         cut_after = self.faults.stream_cut_after_tokens if cut else None

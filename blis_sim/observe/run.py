@@ -7,6 +7,7 @@ API::
     result = await observe_async("http://127.0.0.1:8000", spec, opts)  # inside a running loop
     write_result(result, "trace.yaml", "trace.csv", blis_compatible=False, itl_path=None)
     result.trace, result.warnings, result.interrupted, result.window, result.lateness_ms
+    result.wall_s, result.cpu_s   # dispatch wall time; this process's CPU time while phases dispatched
 
 ``spec`` is a :class:`~blis_sim.formats.workload.WorkloadSpec` or an already generated
 :class:`~blis_sim.workload.plan.WorkloadPlan`.
@@ -27,6 +28,7 @@ import datetime as _dt
 import gc
 import logging
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,7 @@ class ObserveResult:
     window: KvWindow | None = None
     lateness_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time while phases dispatched (scrapes and settle delays excluded)
     itl: list[ITLRecord] = field(default_factory=list)
     prompt_mode: str = ""
 
@@ -204,6 +207,7 @@ class _Run:
         # The requests themselves go over the lean HTTP/1.1 pool (http://), else over aiohttp (https).
         self.pool: Http1Pool | None = None
         self._progress = Progress(0, enabled=False)
+        self.cpu_s = 0.0
         self.measured = _measured_phases(plan, opts.window_phases)  # checked before anything is sent
 
     def interrupt(self, sig: int = signal.SIGINT) -> None:
@@ -320,7 +324,9 @@ class _Run:
 
         self._progress.phase(phase.name)
         start_ns = self.clock.now_ns()
+        cpu0 = time.process_time()
         records = await dispatcher.run_phase(_PhaseSource(phase.start()), build, phase_start_ns=start_ns)
+        self.cpu_s += time.process_time() - cpu0
         self.phase_infos.append(PhaseInfo(
             name=phase.name, measured=measured, requests=len(records),
             start_time_us=self.clock.epoch_us(start_ns), end_time_us=self.clock.epoch_us(self.clock.now_ns())))
@@ -483,6 +489,7 @@ class _Run:
         return ObserveResult(
             trace=Trace(header=header, records=rows), records=records, warnings=list(self.warnings),
             interrupted=interrupted, window=window, lateness_ms=capture.lateness_ms(records), wall_s=wall_s,
+            cpu_s=self.cpu_s,
             itl=capture.itl_records(records, self.clock) if self.opts.record_itl else [],
             prompt_mode=builder.describe() if builder is not None else "")
 
