@@ -14,7 +14,10 @@ time (client side, include the network).
 
 Reading follows the reference: positional base columns shifted by the inline optional columns found in the
 header row, trailing columns by header name, extra columns tolerated, Go ``ParseInt``/``ParseBool`` forms, the
-reference's range checks and messages, each a FormatError naming file, line and column. Writing follows Go's
+reference's range checks and messages, each a FormatError naming file, line and column. Speed: a file without
+quotes, CRs or NULs is split by hand and parsed a chunk of rows and a column at a time (``_ChunkParser``); any
+chunk it declines, and any other file, goes through the csv module row by row (``_read_rows``), which is also
+what reports every error (docs/formats.md, "Speed and memory"). Writing follows Go's
 ``encoding/csv`` (minimal quoting, ``\\n`` line ends); an optional column is written only when some record
 carries it.
 """
