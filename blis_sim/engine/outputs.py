@@ -11,7 +11,7 @@
   :class:`~blis_sim.formats.results.Columns` (numpy arrays, one per field), and
   :func:`write_outputs` — the two files written from them, byte-identical to writing the objects,
   without one pydantic object per request (the 50k-request replay writes both in ~0.3 s instead of
-  ~3.5 s).
+  ~3.3 s).
 * :func:`trace_records` — the simulated requests as TraceV2 rows (``--trace-output``): integer µs
   times, ``first_chunk = arrival + TTFT``, ``last_chunk = arrival + E2E``, status ``ok`` or
   ``incomplete`` (did not finish before the horizon).

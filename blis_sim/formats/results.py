@@ -678,6 +678,9 @@ def _array_chunks(cols: Columns, indent: str = "") -> Iterator[str]:
 
 
 def _sorted_by_id(cols: Columns) -> Columns:
+    """SimResult columns in request-id order (stable, as the list writer sorts)."""
+    if cols.cls is not SimResult:
+        raise TypeError(f"sim result columns must be of SimResult, not {cols.cls.__name__}")
     rid = cols.column("request_id")
     if isinstance(rid, np.ndarray):
         if rid.size < 2 or bool(np.all(rid[1:] >= rid[:-1])):
@@ -735,8 +738,6 @@ def write_sim_results(results: Sequence[SimResult] | Columns, path: str | Path) 
     """Sorted by request id (stable); a :class:`Columns` of SimResult is written without building
     one object per row (same bytes)."""
     if isinstance(results, Columns):
-        if results.cls is not SimResult:
-            raise TypeError(f"sim result columns must be of SimResult, not {results.cls.__name__}")
         atomic_write_chunks(path, _array_chunks(_sorted_by_id(results)))
         return
     atomic_write(path, sim_results_text(results))
