@@ -385,6 +385,10 @@ def test_reader_handles_files_the_fast_path_declines(tmp_path: Path) -> None:
         read_trace_data(tmp_path / "bad.csv")
     with pytest.raises(FormatError, match="file not found"):
         read_trace_data(tmp_path / "missing.csv")
+    long = sample.replace(",ok,", ",ok," + "x" * 140_000, 1)  # over the csv module's field limit
+    (tmp_path / "long.csv").write_text(long)
+    with pytest.raises(FormatError, match="malformed CSV: field larger than field limit"):
+        read_trace_data(tmp_path / "long.csv")
     (tmp_path / "blank.csv").write_text("\n\n")
     with pytest.raises(FormatError, match="reading CSV header: EOF"):
         read_trace_data(tmp_path / "blank.csv")

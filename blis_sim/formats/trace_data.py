@@ -23,6 +23,7 @@ carries it.
 """
 from __future__ import annotations
 
+import csv
 import math
 import re
 from collections import deque
@@ -241,14 +242,18 @@ def read_trace_data(path: str | Path) -> list[TraceRecord]:
         text = _plain_text(p)
         if text is None:
             return _read_rows(p)
-        return _read_text(text, str(p), p)
+        return _read_text(text, p)
 
 
-def _read_text(text: str, file: str, p: Path) -> list[TraceRecord]:
+def _read_text(text: str, p: Path) -> list[TraceRecord]:
+    """:func:`read_trace_data` of a file's text that :func:`_plain_text` accepted."""
+    file = str(p)
     lines = text.split("\n")
     h = next((i for i, line in enumerate(lines) if line), None)
     if h is None:
         return _read_rows(p)  # no header row: its error
+    if len(text) > csv.field_size_limit() and max(map(len, lines)) > csv.field_size_limit():
+        return _read_rows(p)  # maybe a field over the csv module's limit: its error
     header = lines[h].split(",")
     pos = _column_positions(header)
     min_cols = len(pos)
