@@ -245,6 +245,19 @@ def test_engine_write_outputs_equals_writing_the_objects(tmp_path: Path, odd: bo
         assert b"gold\\u003c1\\u003e" in (tmp_path / "fast-agg.json").read_bytes()
 
 
+def test_run_write_outputs_equals_writing_the_objects(tmp_path: Path) -> None:
+    from blis_sim.engine import EngineOptions, run_outcome
+    from blis_sim.formats.workload import load_workload_spec
+
+    out = run_outcome(load_workload_spec(BLIS / "workload.yaml"), EngineOptions(model="qwen/qwen3-14b",
+                                                                                 num_gpu_blocks=300))
+    out.write_outputs(tmp_path / "fast-sim.json", tmp_path / "fast-agg.json")
+    write_sim_results(out.results, tmp_path / "sim.json")
+    write_metrics_output(out.metrics(), tmp_path / "agg.json")
+    assert (tmp_path / "fast-sim.json").read_bytes() == (tmp_path / "sim.json").read_bytes()
+    assert (tmp_path / "fast-agg.json").read_bytes() == (tmp_path / "agg.json").read_bytes()
+
+
 def test_engine_write_outputs_writes_only_what_is_asked(tmp_path: Path) -> None:
     from blis_sim.engine import EngineOptions, replay_outcome
     from blis_sim.formats import load_trace
