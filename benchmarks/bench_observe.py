@@ -48,15 +48,12 @@ def _lengths() -> dict[str, Any]:
             "output_distribution": {"type": "constant", "params": {"value": 4}}}
 
 
-def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S,
-             emulator_pid: int | None = None) -> dict[str, float]:
+def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> dict[str, float]:
     spec = _spec([{"id": "users", "concurrency": concurrency, "think_time_us": 0, **_lengths()}], n)
     warm = max(concurrency, n // 10)
     opts = ObserveOptions(model="tiny-llama", max_concurrency=concurrency, warmup_requests=warm,
                           scrape_kv_metrics=True, settle_s=0.2, progress=False, timeout_s=60)
-    emu_cpu0 = _cpu_of(emulator_pid)
     result = observe(url, spec, opts)
-    emu_cpu = _cpu_of(emulator_pid) - emu_cpu0
     window = result.window
     server_ms = window.server_ttft["mean_ms"] if window and window.server_ttft else 0.0
     kept = [r for r in result.records if r.status == "ok" and not r.warmup and r.first_content_ns]
@@ -67,9 +64,19 @@ def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S,
     sent = max(1, len(result.records))
     return {"n": len(over), "server_ttft_mean_ms": server_ms, "ttft_p50_ms": percentile(ttft, 50),
             "overhead_p50_ms": percentile(over, 50), "overhead_p99_ms": percentile(over, 99),
-            "rate": len(result.records) / result.wall_s if result.wall_s else 0.0,
-            "client_cpu_ms": 1000 * result.cpu_s / sent, "emulator_cpu_ms": 1000 * emu_cpu / sent,
+            "rate": _dispatch_rate(result.records),
+            "client_cpu_ms": 1000 * result.cpu_s / sent,
             "failed": sum(1 for r in result.trace.records if r.status != "ok")}
+
+
+def _dispatch_rate(records: list[Any]) -> float:
+    """Requests per second from the first send to the last answer (the settle delays and scrapes
+    around the window are not dispatch time)."""
+    sent = [r for r in records if r.send_ns]
+    if len(sent) < 2:
+        return 0.0
+    span = max(r.last_chunk_ns or r.send_ns for r in sent) - min(r.send_ns for r in sent)
+    return len(sent) / (span / 1e9) if span > 0 else 0.0
 
 
 def _cpu_of(pid: int | None) -> float:
@@ -84,10 +91,11 @@ def _cpu_of(pid: int | None) -> float:
     return t.user + t.system
 
 
-def bare_client(url: str, concurrency: int, n: int) -> dict[str, float]:
+def bare_client(url: str, concurrency: int, n: int, emulator_pid: int | None = None) -> dict[str, float]:
     """The floor: the same transport as observe (Http1Pool on observe's event loop) with no trace, no
     workload, no SSE decoding beyond finding the first text event; same server, same requests. What
-    observe adds is the difference to ``overhead()``'s TTFT."""
+    observe adds is the difference to ``overhead()``'s TTFT. The emulator's CPU per request is measured
+    here (nothing else reaches it meanwhile; observe's run also sends /tokenize probes and scrapes)."""
     import json
 
     from blis_sim.observe import loop as event_loop
@@ -132,10 +140,12 @@ def bare_client(url: str, concurrency: int, n: int) -> dict[str, float]:
         await pool.close()
         return cpu
 
+    emu0 = _cpu_of(emulator_pid)
     cpu = event_loop.run(main())
+    emu = _cpu_of(emulator_pid) - emu0
     kept = ttft[len(ttft) // 10:]
     return {"n": len(kept), "ttft_p50_ms": percentile(kept, 50), "ttft_p99_ms": percentile(kept, 99),
-            "client_cpu_ms": 1000 * cpu / max(1, len(ttft))}
+            "client_cpu_ms": 1000 * cpu / max(1, len(ttft)), "emulator_cpu_ms": 1000 * emu / max(1, len(ttft))}
 
 
 def lateness(url: str, rate: float, n: int) -> dict[str, float]:
@@ -157,9 +167,9 @@ def _overhead_line(label: str, conc: int, delay_s: float, r: dict[str, float], b
     return (f"{label:<13} conc={conc:<3d} delay={delay_s * 1000:>4.0f} ms n={r['n']:<5.0f} "
             f"server TTFT {r['server_ttft_mean_ms']:6.2f} ms | client TTFT p50 {r['ttft_p50_ms']:7.2f} ms | "
             f"overhead p50 {r['overhead_p50_ms']:6.2f} ms p99 {r['overhead_p99_ms']:6.2f} ms | "
-            f"{r['rate']:5.0f} req/s, CPU/request client {r['client_cpu_ms']:.3f} ms emulator "
-            f"{r['emulator_cpu_ms']:.3f} ms | bare-client TTFT p50 {bare['ttft_p50_ms']:7.2f} p99 "
-            f"{bare['ttft_p99_ms']:7.2f} ms (CPU {bare['client_cpu_ms']:.3f} ms/req) | failed {r['failed']:.0f} "
+            f"{r['rate']:5.0f} req/s, client CPU {r['client_cpu_ms']:.3f} ms/req | bare client: TTFT p50 "
+            f"{bare['ttft_p50_ms']:7.2f} p99 {bare['ttft_p99_ms']:7.2f} ms, CPU {bare['client_cpu_ms']:.3f} ms/req, "
+            f"emulator CPU {bare['emulator_cpu_ms']:.3f} ms/req | failed {r['failed']:.0f} "
             f"| load {os.getloadavg()[0]:.2f}")
 
 
@@ -183,8 +193,8 @@ def main() -> None:
             delay = fixed if fixed is not None else max(DELAY_S, 0.008 * conc)
             with spawn_emulator(_emulator(delay)) as emu:
                 count = max(int(n * scale), 4 * conc)
-                r = overhead(emu.url, conc, count, delay, emulator_pid=emu.pid)
-                bare = bare_client(emu.url, conc, count)
+                r = overhead(emu.url, conc, count, delay)
+                bare = bare_client(emu.url, conc, count, emulator_pid=emu.pid)
                 print(_overhead_line(label, conc, delay, r, bare), flush=True)
     with spawn_emulator(_emulator(DELAY_S)) as emu:
         r = lateness(emu.url, 200.0, max(int(2000 * scale), 200))
