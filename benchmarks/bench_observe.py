@@ -10,15 +10,20 @@ Run:  python benchmarks/bench_observe.py [--quick]
    ``vllm:time_to_first_token_seconds`` where a request lacks it). Closed-loop users at
    concurrency 1, 16 and 64; the first 10 % of requests (connection set-up) are marked warm-up and
    left out. Targets at concurrency 64: p50 ≤ 3 ms, p99 ≤ 15 ms.
-   A bare aiohttp loop (no trace, no parsing) against the same server and load gives the floor: the
-   difference between its TTFT and observe's is what observe itself adds; the rest of the "overhead"
-   is the loopback, the emulator's HTTP layer and the operating system's scheduling.
+   Each line also gives the dispatch rate (first send to last answer), observe's own CPU per request
+   (``ObserveResult.cpu_s``: the client process while the phases dispatched, scrapes excluded), and a
+   bare client on the same transport (``Http1Pool`` on observe's event loop, no trace, no workload, no
+   SSE decoding) against the same server: its CPU per request is the transport's floor, and the
+   emulator's CPU per request is measured during that run (psutil; nothing else reaches the emulator
+   then). The bare client's TTFT is not a floor for observe's: needing less CPU, it cycles faster and
+   drives the emulator harder, so at 16-64 users its queueing is worse.
 2. Lateness: open-loop constant arrivals at 200 req/s; ``actual send − scheduled send`` per request.
    Target: p99 ≤ 5 ms.
 
-Prints wall time and peak RSS of this (client) process. On 2 shared cores the emulator and the client
-compete for the CPU, so figures vary run to run by tens of percent: read them as an upper bound of
-what the client adds.
+Prints wall time, peak RSS of this (client) process and the load average at each line. The client and
+the emulator share the machine's 2 cores with whatever else runs: at 64 users and 20 ms the demand is
+~2600 req/s and client + emulator need ~0.8 ms of CPU per request, so the series is at the edge of
+saturation with 2 free cores and far past it with one; read figures with the load average next to them.
 """
 from __future__ import annotations
 
