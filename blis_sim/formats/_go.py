@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
-import numpy as np
-import orjson
+if TYPE_CHECKING:
+    import numpy as np
 
 _INT_RE = re.compile(r"[+-]?[0-9]+\Z")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -101,9 +102,6 @@ def json_float(f: float) -> str:
     return _fmt_f(ds, dp, neg)
 
 
-_NUMPY = orjson.OPT_SERIALIZE_NUMPY
-
-
 def json_floats(values: np.ndarray) -> list[str]:
     """``[json_float(v) for v in values]`` for a 1-D float array, computed column-wise.
 
@@ -112,12 +110,15 @@ def json_floats(values: np.ndarray) -> list[str]:
     (found with numpy); values outside that range, zeros and NaN/Inf (which raise, as in
     :func:`json_float`) go through :func:`json_float` one by one.
     """
+    import numpy as np  # here, not at the top: the YAML/CSV formats need neither numpy nor orjson
+    import orjson
+
     a = np.ascontiguousarray(values, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"expected a 1-D array, got shape {a.shape}")
     if a.size == 0:
         return []
-    out = orjson.dumps(a, option=_NUMPY).decode()[1:-1].split(",")
+    out = orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1].split(",")
     with np.errstate(invalid="ignore"):
         mag = np.abs(a)
         plain = (mag >= 1e-4) & (mag < 1e16)
@@ -134,12 +135,15 @@ def json_floats(values: np.ndarray) -> list[str]:
 
 def json_ints(values: np.ndarray) -> list[str]:
     """``[str(v) for v in values]`` for a 1-D integer array (``true``/``false`` for a bool array)."""
+    import numpy as np
+    import orjson
+
     a = np.ascontiguousarray(values)
     if a.ndim != 1 or a.dtype.kind not in "iub":
         raise ValueError(f"expected a 1-D integer or bool array, got {a.dtype} shape {a.shape}")
     if a.size == 0:
         return []
-    return orjson.dumps(a, option=_NUMPY).decode()[1:-1].split(",")
+    return orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY).decode()[1:-1].split(",")
 
 
 def fixed_float(f: float) -> str:

@@ -32,7 +32,6 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from blis_sim.errors import FormatError
@@ -398,6 +397,8 @@ class _ChunkParser:
         if col in _INTS:
             joined = ",".join(cells)
             if _DIGITS.match(joined):  # checked: numpy's parser reads exactly what int() would
+                import numpy as np  # only for big files: reading a trace needs no numpy otherwise
+
                 return np.fromstring(joined, dtype=np.int64, sep=",").tolist()
             return self._cellwise(col, cells)
         if col in _BOOLS:
