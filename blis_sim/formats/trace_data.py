@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
@@ -316,8 +315,23 @@ def _checked_row(parse_row: Any, row: list[str], line: int, min_cols: int, file:
     return _fast_record(values)
 
 
-_DIGITS = re.compile(r"[0-9]{1,18}(?:,[0-9]{1,18})*\Z")  # what the row parser takes without a closer look
 _BOOL_VALUES = {"true": True, "false": False}
+
+
+def _plain_ints(cells: list[str]) -> list[int] | None:
+    """The cells as ints when every one is plain ASCII digits below 10**18 (what ``int()`` and the
+    row parser read the same way), parsed by numpy in one call; None otherwise (signs, spaces,
+    empty cells, huge values: the row parser's checks decide)."""
+    import numpy as np  # here: only a big file's columns need it
+
+    joined = ",".join(cells).encode("utf-8")
+    if not joined or joined.translate(None, b"0123456789,") or b",," in joined or joined[:1] == b"," \
+            or joined[-1:] == b",":
+        return None
+    values = np.fromstring(joined, dtype=np.int64, sep=",")  # saturates at 2**63 - 1: checked below
+    if values.size != len(cells) or values.max() >= 10**18:
+        return None
+    return values.tolist()
 
 
 class _ChunkParser:
@@ -389,18 +403,13 @@ class _ChunkParser:
             cells = [c.strip(_go.GO_SPACE) if c else c for c in cells]
             if not any(cells):
                 return [0] * len(cells)
-            if _DIGITS.match(",".join(cells)):
-                return list(map(int, cells))
-            return self._cellwise(col, cells, empty_is=0)
+            values = _plain_ints(cells)
+            return values if values is not None else self._cellwise(col, cells, empty_is=0)
         if col in _TRIMMED:
             return [c.strip(_go.GO_SPACE) for c in cells] if any(cells) else cells
         if col in _INTS:
-            joined = ",".join(cells)
-            if _DIGITS.match(joined):  # checked: numpy's parser reads exactly what int() would
-                import numpy as np  # only for big files: reading a trace needs no numpy otherwise
-
-                return np.fromstring(joined, dtype=np.int64, sep=",").tolist()
-            return self._cellwise(col, cells)
+            values = _plain_ints(cells)
+            return values if values is not None else self._cellwise(col, cells)
         if col in _BOOLS:
             if set(cells) <= _BOOL_VALUES.keys():
                 return list(map(_BOOL_VALUES.__getitem__, cells))
