@@ -22,9 +22,26 @@ SUBCOMMAND_MODULES = (
     "blis_sim.calibrate.cli",
     "blis_sim.emulator.cli",
 )
+# which module registers each subcommand: `blis replay` imports the engine's CLI only (importing
+# all four costs about a second: aiohttp, the emulator, the calibration report models)
+MODULE_OF = {"observe": "blis_sim.observe.cli", "run": "blis_sim.engine.cli",
+             "replay": "blis_sim.engine.cli", "fit": "blis_sim.engine.cli",
+             "calibrate": "blis_sim.calibrate.cli", "emulate": "blis_sim.emulator.cli"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word not starting with ``-``), if known."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in MODULE_OF else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``blis`` parser; given ``argv`` naming a known subcommand, only that subcommand's module
+    is imported (``blis --help``, a typo or no subcommand: all of them)."""
+    command = _command_of(argv) if argv is not None else None
+    modules = (MODULE_OF[command],) if command else SUBCOMMAND_MODULES
     parser = argparse.ArgumentParser(
         prog="blis",
         description="Observe a vLLM server, replay its trace through the tiered-KV simulator, calibrate.",
@@ -32,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"blis {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in SUBCOMMAND_MODULES:
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -44,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -23,13 +23,17 @@ from __future__ import annotations
 # ``replay`` name is bound to the function: importing a submodule sets the package attribute of
 # the same name only on its first import, so the function stays what ``from blis_sim.engine
 # import replay`` returns whatever is imported later.
+from blis_sim._lazy import lazy_exports
 from blis_sim.engine import replay as _replay_compat  # noqa: F401
-from blis_sim.engine.fitting import evaluate, fit
 from blis_sim.engine.latency import LatencyCoefficients, load_coefficients, roofline
 from blis_sim.engine.replay_trace import replay, replay_outcome
-from blis_sim.engine.run_spec import run, run_outcome
 from blis_sim.engine.scheduler import SchedulerConfig
 from blis_sim.engine.simulate import EngineOptions
 
-__all__ = ["EngineOptions", "LatencyCoefficients", "SchedulerConfig", "evaluate", "fit",
-           "load_coefficients", "replay", "replay_outcome", "roofline", "run", "run_outcome"]
+# `run` and `fit` need the workload generator and its spec models: imported on first use (PEP 562)
+__getattr__, __dir__, _lazy_names = lazy_exports(__name__, {
+    "blis_sim.engine.fitting": ("evaluate", "fit"),
+    "blis_sim.engine.run_spec": ("run", "run_outcome"),
+})
+__all__ = sorted(["EngineOptions", "LatencyCoefficients", "SchedulerConfig", "load_coefficients",
+                  "replay", "replay_outcome", "roofline", *_lazy_names])

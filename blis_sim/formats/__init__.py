@@ -15,8 +15,7 @@ build every pydantic model of the package (that costs about a second at start-up
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from blis_sim._lazy import lazy_exports
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "blis_sim.formats.hitrate": (
@@ -88,19 +87,4 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "dump_report",
     ),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'blis_sim.formats' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # cache: the next access is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

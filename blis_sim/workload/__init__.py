@@ -17,12 +17,12 @@ Modules: :mod:`.plan` (data types and the driver contract), :mod:`.generate` (sp
 :mod:`.distributions` (length samplers), :mod:`.arrivals` (inter-arrival samplers), :mod:`.tokens` (token content
 as a pure function of seed and ids, also used to rebuild a trace's sharing structure from its CSV columns).
 """
-from blis_sim.workload.generate import client_rates, expand_cohorts, generate_workload, group_prefix_lengths
-from blis_sim.workload.plan import (
-    PhasePlan, PhaseRun, PlannedRequest, SessionPlan, WorkloadPlan, compute_deadline,
-)
+from blis_sim._lazy import lazy_exports
 
-__all__ = [
-    "generate_workload", "expand_cohorts", "group_prefix_lengths", "client_rates",
-    "PlannedRequest", "SessionPlan", "PhasePlan", "PhaseRun", "WorkloadPlan", "compute_deadline",
-]
+# lazy (PEP 562): the engine imports ``blis_sim.workload.tokens`` alone, without the spec models
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "blis_sim.workload.generate": ("client_rates", "expand_cohorts", "generate_workload",
+                                   "group_prefix_lengths"),
+    "blis_sim.workload.plan": ("PhasePlan", "PhaseRun", "PlannedRequest", "SessionPlan",
+                               "WorkloadPlan", "compute_deadline"),
+})
