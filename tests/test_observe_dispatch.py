@@ -385,3 +385,42 @@ def test_stream_state_decodes_only_events_that_can_change_the_record() -> None:
     assert record.chunk_times_ns == [1000, 2000, 3000, 4000, 5000]
     assert (record.finish_reason, record.output_tokens, record.server_input_tokens) == ("length", 3, 3)
     assert record.status == "error" and "late failure" in record.error_message
+
+
+@pytest.mark.parametrize("obj", [
+    {"choices": [{"index": 0, "text": "a", "finish_reason": None}]},
+    {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+    {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+    {"choices": [{"delta": {"reasoning_content": "hm"}, "finish_reason": None}]},
+    {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}], "usage": {"prompt_tokens": 4}},
+    {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                              "prompt_tokens_details": {"cached_tokens": 3}, "metrics": {"queue_time_ms": 1}}},
+    {"choices": [], "usage": None},
+    {"choices": {"not": "a list"}},
+    {"choices": ["not a dict"]},
+    {"error": {"message": "boom"}},
+    {"error": "x", "choices": [{"text": "t"}]},
+    ["not", "an", "object"],
+])
+def test_plain_chunk_fast_path_matches_interpret(obj: Any) -> None:
+    """The fast path of StreamState applies exactly what interpret() would, or declines."""
+    from blis_sim.observe.client import StreamState
+
+    def run(fast: bool) -> tuple[Any, ...]:
+        record = RequestRecord(request_id=0, wire=_wire("x"))
+        state = StreamState(record, record_itl=False)
+        raw = b"data: " + json.dumps(obj).encode() + b"\n\n"
+        if not fast:
+            import blis_sim.observe.client as client
+            original = client._take_plain_chunk
+            client._take_plain_chunk = lambda *a: False  # type: ignore[assignment]
+            try:
+                state.feed(raw, 7)
+            finally:
+                client._take_plain_chunk = original
+        else:
+            state.feed(raw, 7)
+        return (record.first_content_ns, record.finish_reason, record.output_tokens, record.server_input_tokens,
+                record.cached_tokens, record.server_metrics, state.first_problem)
+
+    assert run(True) == run(False)

@@ -217,7 +217,9 @@ class StreamState:
                     self.first_problem = self.first_problem or \
                         f"malformed JSON in SSE event {record.num_chunks}: {exc}"
                     continue
-            info = interpret(obj)
+            if _take_plain_chunk(record, obj, now):
+                continue
+            info = interpret(obj)  # anything unusual: errors, odd shapes
             if info.error:
                 self.first_problem = self.first_problem or info.error
                 continue
@@ -242,6 +244,36 @@ class StreamState:
                                       f"[DONE] after {record.num_chunks} events")
         else:
             record.status = STATUS_OK
+
+
+def _take_plain_chunk(record: RequestRecord, obj: Any, now: int) -> bool:
+    """The usual completions/chat chunk, applied to the record without building a ChunkInfo; False
+    (nothing applied) for anything else, which :func:`interpret` then handles."""
+    if type(obj) is not dict or "error" in obj:
+        return False
+    choices = obj.get("choices")
+    if choices:
+        if type(choices) is not list or type(choices[0]) is not dict:
+            return False
+        choice = choices[0]
+        if not record.first_content_ns and _has_content(choice):
+            record.first_content_ns = now
+        finish = choice.get("finish_reason")
+        if finish:
+            record.finish_reason = str(finish)
+    usage = obj.get("usage")
+    if type(usage) is dict:
+        _take_usage(record, usage)
+    return True
+
+
+def _has_content(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    for part in (choice.get("delta"), choice.get("message")):
+        if type(part) is dict and (part.get("content") or part.get("reasoning_content") or part.get("reasoning")):
+            return True
+    return False
 
 
 class _LeanSink:
