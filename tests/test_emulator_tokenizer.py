@@ -76,3 +76,9 @@ def test_fast_split_gives_the_regex_units() -> None:
 
     check()
     assert _split("  lead  and trail  ") == _SPLIT.findall("  lead  and trail  ")
+
+
+def test_token_text_is_decode_of_one_token() -> None:
+    tok = Tokenizer()
+    ids = list(range(0, 400)) + [tok.output_token(s) for s in range(200)] + [tok.vocab_size - 1]
+    assert all(tok.token_text(i) == tok.decode([i]) for i in ids)

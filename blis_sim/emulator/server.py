@@ -478,7 +478,7 @@ class Handlers:
                 usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + n,
                          "completion_tokens": n}
             finish = req.finish_reason if done and i == last else None
-            events.append(fmt.token(self.tok.decode([tid]), finish, usage))
+            events.append(fmt.token(self.tok.token_text(tid), finish, usage))
         return events
 
     def _closing_events(self, fmt: _SseFormat, req: Request, params: GenParams, *,

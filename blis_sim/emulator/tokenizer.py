@@ -5,6 +5,7 @@ API::
     tok = Tokenizer()
     ids = tok.encode("The quick brown fox")     # list[int]
     text = tok.decode(ids)                       # exact inverse for any text
+    tok.token_text(i) == tok.decode([i])         # one token's text (the SSE path)
     tok.vocab_size, tok.eos_token_id, tok.bos_token_id
     tok.output_token(seed)                       # a "word" token the model emits (canonical: re-encodes to itself)
 
@@ -136,6 +137,13 @@ class Tokenizer:
         if pending:
             out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
+
+    def token_text(self, token_id: int) -> str:
+        """``decode([token_id])``, without its list and byte buffer for a letter piece (what the model
+        emits): the SSE stream decodes one token per event."""
+        if token_id >= _PIECE_BASE:
+            return _decode_piece(token_id)
+        return self.decode([token_id])
 
     def token_str(self, token_id: int) -> str:
         """The text of one token (byte tokens as their latin-1 character, like byte-level BPE)."""
