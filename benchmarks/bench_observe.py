@@ -20,6 +20,8 @@ Run:  python benchmarks/bench_observe.py [--quick]
 2. Lateness: open-loop constant arrivals at 200 req/s; ``actual send − scheduled send`` per request.
    Target: p99 ≤ 5 ms.
 
+Each overhead line ends with "other work": the cores the rest of the machine used during that series
+(psutil's system-wide busy time minus this process and the emulator), and the load average.
 Prints wall time, peak RSS of this (client) process and the load average at each line. The client and
 the emulator share the machine's 2 cores with whatever else runs: at 64 users and 20 ms the demand is
 ~2600 req/s and client + emulator need ~0.8 ms of CPU per request, so the series is at the edge of
@@ -53,12 +55,16 @@ def _lengths() -> dict[str, Any]:
             "output_distribution": {"type": "constant", "params": {"value": 4}}}
 
 
-def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> dict[str, float]:
+def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S,
+             emulator_pid: int | None = None) -> dict[str, float]:
     spec = _spec([{"id": "users", "concurrency": concurrency, "think_time_us": 0, **_lengths()}], n)
     warm = max(concurrency, n // 10)
     opts = ObserveOptions(model="tiny-llama", max_concurrency=concurrency, warmup_requests=warm,
                           scrape_kv_metrics=True, settle_s=0.2, progress=False, timeout_s=60)
+    others0 = _others_cpu(emulator_pid)
+    wall0 = time.perf_counter()
     result = observe(url, spec, opts)
+    others = (_others_cpu(emulator_pid) - others0) / (time.perf_counter() - wall0)
     window = result.window
     server_ms = window.server_ttft["mean_ms"] if window and window.server_ttft else 0.0
     kept = [r for r in result.records if r.status == "ok" and not r.warmup and r.first_content_ns]
@@ -70,7 +76,7 @@ def overhead(url: str, concurrency: int, n: int, delay_s: float = DELAY_S) -> di
     return {"n": len(over), "server_ttft_mean_ms": server_ms, "ttft_p50_ms": percentile(ttft, 50),
             "overhead_p50_ms": percentile(over, 50), "overhead_p99_ms": percentile(over, 99),
             "rate": _dispatch_rate(result.records),
-            "client_cpu_ms": 1000 * result.cpu_s / sent,
+            "client_cpu_ms": 1000 * result.cpu_s / sent, "others_cores": others,
             "failed": sum(1 for r in result.trace.records if r.status != "ok")}
 
 
@@ -82,6 +88,19 @@ def _dispatch_rate(records: list[Any]) -> float:
         return 0.0
     span = max(r.last_chunk_ns or r.send_ns for r in sent) - min(r.send_ns for r in sent)
     return len(sent) / (span / 1e9) if span > 0 else 0.0
+
+
+def _others_cpu(emulator_pid: int | None) -> float:
+    """CPU seconds the whole machine spent so far outside this process and the emulator (psutil's
+    system-wide busy time); its rate over a series is how many cores other work took meanwhile."""
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    t = psutil.cpu_times()
+    busy = t.user + t.system + t.nice + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return busy - own.ru_utime - own.ru_stime - _cpu_of(emulator_pid)
 
 
 def _cpu_of(pid: int | None) -> float:
@@ -175,7 +194,7 @@ def _overhead_line(label: str, conc: int, delay_s: float, r: dict[str, float], b
             f"{r['rate']:5.0f} req/s, client CPU {r['client_cpu_ms']:.3f} ms/req | bare client: TTFT p50 "
             f"{bare['ttft_p50_ms']:7.2f} p99 {bare['ttft_p99_ms']:7.2f} ms, CPU {bare['client_cpu_ms']:.3f} ms/req, "
             f"emulator CPU {bare['emulator_cpu_ms']:.3f} ms/req | failed {r['failed']:.0f} "
-            f"| load {os.getloadavg()[0]:.2f}")
+            f"| other work {r['others_cores']:.2f} cores, load {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
@@ -198,7 +217,7 @@ def main() -> None:
             delay = fixed if fixed is not None else max(DELAY_S, 0.008 * conc)
             with spawn_emulator(_emulator(delay)) as emu:
                 count = max(int(n * scale), 4 * conc)
-                r = overhead(emu.url, conc, count, delay)
+                r = overhead(emu.url, conc, count, delay, emulator_pid=emu.pid)
                 bare = bare_client(emu.url, conc, count, emulator_pid=emu.pid)
                 print(_overhead_line(label, conc, delay, r, bare), flush=True)
     with spawn_emulator(_emulator(DELAY_S)) as emu:
