@@ -93,6 +93,8 @@ cdef extern from *:
             }
             e[i].k = 0; --n;
         }
+        // start loading key's home slot: a batch of probes into a big map overlaps its misses
+        inline void prefetch(uint64_t key) const { __builtin_prefetch(&e[home(key)]); }
         // every (key, value), in slot order (state dumps only)
         void items(std::vector<uint64_t>& ks, std::vector<int64_t>& vs) const {
             if (has0) { ks.push_back(0); vs.push_back(v0); }
@@ -108,6 +110,7 @@ cdef extern from *:
         void set(uint64_t key, int64_t val) except +
         void erase(uint64_t key) noexcept nogil
         void items(vector[uint64_t]& ks, vector[int64_t]& vs) except +
+        void prefetch(uint64_t key) noexcept nogil
         int64_t n
 
 
@@ -539,6 +542,11 @@ cdef class ChunkStore:
             return s
         return -1
 
+    cdef inline void _prefetch(self, const uint64_t* keys, Py_ssize_t a, Py_ssize_t b) noexcept:
+        cdef Py_ssize_t i
+        for i in range(a, b):
+            self._map.prefetch(keys[i])
+
     def __len__(self):
         return self._size[0] + self._size[1]
 
@@ -682,6 +690,7 @@ cdef class ChunkStore:
         cdef int64_t need, s
         cdef bint ok
         todo.clear()
+        self._prefetch(keys, 0, nkeys)
         for i in range(nkeys):
             k = keys[i]
             if self._resident(k) < 0 and (nkeys == 1 or self._seen.find(k) < 0):
@@ -767,6 +776,8 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
     plan.clear()
     for t in range(2 * ntiers):
         deltas[t] = 0
+    for t in range(1, ntiers):  # the secondary tiers are probed chunk by chunk: start the loads
+        (<ChunkStore>tiers[t])._prefetch(keys, pos, min(nchunks, pos + 256))
     while pos < nchunks:
         n = 0
         while pos + n < nchunks:
