@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blis_sim import _backend
+from blis_sim.errors import SimulationError
 from blis_sim.kv import (CpuTierConfig, FsTierConfig, KVCache, KVConfig, TierStation, _core_py,
                          hash_blocks)
 
@@ -188,6 +189,33 @@ def test_prefixed_hashes_agree(n: int, shared: int, extra: int, seed: int) -> No
     parent = int(prefix[shared - 1]) if shared else root
     by_hand = prefix[:shared].tolist() + _core_py.extend_hashes(parent, seed, shared, extra).tolist()
     assert a.tolist() == b.tolist() == by_hand
+
+
+@pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 12), shared=st.integers(0, 12), prompt=st.integers(1, 300),
+       seed=st.integers(0, 2**64 - 1))
+def test_add_prefixed_is_add_request_of_prefixed_hashes(backend: str, n: int, shared: int,
+                                                         prompt: int, seed: int) -> None:
+    """Registering a prefix-group request in place gives the same cache as registering the hashes
+    ``prefixed_hashes`` builds (the shared part capped at the prompt's full blocks)."""
+    shared = min(shared, n)
+    prefix = _core_py.hash_blocks(np.arange(n * BS, dtype=np.int64), BS)
+    root = _core_py.root_hash(0)
+    a = KVCache(KVConfig(num_gpu_blocks=64, block_size=BS), backend=backend)
+    b = KVCache(KVConfig(num_gpu_blocks=64, block_size=BS), backend=backend)
+    # a first request holding the whole prefix, so that the second one's hits show in the state
+    for cache in (a, b):
+        cache.add_request(0, prefix, n * BS + 1)
+        cache.admit(0, n * BS + 1, 0.0)
+    a.add_prefixed(1, prefix, shared, root, seed, prompt)
+    need = prompt // BS
+    b.add_request(1, _core_py.prefixed_hashes(prefix, min(shared, need), root, seed, need), prompt)
+    assert tuple(a.lookup(1, 1.0)) == tuple(b.lookup(1, 1.0))
+    assert tuple(a.admit(1, 1, 1.0) or ()) == tuple(b.admit(1, 1, 1.0) or ())
+    assert a.state() == b.state()
+    with pytest.raises(SimulationError):
+        a.add_prefixed(1, prefix, shared, root, seed, prompt)
 
 
 @pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])

@@ -131,23 +131,36 @@ class ContentPlan:
     # -- the KV port's call -------------------------------------------------------------------
     def block_hashes(self, i: int) -> np.ndarray:
         """Hashes covering at least the prompt's full blocks (prompt + output for sessions)."""
-        bs = self.block_size
-        need = self._prompt_of[i] // bs
+        spec = self.prefix_spec(i)
+        if spec is None:
+            return self._session_hashes(i)
+        prefix, shared, root, seed = spec
+        return self.core.prefixed_hashes(prefix, shared, root, seed,
+                                         self._prompt_of[i] // self.block_size)
+
+    def prefix_spec(self, i: int) -> tuple[np.ndarray, int, int, int] | None:
+        """``(prefix_hashes, shared_blocks, root, seed)`` of a request that is not a session round:
+        its blocks are the group prefix's first ``shared_blocks`` then unique content
+        (``core.prefixed_hashes``; the KV cache builds them in place with ``add_prefixed``).
+        ``None`` for a session round (:meth:`block_hashes` hashes its token stream)."""
         if self._session_of[i] >= 0:
-            stream = self._round_stream(i)
-            if self.generated_differs:
-                n_out = int(self.output_len[i])
-                name = self.session_names[int(self.session[i])]
-                stream = np.concatenate([stream[:stream.shape[0] - n_out], segment_tokens(
-                    self.seed, "session-generated", name, i, length=n_out)])
-            return self.core.hash_blocks(stream, bs)
+            return None
         g = self._group_of[i]
-        pfull = 0
-        prefix = self._no_prefix
-        if g >= 0:
-            prefix = self._group_prefix_hashes(g)
-            pfull = min(self._shared_of[i] // bs, need, prefix.shape[0])
-        return self.core.prefixed_hashes(prefix, pfull, self._root, self._seeds[i], need)
+        if g < 0:
+            return self._no_prefix, 0, self._root, self._seeds[i]
+        prefix = self._group_prefix_hashes(g)
+        need = self._prompt_of[i] // self.block_size
+        return prefix, min(self._shared_of[i] // self.block_size, need, prefix.shape[0]), \
+            self._root, self._seeds[i]
+
+    def _session_hashes(self, i: int) -> np.ndarray:
+        stream = self._round_stream(i)
+        if self.generated_differs:
+            n_out = int(self.output_len[i])
+            name = self.session_names[int(self.session[i])]
+            stream = np.concatenate([stream[:stream.shape[0] - n_out], segment_tokens(
+                self.seed, "session-generated", name, i, length=n_out)])
+        return self.core.hash_blocks(stream, self.block_size)
 
     def __len__(self) -> int:
         return int(self.prompt_len.shape[0])

@@ -44,7 +44,11 @@ class KVPort:
         if not self._registered[i]:
             if i == self.window_first and self.window_snapshot is None:
                 self.window_snapshot = self.kv.snapshot()
-            self.kv.add_request(i, self.content.block_hashes(i), self._prompt_of[i])
+            spec = self.content.prefix_spec(i)
+            if spec is None:
+                self.kv.add_request(i, self.content.block_hashes(i), self._prompt_of[i])
+            else:
+                self.kv.add_prefixed(i, *spec, self._prompt_of[i])
             self._registered[i] = 1
         return self.kv.lookup(i, now)
 

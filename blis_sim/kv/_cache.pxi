@@ -3,6 +3,8 @@
 # the tiers' cdef methods on raw arrays. Same operations in the same order as the pure code, so the
 # two give identical states, counters and float times (tests/test_kv_parity.py); the docstrings and
 # the reasoning live in the pure modules.
+cimport numpy as cnp
+
 from blis_sim.errors import SimulationError
 from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
 
@@ -182,6 +184,33 @@ cdef class CacheCore:
         r.lk_epoch = -1
         self._reqs[rid] = r
 
+    def add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, root, seed,
+                     int64_t num_prompt_tokens):
+        """:meth:`add_request` with the hashes ``prefixed_hashes(prefix, shared, root, seed,
+        num_prompt_tokens // block_size)`` built in place (a prefix-group request)."""
+        if rid in self._reqs:
+            raise SimulationError(f"request {rid} is already registered with the KV cache")
+        if num_prompt_tokens < 1:
+            raise SimulationError(f"request {rid}: a prompt needs at least one token")
+        if (prefix.dtype != np.uint64 or prefix.ndim != 1 or not prefix.flags.c_contiguous
+                or not 0 <= shared <= prefix.shape[0]):
+            raise SimulationError(f"request {rid}: the prefix hashes must be a contiguous uint64 "
+                                  f"array of at least {shared} entries")
+        cdef Py_ssize_t need = num_prompt_tokens // self.block_size
+        cdef const uint64_t* pre = <const uint64_t*>cnp.PyArray_DATA(prefix)
+        cdef _Req r = _Req()
+        if shared > need:
+            shared = need
+        r.hashes.reserve(need)
+        r.hashes.assign(pre, pre + shared)
+        _extend(r.hashes, pre[shared - 1] if shared else <uint64_t>int(root),
+                <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF), shared, need - shared)
+        r.rid = rid
+        r.num_prompt = r.num_tokens = num_prompt_tokens
+        r.seed = _mix(<uint64_t>rid)
+        r.lk_epoch = -1
+        self._reqs[rid] = r
+
     cdef _Req _req(self, int64_t rid):
         r = self._reqs.get(rid)
         if r is None:
@@ -225,7 +254,7 @@ cdef class CacheCore:
     def lookup(self, int64_t rid, double now):
         cdef _Req r = self._req(rid)
         self._lookup(r, now)
-        return Lookup(r.lk[0], r.lk[1], r.lk[2], r.lk[3])
+        return tuple.__new__(Lookup, (r.lk[0], r.lk[1], r.lk[2], r.lk[3]))  # no Python frame
 
     cdef int _lookup(self, _Req r, double now) except -1:
         cdef int64_t bs = self.block_size, ct = self.chunk_tokens
@@ -327,7 +356,7 @@ cdef class CacheCore:
             self._ensure_hashes(r, (r.end + bs - 1) // bs)
         r.ncached = cache_to // bs
         self._pool._cache(rid, r.hashes.data(), r.hashes.size(), r.ncached)
-        return Admission(computed, gpu, ext, host, disk, ready)
+        return tuple.__new__(Admission, (computed, gpu, ext, host, disk, ready))
 
     cdef double _load(self, _Req r, int64_t gpu, double now, int64_t* out) except? -1:
         """Promote fs-resident chunks into the CPU tier, then load CPU → GPU: ``out`` = loaded

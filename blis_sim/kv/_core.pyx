@@ -13,6 +13,9 @@ from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref
 
 import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
 
 cdef extern from *:
     """

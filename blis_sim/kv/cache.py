@@ -210,6 +210,19 @@ class KVCache(Readouts):
         r.seed = self._core.mix64(rid & ((1 << 64) - 1))
         self._reqs[rid] = r
 
+    def add_prefixed(self, rid: int, prefix: np.ndarray, shared: int, root: int, seed: int,
+                     num_prompt_tokens: int) -> None:
+        """:meth:`add_request` of a prefix-group request: its hashes are ``prefix[:shared]``
+        then unique content (``core.prefixed_hashes``; ``shared`` is capped at the prompt's full
+        blocks)."""
+        need = num_prompt_tokens // self.block_size
+        if prefix.dtype != np.uint64 or prefix.ndim != 1 or not 0 <= shared <= prefix.shape[0]:
+            raise SimulationError(f"request {rid}: the prefix hashes must be a contiguous uint64 "
+                                  f"array of at least {shared} entries")
+        hashes = self._core.prefixed_hashes(prefix, min(shared, max(need, 0)), root, seed,
+                                            max(need, 0))
+        self.add_request(rid, hashes, num_prompt_tokens)
+
     def _req(self, rid: int) -> _Req:
         try:
             return self._reqs[rid]
