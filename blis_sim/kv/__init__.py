@@ -33,6 +33,10 @@ Per request (the engine's calls, in vLLM's order)
 ``add_request(rid, block_hashes, num_prompt_tokens, *, skip_prefix_cache=False)``
     Register a request. ``block_hashes=None``: unique content. ``skip_prefix_cache=True`` for
     ``prompt_logprobs`` requests (no lookups, not counted).
+``add_prefixed(rid, prefix_hashes, shared_blocks, root, seed, num_prompt_tokens)``
+    ``add_request`` of a prefix-group request without building its hash array:
+    ``core.prefixed_hashes(prefix_hashes, shared_blocks, root, seed, num_prompt_tokens //
+    block_size)`` (the group's first blocks, then unique chained content), built in place.
 ``lookup(rid, now) -> Lookup(gpu_tokens, external_tokens, host_tokens, disk_tokens)``
     At each admission attempt of a waiting request: the GPU hit (whole blocks, capped at
     ``num_tokens − 1``), then the offload tiers after it, chunk by chunk from the chunk holding the
