@@ -20,8 +20,9 @@ Python API::
 Modules: ``config`` (EmulatorConfig, FaultConfig, OffloadSpec), ``profiles`` (step-time
 profiles), ``tokenizer``, ``gpu_cache`` (block pool), ``offload`` (CPU + secondary tiers),
 ``scheduler`` (V1 scheduling and counter semantics), ``stats``, ``metrics`` (exposition and
-metric profiles), ``engine`` (real-time loop), ``server`` (HTTP routes, SSE, faults), ``runner``
-(start/spawn), ``cli`` (``blis emulate``). Flags, profiles and faults: ``docs/emulator.md``.
+metric profiles), ``engine`` (real-time loop), ``server`` (HTTP routes, SSE, faults), ``http`` (the
+small HTTP/1.1 server under them), ``loop`` (uvloop with the stdlib fallback; the precise clock and waits),
+``runner`` (start/spawn), ``cli`` (``blis emulate``). Flags, profiles and faults: ``docs/emulator.md``.
 """
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ Library API (what the pytest plugin uses; no argv involved)::
     write_result(result, "trace.yaml", "trace.csv", blis_compatible=False, itl_path=None)
 
 Modules: ``run`` (orchestration: version, prompt calibration, prewarm, phases, counter window,
-header), ``dispatch`` (schedule, concurrency, follow-ups, stop), ``client`` (one request over aiohttp,
-timed), ``sse`` (framing and chunk interpretation), ``prompts`` (server-exact prompt text),
+header), ``dispatch`` (schedule, concurrency, follow-ups, stop), ``client`` (one request, timed, over
+``http1`` or aiohttp), ``http1`` (the lean keep-alive HTTP/1.1 client of the hot path), ``loop`` (uvloop, with
+the stdlib fallback), ``sse`` (framing and chunk interpretation), ``prompts`` (server-exact prompt text),
 ``metrics`` (``/metrics`` parsing and windowed hit-rates for every definition of design D2),
 ``scrape`` (HTTP scrapes and the counter window with its settle delays and miss warnings),
 ``capture`` (records → trace rows, summaries), ``progress`` (TTY progress line), ``cli``

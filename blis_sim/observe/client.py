@@ -1,4 +1,4 @@
-"""One OpenAI-compatible request over aiohttp, timed without distorting it (design D6).
+"""One OpenAI-compatible request, timed without distorting it (design D6).
 
 API::
 
@@ -6,6 +6,8 @@ API::
                     api_key="", timeout_s=300.0, record_itl=False)
     await send(session, target, record, clock)    # fills ``record`` in place; never raises for the
                                                   # server's faults (status/error_message instead)
+    # session: an Http1Pool (observe's path to http:// servers) or an aiohttp.ClientSession (https)
+    StreamState(record, record_itl).feed(raw, now_ns) / .finish()   # SSE bytes -> the record
 
 Timestamps (monotonic ns): ``send`` just before the POST, ``first_byte`` when the response head
 arrives, ``first_chunk`` at the first SSE ``data:`` event, ``first_content`` at the first event that
