@@ -256,3 +256,19 @@ def test_chunked_decoding_is_independent_of_read_boundaries() -> None:
         asyncio.run(run())
 
     check()
+
+
+def test_interim_1xx_heads_are_skipped() -> None:
+    async def body() -> None:
+        def respond(req: bytes, t: asyncio.Transport, n: int) -> None:
+            t.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+            t.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        async with raw_server(respond) as (url, _):
+            pool = Http1Pool(url)
+            sink = Sink()
+            await pool.request("POST", "/", b"", {}, sink, 5.0)
+            assert (sink.status, sink.body) == (200, b"ok")
+            await pool.close()
+
+    asyncio.run(body())

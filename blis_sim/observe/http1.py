@@ -137,9 +137,9 @@ class _Connection(asyncio.Protocol):
             return
         ex.got_bytes = True
         try:
-            if self.state == _HEAD:
+            while self.state == _HEAD:  # a loop: interim 1xx heads (103 Early Hints...) come first
                 data = self._head(ex, data, now)
-                if self.state == _HEAD or ex.future.done():
+                if ex.future.done() or (self.state == _HEAD and not data):
                     return
             self._body(ex, data, now)
         except Exception as exc:  # noqa: BLE001 - a sink's or the framing's failure ends this exchange
@@ -162,6 +162,8 @@ class _Connection(asyncio.Protocol):
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
         status = int(parts[1])
+        if 100 <= status < 200 and status != 101:
+            return buf[end + 4:]  # an interim response: the real head follows (state stays _HEAD)
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -183,7 +185,7 @@ class _Connection(asyncio.Protocol):
             except ValueError:
                 raise ProtocolError(f"bad Content-Length {headers['content-length']!r}") from None
             self.state = _LENGTH
-        elif status in (204, 304) or 100 <= status < 200:
+        elif status in (204, 304, 101):
             self.remaining = 0
             self.state = _LENGTH
         else:
