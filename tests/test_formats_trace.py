@@ -232,6 +232,21 @@ def test_files_are_replaced_atomically(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.yaml"]  # no temp files left behind
 
 
+def test_written_files_get_the_mode_open_would_give(tmp_path: Path) -> None:
+    """The temp file behind an atomic write is private; the file it becomes is not (umask applies)."""
+    import os
+    import stat
+
+    trace = load_trace(BLIS / "trace.yaml", BLIS / "trace.csv")
+    old = os.umask(0o027)
+    try:
+        write_trace(trace, tmp_path / "t.yaml", tmp_path / "t.csv")
+    finally:
+        os.umask(old)
+    for name in ("t.yaml", "t.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640
+
+
 def test_kv_hit_rate_entry_rules() -> None:
     with pytest.raises(ValueError, match="exceed"):
         KVHitRate(definition="prefix_cache", unit="tokens", hits=3, queries=2, hit_rate=1.0)

@@ -24,6 +24,12 @@ from pathlib import Path
 from blis_sim.errors import FormatError
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
     atomic_write_chunks(path, (text,))
@@ -35,6 +41,8 @@ def atomic_write_chunks(path: str | Path, chunks: Iterable[str]) -> None:
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or Path("."))
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             for chunk in chunks:
                 f.write(chunk)
