@@ -434,6 +434,21 @@ def test_concurrency_users_keep_n_in_flight_until_the_horizon() -> None:
     assert inflight == 4
 
 
+def test_concurrency_users_send_new_content_every_round() -> None:
+    """A virtual user's rounds share the group prefix and nothing else (they do not accumulate)."""
+    plan = generate_workload(parse_workload_spec(CONC.format(bound="num_requests: 12")))
+    sent = simulate(plan.phases[0], latency_us=40_000)
+    by_user: dict[str, list] = {}
+    for _, _, r in sent:
+        by_user.setdefault(r.session_id, []).append(r)
+    rounds = by_user[sorted(by_user)[0]]
+    assert len(rounds) >= 3 and [r.round_index for r in rounds] == list(range(len(rounds)))
+    ids = [r.input_token_ids(plan.seed) for r in rounds]
+    assert all(len(x) == 24 and np.array_equal(x[:16], ids[0][:16]) for x in ids)
+    suffixes = {tuple(x[16:].tolist()) for x in ids}
+    assert len(suffixes) == len(ids)  # every round's own 8 tokens differ
+
+
 def test_concurrency_users_share_the_request_budget() -> None:
     phase = generate_workload(parse_workload_spec(CONC.format(bound="num_requests: 25"))).phases[0]
     assert len(phase.requests) == 4 and phase.follow_up_budget == 21

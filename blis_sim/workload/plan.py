@@ -109,6 +109,11 @@ class PlannedRequest:
 
     def input_token_ids(self, seed: int, vocab: int = tokens.VOCAB_SIZE) -> np.ndarray:
         """This request's prompt token ids, shared with its group / session exactly as on the wire."""
+        if self.session_id and not self.accumulate:  # a closed-loop user: new content each round
+            return tokens.session_round_input(
+                seed, session_id=self.session_id, round_index=self.round_index,
+                new_input_length=self.new_input_tokens, prefix_group=self.prefix_group,
+                prefix_length=self.prefix_length, vocab=vocab)
         if self.session_id:
             news = [n for n, _ in self.history] + [self.new_input_tokens]
             outs = [o for _, o in self.history]

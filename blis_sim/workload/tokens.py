@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = [
     "VOCAB_SIZE", "key_hash", "token_ids", "prefix_tokens", "request_tokens", "session_input_tokens",
-    "session_output_tokens", "request_input", "session_round_inputs", "new_input_lengths",
+    "session_output_tokens", "request_input", "session_round_input", "session_round_inputs", "new_input_lengths",
 ]
 
 VOCAB_SIZE = 128_000
@@ -61,11 +61,11 @@ def token_ids(seed: int, *key: str | int, length: int, vocab: int = VOCAB_SIZE) 
     """``length`` token ids in ``[0, vocab)`` for a key, as int64. Prefix-stable in ``length``."""
     if length <= 0:
         return np.zeros(0, dtype=np.int64)
-    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design (splitmix64)
-        z = np.arange(length, dtype=np.uint64) * _GOLD + np.uint64(key_hash(seed, *key))
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        z = z ^ (z >> np.uint64(31))
+    # uint64 arithmetic wraps by design (splitmix64); array operations do not warn on it
+    z = np.arange(length, dtype=np.uint64) * _GOLD + np.uint64(key_hash(seed, *key))
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    z = z ^ (z >> np.uint64(31))
     return (z % np.uint64(vocab)).astype(np.int64)
 
 
@@ -96,6 +96,17 @@ def request_input(seed: int, *, prefix_group: str, prefix_length: int, suffix_le
     return np.concatenate([prefix_tokens(seed, prefix_group, prefix_length, vocab), suffix])
 
 
+def session_round_input(seed: int, *, session_id: str, round_index: int, new_input_length: int,
+                        prefix_group: str = "", prefix_length: int = 0,
+                        vocab: int = VOCAB_SIZE) -> np.ndarray:
+    """The input of one round of a non-accumulating session (a closed-loop user's request): the group
+    prefix, then that round's own new tokens (nothing of earlier rounds)."""
+    new = session_input_tokens(seed, session_id, round_index, new_input_length, vocab)
+    if prefix_group and prefix_length > 0:
+        return np.concatenate([prefix_tokens(seed, prefix_group, prefix_length, vocab), new])
+    return new
+
+
 def session_round_inputs(seed: int, *, session_id: str, new_input_lengths: Sequence[int],
                          output_lengths: Sequence[int], prefix_group: str = "", prefix_length: int = 0,
                          accumulate: bool = True, vocab: int = VOCAB_SIZE) -> list[np.ndarray]:
@@ -112,7 +123,9 @@ def session_round_inputs(seed: int, *, session_id: str, new_input_lengths: Seque
             parts.append(new)
             out.append(np.concatenate(parts))
         else:
-            out.append(np.concatenate([prefix, new]))
+            out.append(session_round_input(seed, session_id=session_id, round_index=r,
+                                           new_input_length=n, prefix_group=prefix_group,
+                                           prefix_length=prefix_length, vocab=vocab))
     return out
 
 
