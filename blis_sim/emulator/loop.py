@@ -19,45 +19,18 @@ The clock: uvloop's ``loop.time()`` and timers count whole milliseconds (libuv),
 first token: what vLLM reports as TTFT) and step pacing must not depend on which loop runs, so the
 emulator stamps with :func:`now` (``time.monotonic``, the stdlib loop's clock) and waits with
 :func:`sleep_until`, which aims the loop's timer a little early and yields to the loop for the rest.
-Kept apart from ``blis_sim.observe.loop`` on purpose: the emulator imports
-nothing from the observe side (design D3).
+The loop choice itself lives in :mod:`blis_sim._aio` (shared with observe; the emulator imports
+nothing from the observe side, design D3).
 """
 from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
 
-T = TypeVar("T")
+from blis_sim._aio import loop_factory, loop_name, new_event_loop, run
 
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop's ``new_event_loop`` if usable, else asyncio's."""
-    if os.environ.get("BLIS_NO_UVLOOP", "") not in ("", "0"):
-        return asyncio.new_event_loop
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    return loop_factory()()
-
-
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop of :func:`loop_factory`."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
-
-
-def loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
-
+__all__ = ["loop_factory", "loop_name", "new_event_loop", "now", "run", "sleep_until"]
 
 now = time.monotonic  # the stdlib loop's clock; precise under uvloop too
 

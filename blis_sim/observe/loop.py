@@ -1,4 +1,5 @@
-"""observe's event loop: uvloop when it imports, the standard library's loop otherwise.
+"""observe's event loop (:mod:`blis_sim._aio`, shared with the emulator): uvloop when it imports,
+the standard library's loop otherwise.
 
 API::
 
@@ -6,42 +7,9 @@ API::
     new_event_loop()               # a loop of the same kind, for a caller that drives it
     loop_name(loop) -> str         # "uvloop" | "asyncio", for logs and tests
 
-uvloop (libuv) costs less CPU per socket event and per timer than the stdlib selector loop, and
-observe's timestamps are only as good as the loop's latency (design D6). Where uvloop cannot import
-(Windows, a minimal install) or ``BLIS_NO_UVLOOP=1`` is set, the standard loop is used: same
-behaviour, more CPU per request. ``blis_sim.emulator.loop`` is its twin (the emulator imports nothing
-from the observe side, design D3).
+observe's timestamps are only as good as the loop's latency (design D6); uvloop costs less CPU per
+socket event and per timer.
 """
-from __future__ import annotations
+from blis_sim._aio import loop_factory, loop_name, new_event_loop, run
 
-import asyncio
-import os
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
-
-T = TypeVar("T")
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop's ``new_event_loop`` if usable, else asyncio's."""
-    if os.environ.get("BLIS_NO_UVLOOP", "") not in ("", "0"):
-        return asyncio.new_event_loop
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    return loop_factory()()
-
-
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop of :func:`loop_factory`."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
-
-
-def loop_name(loop: asyncio.AbstractEventLoop) -> str:
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+__all__ = ["loop_factory", "loop_name", "new_event_loop", "run"]
