@@ -47,7 +47,8 @@ async def sleep_until(target: float, *, exact: bool = True) -> None:
     fraction of a millisecond (HTTP handlers keep running meanwhile), so the wake-up is on time on an
     idle loop, at the CPU cost of those yields; the step pacing uses it. Otherwise one timer, rounded
     up to whole milliseconds where the loop rounds to the nearest (uvloop), so it ends 0-1 ms late and
-    costs nothing while it waits; the per-request first-token delay fault uses it.
+    costs nothing while it waits. The step pacing and the first-token delay fault wait exactly (a
+fault that ends 1-2 ms late would read as client overhead in every TTFT measured against it).
     """
     delay = target - now()
     if delay <= 0:

@@ -384,7 +384,7 @@ class Handlers:
             return error_response(500, f"the emulator engine failed: {self.engine.crashed!r}",
                                   "InternalServerError")
         if delay:
-            await sleep_until(_now() + delay, exact=False)
+            await sleep_until(_now() + delay, exact=True)
         text = self.tok.decode(req.output_ids)
         usage = self._usage(req)
         created = int(time.time())
@@ -438,7 +438,9 @@ class Handlers:
                     await waiter.wait()
                     continue
                 if sent == 0 and delay:
-                    await sleep_until(_now() + delay, exact=False)  # never early; no spinning per request
+                    # exact: a uvloop timer alone ends 1-2 ms late, and that lateness would show
+                    # up in every client's TTFT as if the client had added it
+                    await sleep_until(_now() + delay, exact=True)
                 done = req.state == FINISHED
                 parts = self._token_events(fmt, req, params, sent, done)
                 n_new = req.num_output - sent
