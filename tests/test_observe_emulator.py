@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from blis_sim.emulator import EmulatorConfig, FaultConfig, OffloadSpec, TierSpec, start_emulator
+from blis_sim.errors import UsageError
 from blis_sim.formats.workload import parse_workload_spec
 from blis_sim.observe.run import ObserveOptions, ObserveResult, observe
 
@@ -46,8 +47,9 @@ def _rates(result: ObserveResult) -> dict[tuple[str, str | None], tuple[int, int
     return {(e.definition, e.tier): (e.hits, e.queries) for e in extra.kv_hit_rates}
 
 
-def test_vllm_033_profile_hit_rates_by_hand() -> None:
-    result = _run(_cfg())
+@pytest.mark.parametrize("http_client", ["lean", "aiohttp"])
+def test_vllm_033_profile_hit_rates_by_hand(http_client: str) -> None:
+    result = _run(_cfg(), http_client=http_client)
     rows = sorted(result.trace.records, key=lambda r: r.request_id)
     assert [(r.status, r.server_input_tokens, r.cached_tokens) for r in rows] == \
         [("ok", 96, 0)] + [("ok", 96, 64)] * 3
@@ -65,6 +67,11 @@ def test_vllm_033_profile_hit_rates_by_hand() -> None:
     assert result.trace.header.server is not None and result.trace.header.server.block_size == 32
     assert all(r.output_tokens == 4 and r.finish_reason == "length" for r in rows)
     assert result.prompt_mode.startswith("exact") and not result.warnings
+
+
+def test_http_client_is_checked() -> None:
+    with pytest.raises(UsageError, match="--http-client"):
+        ObserveOptions(model="m", http_client="curl").validate()
 
 
 def test_legacy_vllm_011_profile() -> None:

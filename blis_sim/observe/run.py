@@ -93,6 +93,9 @@ class ObserveOptions:
     use_tokenize: bool = True
     progress: bool | None = None  # None: only when stderr is a terminal
     handle_signals: bool = False  # install SIGINT/SIGTERM handlers (the CLI does)
+    # generation requests to http:// servers: "lean" (Http1Pool, the default) or "aiohttp";
+    # https:// always goes through aiohttp
+    http_client: str = "lean"
 
     def validate(self) -> None:
         if not self.model:
@@ -113,6 +116,8 @@ class ObserveOptions:
             raise UsageError("--record-itl and --no-streaming are mutually exclusive")
         if self.settle_s < 0 or self.grace_s < 0:
             raise UsageError("--settle and --grace must be >= 0")
+        if self.http_client not in ("lean", "aiohttp"):
+            raise UsageError(f"--http-client must be 'lean' or 'aiohttp', got {self.http_client!r}")
 
 
 @dataclass(repr=False)
@@ -244,7 +249,7 @@ class _Run:
         async with aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"blis-observe/{__version__}"}
                                          ) as session:
             self.session = session
-            if Http1Pool.supports(self.base_url):
+            if self.opts.http_client == "lean" and Http1Pool.supports(self.base_url):
                 self.pool = Http1Pool(self.base_url, headers={"User-Agent": f"blis-observe/{__version__}"})
             try:
                 return await self._execute()
