@@ -49,6 +49,10 @@ def test_replay_of_the_run_trace_reproduces_its_metrics_byte_for_byte(run_trace:
     assert 0 < saved["cache_hit_rate"] < 1 and len(saved["requests"]) == 200
     defs = {(e["definition"], e["tier"]) for e in saved["kv_hit_rates"]}
     assert {("prefix_cache", None), ("external", None), ("by_source", "disk"), ("tiered", "1:fs")} <= defs
+    prov = saved["provenance"]  # design D7: what produced these numbers, in the file itself
+    assert prov["kv_geometry"] == {"block_size": 16, "num_gpu_blocks": 1000}
+    assert prov["kv_offload"]["per_block_bytes"] == 2621440 and prov["latency_model"]["name"] == "linear"
+    assert prov["latency_model"]["coefficients"]["seed"] == prov["seed"]
     sim = json.loads((run_trace / "rep-sim.json").read_text())
     assert set(sim[0]["cached_tokens_by_source"]) == {"device", "host", "disk"}
     assert "mode: replayed" in (run_trace / "again.yaml").read_text()
@@ -116,3 +120,6 @@ def test_fit_writes_coefficients_that_run_accepts(run_trace: Path) -> None:
     again = blis("run", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000",
                  "--workload-spec", BLIS / "workload.yaml", "--latency-coefficients", coeffs)
     assert again.returncode == 0, again.stderr
+    model = json.loads(again.stdout)["provenance"]["latency_model"]
+    assert model["source"] == str(coeffs)
+    assert model["coefficients"]["step.base_us"] == pytest.approx(report["coefficients"]["step"]["base_us"])

@@ -27,7 +27,7 @@ import numpy as np
 
 from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
-from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimResult, _go
+from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
 from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results
 
 
@@ -141,14 +141,18 @@ def request_metrics_columns(o: SimOutcome, text: _SourceText | None = None) -> C
 
 
 def write_outputs(o: SimOutcome, *, results_path: str | Path | None = None,
-                  metrics_path: str | Path | None = None) -> MetricsOutput:
-    """``--results-path`` (SimResult JSON) and ``--metrics-path`` (MetricsOutput JSON), each written
-    only when given, from the columns: byte-identical to writing the objects, without one object
-    per request. Returns the aggregate without ``requests`` (what stdout shows)."""
+                  metrics_path: str | Path | None = None,
+                  provenance: SimProvenance | None = None) -> MetricsOutput:
+    """``--results-path`` (SimResult JSON) and ``--metrics-path`` (MetricsOutput JSON, with
+    ``provenance`` when given), each written only when given, from the columns: byte-identical to
+    writing the objects, without one object per request. Returns the aggregate without
+    ``requests`` (what stdout shows)."""
     text = _SourceText(o)
     if results_path is not None:
         write_sim_results(sim_result_columns(o, text), results_path)
     metrics = metrics_output(o, include_requests=False)
+    if provenance is not None:
+        metrics = metrics.model_copy(update={"provenance": provenance})
     if metrics_path is not None:
         write_metrics_output(metrics, metrics_path, requests=request_metrics_columns(o, text))
     return metrics

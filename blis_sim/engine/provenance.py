@@ -1,4 +1,5 @@
-"""Provenance of a simulation (design D7): what goes into the header of a trace the engine writes.
+"""Provenance of a simulation (design D7): what goes into the header of a trace the engine writes,
+and into the MetricsOutput it writes (``sim_provenance``).
 
 ``sim_header(outcome, options, mode, base=None)`` → :class:`~blis_sim.formats.TraceHeader` with
 the resolved ``kv_offload`` block (INV-13), and in ``pytest_blis``: tool version, KV geometry,
@@ -11,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from blis_sim import __version__
-from blis_sim.formats import KVGeometry, KVHitRate, LatencyModelInfo, PytestBlisHeader, TraceHeader
+from blis_sim.formats import (KVGeometry, KVHitRate, LatencyModelInfo, PytestBlisHeader,
+                              SimProvenance, TraceHeader)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -36,6 +38,14 @@ def latency_info(options: Any) -> LatencyModelInfo:
     coeffs = flatten({k: v for k, v in desc.items() if k != "model"})
     coeffs["seed"] = float(options.seed)
     return LatencyModelInfo(name=name, coefficients=coeffs, source=options.latency_source)
+
+
+def sim_provenance(outcome: Any, options: Any) -> SimProvenance:
+    """The MetricsOutput's ``provenance`` block: the same facts as the trace header's."""
+    return SimProvenance(
+        tool_version=__version__, latency_model=latency_info(options), seed=int(options.seed),
+        kv_geometry=KVGeometry(block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
+        kv_offload=outcome.offload.to_header() if outcome.offload is not None else None)
 
 
 def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replayed"],

@@ -44,14 +44,20 @@ class RunOutcome:
         return sim_results(self.outcome)
 
     def metrics(self, include_requests: bool = True) -> Any:
-        return metrics_output(self.outcome, include_requests=include_requests)
+        from blis_sim.engine.provenance import sim_provenance
+
+        return metrics_output(self.outcome, include_requests=include_requests).model_copy(
+            update={"provenance": sim_provenance(self.outcome, self.options)})
 
     def write_outputs(self, results_path: str | Path | None = None,
                       metrics_path: str | Path | None = None) -> Any:
         """Write the SimResult / MetricsOutput files given (same bytes as writing ``results`` and
         ``metrics()``, without one object per request); returns the MetricsOutput without
         ``requests``."""
-        return write_outputs(self.outcome, results_path=results_path, metrics_path=metrics_path)
+        from blis_sim.engine.provenance import sim_provenance
+
+        return write_outputs(self.outcome, results_path=results_path, metrics_path=metrics_path,
+                             provenance=sim_provenance(self.outcome, self.options))
 
     def trace(self, workload_spec: str = "") -> Any:
         from blis_sim.engine.provenance import sim_header

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "AdapterMetrics",
         "MetricsOutput",
         "RequestMetrics",
+        "SimProvenance",
         "SimResult",
         "load_metrics_output",
         "load_sim_results",

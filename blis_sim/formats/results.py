@@ -33,7 +33,10 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
 - :class:`SimResult`: ``cached_tokens`` (prompt tokens served from any cache) and ``cached_tokens_by_source``
   (``{"device": n, "host": n, "disk": n}``), written only when set.
 - :class:`MetricsOutput`: ``kv_hit_rates`` — the simulated per-definition hit-rates
-  (:class:`~blis_sim.formats.hitrate.KVHitRate`), written only when set.
+  (:class:`~blis_sim.formats.hitrate.KVHitRate`), and ``provenance`` (:class:`SimProvenance`: tool
+  version, latency model and coefficients, seed, KV geometry, resolved offload config; design D7),
+  each written only when set. SimResult JSON is a bare list, so it has no room for provenance: the
+  MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from blis_sim.formats import _go
 from blis_sim.formats._model import StrictModel, to_go
 from blis_sim.formats._strict import describe, read_text
 from blis_sim.formats.hitrate import KVHitRate
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TraceKVOffloadConfig
 from blis_sim.formats._io import atomic_write, atomic_write_chunks
 
 _Float = Field(default=0.0, allow_inf_nan=False)
@@ -112,6 +116,17 @@ class AdapterMetrics(StrictModel):
     throughput_tok_per_s: float = _Float
 
 
+class SimProvenance(StrictModel):
+    """What produced a MetricsOutput (design D7; ours): tool version, latency model with its
+    coefficients and source, seed, KV geometry and the resolved offload config."""
+
+    tool_version: str = ""
+    latency_model: LatencyModelInfo | None = None
+    seed: int = 0
+    kv_geometry: KVGeometry | None = None
+    kv_offload: TraceKVOffloadConfig | None = None
+
+
 class MetricsOutput(StrictModel):
     """The cluster aggregate of a replay (``--metrics-path``), keys in the reference's order."""
 
@@ -153,6 +168,7 @@ class MetricsOutput(StrictModel):
     adapters: dict[str, AdapterMetrics] = Field(default_factory=dict)
     # ours
     kv_hit_rates: list[KVHitRate] | None = None
+    provenance: SimProvenance | None = None
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(
         {"kv_allocation_failures", "requests", "goodput_rps", "slo_attainment", "adapters"})
