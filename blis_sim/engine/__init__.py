@@ -31,9 +31,9 @@ from blis_sim.engine.scheduler import SchedulerConfig
 from blis_sim.engine.simulate import EngineOptions
 
 # `run` and `fit` need the workload generator and its spec models: imported on first use (PEP 562)
-__getattr__, __dir__, _lazy_names = lazy_exports(__name__, {
+__getattr__, __dir__, _ = lazy_exports(__name__, {
     "blis_sim.engine.fitting": ("evaluate", "fit"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = sorted(["EngineOptions", "LatencyCoefficients", "SchedulerConfig", "load_coefficients",
-                  "replay", "replay_outcome", "roofline", *_lazy_names])
+__all__ = ["EngineOptions", "LatencyCoefficients", "SchedulerConfig", "evaluate", "fit",
+           "load_coefficients", "replay", "replay_outcome", "roofline", "run", "run_outcome"]

@@ -31,10 +31,9 @@ Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from blis_sim.engine.outputs import metrics_output, sim_results, trace_records, write_outputs
+from blis_sim.engine.outputs import SimulatedOutputs, trace_records
 from blis_sim.engine.requests import table_from_trace, trace_window
 from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
                                       simulate_table)
@@ -48,30 +47,10 @@ BC10_MESSAGE = (
 
 
 @dataclass
-class ReplayOutcome:
+class ReplayOutcome(SimulatedOutputs):
     outcome: SimOutcome
     header: Any
     options: EngineOptions
-
-    @property
-    def results(self) -> list[Any]:
-        return sim_results(self.outcome)
-
-    def metrics(self, include_requests: bool = True) -> Any:
-        from blis_sim.engine.provenance import sim_provenance
-
-        return metrics_output(self.outcome, include_requests=include_requests).model_copy(
-            update={"provenance": sim_provenance(self.outcome, self.options)})
-
-    def write_outputs(self, results_path: str | Path | None = None,
-                      metrics_path: str | Path | None = None) -> Any:
-        """Write the SimResult / MetricsOutput files given (same bytes as writing ``results`` and
-        ``metrics()``, without one object per request); returns the MetricsOutput without
-        ``requests``."""
-        from blis_sim.engine.provenance import sim_provenance
-
-        return write_outputs(self.outcome, results_path=results_path, metrics_path=metrics_path,
-                             provenance=sim_provenance(self.outcome, self.options))
 
     def trace(self) -> Any:
         """The replay re-exported as a TraceV2 (``mode: replayed``; observations kept verbatim)."""

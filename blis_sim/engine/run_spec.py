@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.outputs import metrics_output, sim_results, trace_records, write_outputs
+from blis_sim.engine.outputs import SimulatedOutputs, trace_records
 from blis_sim.engine.requests import table_from_plan
 from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
                                       simulate_table)
@@ -33,31 +32,11 @@ MAX_FOLLOWUPS = 100_000
 
 
 @dataclass
-class RunOutcome:
+class RunOutcome(SimulatedOutputs):
     outcome: SimOutcome
     options: EngineOptions
     plan: Any
     phase_start: np.ndarray  # µs: start of each request's phase (deadlines are phase-relative)
-
-    @property
-    def results(self) -> list[Any]:
-        return sim_results(self.outcome)
-
-    def metrics(self, include_requests: bool = True) -> Any:
-        from blis_sim.engine.provenance import sim_provenance
-
-        return metrics_output(self.outcome, include_requests=include_requests).model_copy(
-            update={"provenance": sim_provenance(self.outcome, self.options)})
-
-    def write_outputs(self, results_path: str | Path | None = None,
-                      metrics_path: str | Path | None = None) -> Any:
-        """Write the SimResult / MetricsOutput files given (same bytes as writing ``results`` and
-        ``metrics()``, without one object per request); returns the MetricsOutput without
-        ``requests``."""
-        from blis_sim.engine.provenance import sim_provenance
-
-        return write_outputs(self.outcome, results_path=results_path, metrics_path=metrics_path,
-                             provenance=sim_provenance(self.outcome, self.options))
 
     def trace(self, workload_spec: str = "") -> Any:
         from blis_sim.engine.provenance import sim_header
