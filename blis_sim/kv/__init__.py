@@ -93,10 +93,8 @@ The model, the counters' update points and the departures from the reference: ``
 """
 from __future__ import annotations
 
-from types import ModuleType
-
-from blis_sim import _backend
 import abc
+from types import ModuleType
 from typing import Any
 
 from blis_sim import _backend
@@ -136,10 +134,7 @@ class KVCache(abc.ABC):
         return PyKVCache(config, mod, False)
 
 
-KVCache.register(PyKVCache)
-if COMPILED:
-    from blis_sim.kv.compiled import CompiledKVCache
-    KVCache.register(CompiledKVCache)
+KVCache.register(PyKVCache)  # the compiled class registers itself (blis_sim.kv.compiled)
 
 
 __all__ = ["Admission", "COMPILED", "core", "CpuTierConfig", "FsTierConfig", "KVCache", "KVConfig",
