@@ -161,13 +161,10 @@ cdef class CacheCore:
     # ------------------------------------------------------------------------------- requests
     def add_request(self, int64_t rid, block_hashes, int64_t num_prompt_tokens, *,
                     bint skip_prefix_cache=False):
-        if rid in self._reqs:
-            raise SimulationError(f"request {rid} is already registered with the KV cache")
-        if num_prompt_tokens < 1:
-            raise SimulationError(f"request {rid}: a prompt needs at least one token")
+        cdef _Req r = self._new_req(rid, num_prompt_tokens, skip_prefix_cache)
         cdef Py_ssize_t need = num_prompt_tokens // self.block_size
-        cdef const uint64_t[::1] h
-        cdef _Req r = _Req()
+        cdef cnp.ndarray arr
+        cdef const uint64_t* h
         if block_hashes is None:
             _extend(r.hashes, _mix(_SEED ^ <uint64_t>rid), <uint64_t>rid, 0, need)
         else:
@@ -175,41 +172,42 @@ cdef class CacheCore:
             if arr.ndim != 1 or arr.shape[0] < need:
                 raise SimulationError(f"request {rid}: {arr.shape[0]} block hashes for a "
                                       f"{num_prompt_tokens}-token prompt (needs {need})")
-            h = arr
-            r.hashes.assign(&h[0] if h.shape[0] else NULL, (&h[0] if h.shape[0] else NULL) + h.shape[0])
-        r.rid = rid
-        r.num_prompt = r.num_tokens = num_prompt_tokens
-        r.skip = skip_prefix_cache
-        r.seed = _mix(<uint64_t>rid)
-        r.lk_epoch = -1
+            h = <const uint64_t*>cnp.PyArray_DATA(arr)
+            r.hashes.assign(h, h + arr.shape[0])
         self._reqs[rid] = r
 
     def add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, root, seed,
                      int64_t num_prompt_tokens):
         """:meth:`add_request` with the hashes ``prefixed_hashes(prefix, shared, root, seed,
         num_prompt_tokens // block_size)`` built in place (a prefix-group request)."""
-        if rid in self._reqs:
-            raise SimulationError(f"request {rid} is already registered with the KV cache")
-        if num_prompt_tokens < 1:
-            raise SimulationError(f"request {rid}: a prompt needs at least one token")
+        cdef _Req r = self._new_req(rid, num_prompt_tokens, False)
         if (prefix.dtype != np.uint64 or prefix.ndim != 1 or not prefix.flags.c_contiguous
                 or not 0 <= shared <= prefix.shape[0]):
             raise SimulationError(f"request {rid}: the prefix hashes must be a contiguous uint64 "
                                   f"array of at least {shared} entries")
         cdef Py_ssize_t need = num_prompt_tokens // self.block_size
         cdef const uint64_t* pre = <const uint64_t*>cnp.PyArray_DATA(prefix)
-        cdef _Req r = _Req()
         if shared > need:
             shared = need
         r.hashes.reserve(need)
         r.hashes.assign(pre, pre + shared)
         _extend(r.hashes, pre[shared - 1] if shared else <uint64_t>int(root),
                 <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF), shared, need - shared)
+        self._reqs[rid] = r
+
+    cdef _Req _new_req(self, int64_t rid, int64_t num_prompt_tokens, bint skip):
+        """A new request's state, hashes still empty (the caller fills them and registers it)."""
+        if rid in self._reqs:
+            raise SimulationError(f"request {rid} is already registered with the KV cache")
+        if num_prompt_tokens < 1:
+            raise SimulationError(f"request {rid}: a prompt needs at least one token")
+        cdef _Req r = _Req()
         r.rid = rid
         r.num_prompt = r.num_tokens = num_prompt_tokens
+        r.skip = skip
         r.seed = _mix(<uint64_t>rid)
         r.lk_epoch = -1
-        self._reqs[rid] = r
+        return r
 
     cdef _Req _req(self, int64_t rid):
         r = self._reqs.get(rid)
