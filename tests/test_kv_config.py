@@ -106,9 +106,19 @@ def test_config_errors_name_the_field(factory, field: str) -> None:  # noqa: ANN
     assert err.value.location.field == field
 
 
-def test_station_ramp_matches_the_reference_check_vector() -> None:
+def _stations() -> list:
+    out: list = [TransferStation]
+    try:
+        from blis_sim.kv import _core
+    except ImportError:
+        return out
+    return out + [_core.Station]  # the compiled twin
+
+
+@pytest.mark.parametrize("station", _stations(), ids=lambda c: c.__module__)
+def test_station_ramp_matches_the_reference_check_vector(station: type) -> None:
     """blis-kv-model.md §2.5: peak 10 B/µs, base 100, Qsat 4, f1 0.5, 1000 B → 300/250/220/200."""
-    st = TransferStation(TierStation(read_bandwidth=10.0, base_latency=100.0,
+    st = station(TierStation(read_bandwidth=10.0, base_latency=100.0,
                                      saturation_queue_depth=4, single_transfer_fraction=0.5,
                                      n_read_threads=8), seed=0)
     assert [st.service_time(True, 1000, q) for q in (1, 2, 3, 4, 6)] == pytest.approx(
