@@ -28,7 +28,6 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 

@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from blis_sim.errors import FormatError
 from blis_sim.formats._strict import describe
 
 
