@@ -7,7 +7,6 @@ API::
     loop_name(loop) -> str         # "uvloop" | "asyncio", for logs and tests
     now() -> float                 # the emulator's clock (monotonic seconds, sub-µs resolution)
     await sleep_until(target)      # sleep until now() >= target: never early, on time when idle
-    await sleep_until(target, exact=False)   # never early, 0-1 ms late, no CPU while waiting
 
 uvloop (libuv) costs less CPU per socket event and per timer than the stdlib selector loop; the
 emulator stands in for vLLM, whose API server also runs on uvloop (uvicorn's default). Where uvloop
@@ -25,7 +24,6 @@ nothing from the observe side, design D3).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 
 from blis_sim._aio import loop_factory, loop_name, new_event_loop, run
@@ -40,25 +38,20 @@ now = time.monotonic  # the stdlib loop's clock; precise under uvloop too
 _SLACK_S = {"asyncio": 0.0005, "uvloop": 0.001}
 
 
-async def sleep_until(target: float, *, exact: bool = True) -> None:
-    """Sleep until :func:`now` reaches ``target``: never early.
+async def sleep_until(target: float) -> None:
+    """Sleep until :func:`now` reaches ``target``: never early, on time on an idle loop.
 
-    ``exact``: the loop's timer ends the bulk of the wait and ``sleep(0)`` yields cover the last
-    fraction of a millisecond (HTTP handlers keep running meanwhile), so the wake-up is on time on an
-    idle loop, at the CPU cost of those yields; the step pacing uses it. Otherwise one timer, rounded
-    up to whole milliseconds where the loop rounds to the nearest (uvloop), so it ends 0-1 ms late and
-    costs nothing while it waits. The step pacing and the first-token delay fault wait exactly (a
-fault that ends 1-2 ms late would read as client overhead in every TTFT measured against it).
+    The loop's timer ends the bulk of the wait and ``sleep(0)`` yields cover the last fraction of a
+    millisecond (HTTP handlers keep running meanwhile), at the CPU cost of those yields. The step
+    pacing and the first-token delay fault both wait this way: a timer alone ends up to 1-2 ms late
+    under uvloop, and a fault that late would read as client overhead in every TTFT measured
+    against it.
     """
     delay = target - now()
     if delay <= 0:
         return
-    kind = loop_name(asyncio.get_running_loop())
-    if exact:
-        slack = _SLACK_S[kind]
-        if delay > slack:
-            await asyncio.sleep(delay - slack)
-    else:
-        await asyncio.sleep(math.ceil(delay * 1000) / 1000 if kind == "uvloop" else delay)
+    slack = _SLACK_S[loop_name(asyncio.get_running_loop())]
+    if delay > slack:
+        await asyncio.sleep(delay - slack)
     while now() < target:
         await asyncio.sleep(0)

@@ -383,7 +383,7 @@ class Handlers:
             return error_response(500, f"the emulator engine failed: {self.engine.crashed!r}",
                                   "InternalServerError")
         if delay:
-            await sleep_until(_now() + delay, exact=True)
+            await sleep_until(_now() + delay)
         text = self.tok.decode(req.output_ids)
         usage = self._usage(req)
         created = int(time.time())
@@ -439,7 +439,7 @@ class Handlers:
                 if sent == 0 and delay:
                     # exact: a uvloop timer alone ends 1-2 ms late, and that lateness would show
                     # up in every client's TTFT as if the client had added it
-                    await sleep_until(_now() + delay, exact=True)
+                    await sleep_until(_now() + delay)
                 done = req.state == FINISHED
                 parts = self._token_events(fmt, req, params, sent, done)
                 n_new = req.num_output - sent
