@@ -573,11 +573,11 @@ cdef class CacheCore:
 cdef void _extend(vector[uint64_t]& out, uint64_t parent, uint64_t seed, Py_ssize_t start,
                   Py_ssize_t count) noexcept:
     """Append :func:`extend_hashes` ``(parent, seed, start, count)`` to ``out``."""
-    cdef uint64_t h = parent
-    cdef Py_ssize_t k
-    for k in range(count):
-        h = _chain(h, _mix(seed ^ <uint64_t>(start + k)))
-        out.push_back(h)
+    cdef size_t have = out.size()
+    if count <= 0:
+        return
+    out.resize(have + count)
+    _chain_fill(out.data() + have, parent, seed, start, count)
 
 
 cdef class _Tracker:

@@ -174,31 +174,37 @@ def hash_blocks(tokens, int block_size, salt=0):
     return out
 
 
+cdef void _chain_fill(uint64_t* out, uint64_t parent, uint64_t seed, Py_ssize_t start,
+                      Py_ssize_t count) noexcept nogil:
+    """``out[k] = chain(out[k - 1], mix64(seed ^ (start + k)))`` from ``parent``: ``count`` hashes
+    of unique content (the one loop behind extend_hashes, prefixed_hashes and the cache's)."""
+    cdef uint64_t h = parent
+    cdef Py_ssize_t k
+    for k in range(count):
+        h = _chain(h, _mix(seed ^ <uint64_t>(start + k)))
+        out[k] = h
+
+
 def extend_hashes(parent, seed, Py_ssize_t start, Py_ssize_t count):
     """``count`` chained hashes standing for unique content (see the pure twin)."""
     out = np.empty(count, dtype=np.uint64)
-    cdef uint64_t[::1] o = out
-    cdef uint64_t h = <uint64_t>int(parent)
-    cdef uint64_t s = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
-    cdef Py_ssize_t k
-    for k in range(count):
-        h = _chain(h, _mix(s ^ <uint64_t>(start + k)))
-        o[k] = h
+    _chain_fill(<uint64_t*>cnp.PyArray_DATA(out), <uint64_t>int(parent),
+                <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF), start, count)
     return out
 
 
 def prefixed_hashes(const uint64_t[::1] prefix, Py_ssize_t shared, root, seed, Py_ssize_t count):
     """See the pure twin: ``prefix[:shared]`` then unique chained hashes, in one array."""
+    if not 0 <= shared <= min(count, prefix.shape[0]):
+        raise ValueError(f"shared blocks {shared} must be within the prefix ({prefix.shape[0]}) "
+                         f"and the count ({count})")
     out = np.empty(count, dtype=np.uint64)
-    cdef uint64_t[::1] o = out
-    cdef uint64_t h = prefix[shared - 1] if shared else <uint64_t>int(root)
-    cdef uint64_t s = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
+    cdef uint64_t* o = <uint64_t*>cnp.PyArray_DATA(out)
     cdef Py_ssize_t k
     for k in range(shared):
         o[k] = prefix[k]
-    for k in range(shared, count):
-        h = _chain(h, _mix(s ^ <uint64_t>k))
-        o[k] = h
+    _chain_fill(o + shared, prefix[shared - 1] if shared else <uint64_t>int(root),
+                <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF), shared, count - shared)
     return out
 
 
