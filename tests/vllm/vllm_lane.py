@@ -1,16 +1,23 @@
 """Helpers shared by the real-vLLM tests: the lane script and probe client (loaded by path), the server record,
-and small runners for aiohttp code. Imported by ``conftest.py`` and by the test modules (``from vllm_lane import``).
+the skip-or-fail rule, a running server's URL, the counter-window lock, and small runners for aiohttp code.
+Imported by ``conftest.py`` and by the test modules (``from vllm_lane import``).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+import os
 import sys
-from collections.abc import Awaitable, Callable
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 T = TypeVar("T")
@@ -40,6 +47,47 @@ class VllmServer:
     block_size: int
     num_gpu_blocks: int
     requested_gpu_blocks: int | None  # the lane's --num-gpu-blocks-override, when this is the lane's server
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip for ``reason``; fail instead under ``BLIS_REQUIRE_VLLM=1`` (CI's lane step)."""
+    if os.environ.get("BLIS_REQUIRE_VLLM") == "1":
+        pytest.fail(f"BLIS_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def running_server_url() -> str:
+    """``BLIS_VLLM_URL``, else the lane's server when its state file names a healthy one. Never starts
+    a server (the ``vllm_server`` fixture does): without one the caller skips (fails under
+    ``BLIS_REQUIRE_VLLM=1``); ``BLIS_SKIP_VLLM=1`` skips."""
+    if os.environ.get("BLIS_SKIP_VLLM") == "1":
+        pytest.skip("BLIS_SKIP_VLLM=1: the real-vLLM lane runs in its own step")
+    url = os.environ.get("BLIS_VLLM_URL", "").rstrip("/")
+    if not url:
+        state = lane.ServerState.load(lane.cache_paths().state_file)
+        url = state.url if state is not None else ""
+    if not url:
+        unavailable("no real vLLM: set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`")
+    if not healthy(url):
+        unavailable(f"the real vLLM at {url} is not healthy")
+    return url
+
+
+@contextlib.contextmanager
+def exclusive() -> Iterator[None]:
+    """The lane's ``counters.lock`` for a test's traffic, kept until the engine has published the stats
+    of its last request (``SETTLE_S``), so nothing it sent lands in the next holder's counter window."""
+    with lane.counters_locked():
+        yield
+        time.sleep(SETTLE_S)
 
 
 def run(fn: Callable[[Any], Awaitable[T]]) -> T:

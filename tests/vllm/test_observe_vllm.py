@@ -11,68 +11,24 @@ one hits the 8 prefix blocks: 3 × 256 = 768 hits of 4 × 296 = 1184 queried tok
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import importlib.util
-import json
-import os
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from vllm_lane import exclusive, running_server_url
 
 from blis_sim.formats.workload import parse_workload_spec
 from blis_sim.observe.metrics import parse_exposition
 from blis_sim.observe.run import ObserveOptions, observe
 
 pytestmark = pytest.mark.vllm
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
-
-
-def _lane_root() -> Path:
-    module = sys.modules.get("vllm_cpu")
-    if module is None:  # loaded by path, as tests/vllm/vllm_lane.py does (tools/ is not a package)
-        spec = importlib.util.spec_from_file_location("vllm_cpu", TOOLS / "vllm_cpu.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vllm_cpu"] = module
-        spec.loader.exec_module(module)
-    return Path(module.cache_paths().root)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
-            return resp.status == 200
-    except OSError:
-        return False
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("BLIS_REQUIRE_VLLM") == "1":
-        pytest.fail(f"BLIS_REQUIRE_VLLM=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture
 def vllm_url() -> Iterator[str]:
-    root = _lane_root()
-    url = os.environ.get("BLIS_VLLM_URL", "")
-    if not url:
-        try:
-            url = json.loads((root / "vllm-server.json").read_text())["url"]
-        except (OSError, ValueError, KeyError):
-            _unavailable("no real vLLM: set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`")
-    if not _healthy(url):
-        _unavailable(f"the real vLLM at {url} is not healthy")
-    lock = root / "counters.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh, contextlib.ExitStack() as stack:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        stack.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+    url = running_server_url()
+    with exclusive():
         yield url
 
 

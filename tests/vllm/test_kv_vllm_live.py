@@ -14,76 +14,18 @@ The lane's ``counters.lock`` keeps other tests' traffic out while it runs.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import importlib.util
-import os
 import random
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
+from vllm_lane import client, exclusive, run, running_server_url, window
 
 from blis_sim.kv import KVCache, KVConfig, hash_blocks
 
 pytestmark = pytest.mark.vllm
-LANE = Path(__file__).resolve().parent / "vllm" / "vllm_lane.py"
-
-
-def _lane() -> ModuleType:
-    if "vllm_lane" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("vllm_lane", LANE)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vllm_lane"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["vllm_lane"]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
-            return resp.status == 200
-    except OSError:
-        return False
-
-
-def _server_url() -> str:
-    if os.environ.get("BLIS_SKIP_VLLM") == "1":
-        pytest.skip("BLIS_SKIP_VLLM=1")
-    url = os.environ.get("BLIS_VLLM_URL", "").rstrip("/")
-    if not url and LANE.exists():
-        lane = _lane().lane
-        state = lane.ServerState.load(lane.cache_paths().state_file)
-        url = state.url if state is not None else ""
-    if url and _healthy(url):
-        return url
-    reason = "no healthy vLLM server (set BLIS_VLLM_URL or run `python tools/vllm_cpu.py start`)"
-    if os.environ.get("BLIS_REQUIRE_VLLM") == "1":
-        pytest.fail(f"BLIS_REQUIRE_VLLM=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-@contextlib.contextmanager
-def _exclusive() -> Iterator[None]:
-    """The lane's counters.lock: no other test sends requests meanwhile."""
-    lane = _lane()
-    lock = lane.lane.cache_paths().root / "counters.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-            time.sleep(lane.SETTLE_S)
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def workload(rng: random.Random, n_requests: int, unique: Any) -> list[list[int]]:
@@ -117,10 +59,8 @@ def predict(prompts: list[list[int]], block_size: int, num_gpu_blocks: int) -> l
 
 
 def test_cached_tokens_match_a_real_vllm_under_eviction() -> None:
-    url = _server_url()
-    lane = _lane()
-    client = lane.client
-    snap = lane.run(lambda s: client.scrape(s, url))
+    url = running_server_url()
+    snap = run(lambda s: client.scrape(s, url))
     info = snap.labels_of("vllm:cache_config_info")[0]
     block_size, num_gpu_blocks = int(info["block_size"]), int(info["num_gpu_blocks"])
     problems: list[str] = []
@@ -133,9 +73,9 @@ def test_cached_tokens_match_a_real_vllm_under_eviction() -> None:
         async def send(session: Any, prompts: list[list[int]] = prompts) -> list[Any]:
             return [await client.complete(session, url, p, 1) for p in prompts]
 
-        with _exclusive():
+        with exclusive():
             try:
-                done, deltas = lane.run(lambda s: lane.window(s, url, lambda: send(s)))
+                done, deltas = run(lambda s: window(s, url, lambda: send(s)))
             except aiohttp.ClientError as exc:  # the server went away (restarted by someone)
                 problems.append(f"attempt {attempt + 1}: {exc!r}")
                 continue
