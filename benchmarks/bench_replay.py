@@ -1,6 +1,6 @@
 """Replay benchmark (issue 4 item 7): wall time and peak RSS of `blis replay` on a large trace.
 
-The trace is shaped like ``../shared/samples/blis/workload.yaml`` (16 prefix groups × 1024-token
+The trace is shaped like ``samples/blis/workload.yaml`` (16 prefix groups × 1024-token
 prefixes at 90 % of the traffic, 10 % unique prompts, Poisson arrivals at 8 req/s, exponential
 outputs of mean 64), written as a sim-generated TraceV2 whose header records the sample
 ``offload.yaml`` (1 GiB CPU tier + one nvme_gen4 fs tier, Qwen3-14B KV size); the replay runs on
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT.parent / "shared" / "samples" / "blis"
+SAMPLES = ROOT / "samples" / "blis"
 KV_BYTES_PER_TOKEN = 163840  # Qwen3-14B: 40 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes
 
 

@@ -1,6 +1,6 @@
 """`blis calibrate` end to end: the reference sample, exit codes, our extra fields, bad input.
 
-Inputs are the reference's own files (../shared/samples/blis/) or files written with our format writers.
+Inputs are the reference's own files (samples/blis/) or files written with our format writers.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from blis_sim.formats.results import MetricsOutput, SimResult, load_sim_results,
 from blis_sim.formats.trace import (ObservedKVMetrics, PytestBlisHeader, Trace, TraceHeader, TraceNetworkConfig,
                                     TraceRecord, write_trace)
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "blis"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "blis"
 REF_ARGS = ["--trace-header", str(SAMPLES / "trace-observed.yaml"), "--trace-data", str(SAMPLES / "trace.csv"),
             "--sim-results", str(SAMPLES / "sim.json"), "--sim-metrics", str(SAMPLES / "simagg.json")]
 

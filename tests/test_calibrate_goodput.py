@@ -13,7 +13,7 @@ from blis_sim.cli import main
 from blis_sim.errors import UsageError
 from blis_sim.formats.report import SLODimTargets
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "blis"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "blis"
 
 
 @pytest.mark.parametrize("text,ms", [

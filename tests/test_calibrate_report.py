@@ -14,7 +14,7 @@ from blis_sim.formats.report import (REFERENCE_KNOWN_LIMITATIONS, CalibrationRep
 from blis_sim.formats.results import load_metrics_output, load_sim_results
 from blis_sim.formats.trace import ITLRecord, load_trace
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "blis"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "blis"
 
 
 @pytest.fixture(scope="module")

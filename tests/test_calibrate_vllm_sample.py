@@ -1,4 +1,4 @@
-"""A real vLLM 0.32 run (../shared/samples/vllm-cpu/), replayed by our simulator and calibrated: the like-for-like
+"""A real vLLM 0.32 run (samples/vllm-cpu/), replayed by our simulator and calibrated: the like-for-like
 hit-rate comparison of design D2 on real counters.
 
 The reference's observe recorded no hit-rate here (it looks for counter names vLLM no longer serves); our scrape
@@ -17,7 +17,7 @@ from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace import KVGeometry, ObservedKVMetrics, PytestBlisHeader, load_trace
 from blis_sim.observe.metrics import derive_window, kv_geometry, parse_exposition
 
-VLLM = Path(__file__).resolve().parents[2] / "shared" / "samples" / "vllm-cpu"
+VLLM = Path(__file__).resolve().parents[1] / "samples" / "vllm-cpu"
 
 
 @pytest.fixture(scope="module")

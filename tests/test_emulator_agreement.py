@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blis_sim.emulator import EmulatorConfig, RunningEmulator, start_emulator
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "vllm-cpu"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "vllm-cpu"
 KEYS = {
     "queries": ("vllm:prefix_cache_queries_total", ()),
     "hits": ("vllm:prefix_cache_hits_total", ()),

@@ -12,7 +12,7 @@ import blis_sim.emulator
 FORBIDDEN = ("blis_sim.kv", "blis_sim.engine", "blis_sim.workload", "blis_sim.observe",
              "blis_sim.calibrate", "pytest_blis")
 PACKAGE = Path(blis_sim.emulator.__file__).parent
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
 def _imported_modules(path: Path) -> set[str]:

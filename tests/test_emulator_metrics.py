@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from blis_sim.emulator import EmulatorConfig, start_emulator
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 REAL = SAMPLES / "vllm-cpu" / "metrics-after.txt"
 # Families of the real vLLM 0.32 that come from the HTTP instrumentator, not from vLLM.
 INSTRUMENTATOR = {"http_request_duration_highr_seconds", "http_request_duration_seconds",

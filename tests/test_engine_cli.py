@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-BLIS = SHARED / "samples" / "blis"
+REPO = Path(__file__).resolve().parents[1]
+BLIS = REPO / "samples" / "blis"
 
 
 def blis(*args: str) -> subprocess.CompletedProcess:

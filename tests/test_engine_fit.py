@@ -77,7 +77,7 @@ def test_non_streamed_observe_rows_cannot_be_fitted() -> None:
     from blis_sim.errors import ConfigError
     from blis_sim.formats import load_trace
 
-    vllm = Path(__file__).resolve().parents[2] / "shared" / "samples" / "vllm-cpu"
+    vllm = Path(__file__).resolve().parents[1] / "samples" / "vllm-cpu"
     trace = load_trace(vllm / "trace.yaml", vllm / "trace.csv")  # streaming: false everywhere
     with pytest.raises(ConfigError, match="no completed request with a usable TTFT"):
         fit(trace, EngineOptions(model="tiny-llama", block_size=32, num_gpu_blocks=512),

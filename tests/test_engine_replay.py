@@ -18,9 +18,9 @@ from blis_sim.formats import (PhaseInfo, PytestBlisHeader, Trace, TraceHeader, T
 from blis_sim.formats.offload import load_offload_config
 from blis_sim.formats.workload import load_workload_spec
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-BLIS = SHARED / "samples" / "blis"
-VLLM_CPU = SHARED / "samples" / "vllm-cpu"
+REPO = Path(__file__).resolve().parents[1]
+BLIS = REPO / "samples" / "blis"
+VLLM_CPU = REPO / "samples" / "vllm-cpu"
 QWEN_KV = 163840.0
 
 

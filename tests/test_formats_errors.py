@@ -16,7 +16,7 @@ import pytest
 from blis_sim.errors import FormatError
 from blis_sim.formats import load_metrics_output, load_sim_results, read_itl, read_trace_data, read_trace_header
 
-BLIS = Path(__file__).resolve().parents[2] / "shared" / "samples" / "blis"
+BLIS = Path(__file__).resolve().parents[1] / "samples" / "blis"
 HEADER = (BLIS / "trace-observed.yaml").read_text()
 CSV_LINES = (BLIS / "trace.csv").read_text().splitlines(keepends=True)
 SIM = json.loads((BLIS / "sim.json").read_text())

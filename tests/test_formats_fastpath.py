@@ -26,9 +26,9 @@ from blis_sim.formats.results import (Columns, IntMapColumn, MetricsOutput, Requ
 from blis_sim.formats.trace_data import BASE_COLUMNS, read_trace_data
 from blis_sim.formats.trace_header import TraceServerConfig
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-BLIS = SHARED / "samples" / "blis"
-VLLM = SHARED / "samples" / "vllm-cpu"
+REPO = Path(__file__).resolve().parents[1]
+BLIS = REPO / "samples" / "blis"
+VLLM = REPO / "samples" / "vllm-cpu"
 
 AWKWARD_FLOATS = [0.0, -0.0, 1e-5, -1e-5, 9.99e-5, 1e-4, 1.5e-4, 1e-6, 1e-7, 5e-324, -5e-324, 2.2250738585072014e-308,
                   1.0, 33037.0, 0.1, 1 / 3, 0.30000000000000004, 1e15, 9999999999999998.0, 1e16, -1e16, 1.5e16,

@@ -21,8 +21,8 @@ from blis_sim.formats import (
 )
 from blis_sim.formats.trace import OffloadExtensions, TraceKVOffloadConfig, header_text
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-BLIS = SHARED / "samples" / "blis"
+REPO = Path(__file__).resolve().parents[1]
+BLIS = REPO / "samples" / "blis"
 QWEN14B = 163840  # bytes per token per rank: 40 layers × 8 kv heads × 128 × 2 (K,V) × 2 bytes
 
 MINIMAL = """\

@@ -22,7 +22,7 @@ from blis_sim.formats import (
 from blis_sim.formats._go import fixed_float, json_float, yaml_float
 from blis_sim.formats.results import go_json
 
-BLIS = Path(__file__).resolve().parents[2] / "shared" / "samples" / "blis"
+BLIS = Path(__file__).resolve().parents[1] / "samples" / "blis"
 
 
 def test_samples_load_and_write_back_byte_identical(tmp_path: Path) -> None:

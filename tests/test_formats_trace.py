@@ -32,9 +32,9 @@ from blis_sim.formats import (
 )
 from blis_sim.formats.trace import BASE_COLUMNS, columns_for, data_text, default_itl_path, header_text
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-BLIS = SHARED / "samples" / "blis"
-VLLM = SHARED / "samples" / "vllm-cpu"
+REPO = Path(__file__).resolve().parents[1]
+BLIS = REPO / "samples" / "blis"
+VLLM = REPO / "samples" / "vllm-cpu"
 
 
 def test_reference_samples_load() -> None:
@@ -68,10 +68,10 @@ def test_real_vllm_observe_trace_loads() -> None:
 @pytest.mark.parametrize(("header", "data"), [("blis/trace.yaml", "blis/trace.csv"),
                                                ("vllm-cpu/trace.yaml", "vllm-cpu/trace.csv")])
 def test_blis_compatible_write_is_byte_identical(tmp_path: Path, header: str, data: str) -> None:
-    trace = load_trace(SHARED / "samples" / header, SHARED / "samples" / data)
+    trace = load_trace(REPO / "samples" / header, REPO / "samples" / data)
     write_trace(trace, tmp_path / "t.yaml", tmp_path / "t.csv", blis_compatible=True)
-    assert (tmp_path / "t.yaml").read_bytes() == (SHARED / "samples" / header).read_bytes()
-    assert (tmp_path / "t.csv").read_bytes() == (SHARED / "samples" / data).read_bytes()
+    assert (tmp_path / "t.yaml").read_bytes() == (REPO / "samples" / header).read_bytes()
+    assert (tmp_path / "t.csv").read_bytes() == (REPO / "samples" / data).read_bytes()
 
 
 def test_observed_sample_round_trips(tmp_path: Path) -> None:

@@ -38,14 +38,14 @@ def test_adapter_maps_every_field() -> None:
     assert [t.capacity for t in cache.tiers] == [10, 3]
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_adapter_takes_the_formats_offload_config() -> None:
     """The sample offload.yaml (qwen3-14b: 160 KiB/token) through blis_sim.formats.offload."""
     from blis_sim.formats.offload import load_offload_config
 
-    off = load_offload_config(SHARED / "samples" / "blis" / "offload.yaml",
+    off = load_offload_config(REPO / "samples" / "blis" / "offload.yaml",
                               kv_bytes_per_token=163840)
     cfg = from_offload_config(off, block_size=16, num_gpu_blocks=1000, bytes_per_block=0)
     assert cfg.chunk_bytes == off.bytes_per_chunk == 2621440

@@ -1,4 +1,4 @@
-"""blis_sim.kv against the behaviour measured on a real vLLM (0.32, ../shared/reference/vllm-cpu.md)
+"""blis_sim.kv against the behaviour measured on a real vLLM (0.32, docs/vllm-cpu.md)
 and the semantics of vllm-semantics.md §A.2–§A.4, on both backends."""
 from __future__ import annotations
 

@@ -8,14 +8,14 @@ import pytest
 from blis_sim.errors import ScrapeError
 from blis_sim.observe.metrics import derive_window, kv_geometry, parse_exposition
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples" / "vllm-cpu"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "vllm-cpu"
 
 
 def _snap(text: str):  # type: ignore[no-untyped-def]
     return parse_exposition(text, url="http://h/metrics")
 
 
-@pytest.mark.skipif(not SAMPLES.is_dir(), reason="shared/samples not beside the checkout")
+@pytest.mark.skipif(not SAMPLES.is_dir(), reason="samples/ missing from the checkout")
 def test_real_vllm_032_window_is_61_1_percent_gpu_fallback() -> None:
     start = _snap((SAMPLES / "metrics-before.txt").read_text())
     end = _snap((SAMPLES / "metrics-after.txt").read_text())

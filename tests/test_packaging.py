@@ -53,3 +53,25 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     ci_cmd = [ln for ln in ci.splitlines() if ln.startswith("pip install -e")][0].strip()
     blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, re.S)
     assert any(ci_cmd in b for b in blocks), f"README does not show CI's test command: {ci_cmd}"
+
+
+def test_nothing_reads_outside_the_repository() -> None:
+    """A clone or an sdist has no ``../shared`` beside it: every sample a test, benchmark or doc uses is in
+    ``samples/``. A path that climbs out of the checkout would pass here and fail for every user."""
+    pattern = re.compile(r"\.\./shared|[\"'/]shared/(samples|reference)|parents\[\d\] / \"shared\"")
+    offenders = []
+    for sub in ("tests", "benchmarks", "blis_sim", "pytest_blis", "tools", "docs", "scenarios", "samples",
+                ".ci"):
+        for path in sorted((ROOT / sub).rglob("*")):
+            if path.suffix not in {".py", ".md", ".yaml", ".yml", ".txt", ""} or not path.is_file():
+                continue
+            if path == Path(__file__).resolve():
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if pattern.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    for name in ("README.md", "conftest.py", "pyproject.toml", "setup.py"):
+        for n, line in enumerate((ROOT / name).read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{name}:{n}: {line.strip()}")
+    assert not offenders, "reads outside the repository:\n" + "\n".join(offenders)

@@ -13,8 +13,8 @@ from blis_sim.errors import InputError
 from blis_sim.formats.workload import parse_workload_spec
 from blis_sim.workload import generate_workload
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-BASE = yaml.safe_load((SHARED / "samples/blis/workload.yaml").read_text())
+REPO = Path(__file__).resolve().parents[1]
+BASE = yaml.safe_load((REPO / "samples/blis/workload.yaml").read_text())
 BASE["clients"] = BASE["clients"][:2] + BASE["clients"][-1:]
 BASE["clients"][0]["reasoning"] = {"multi_turn": {"max_rounds": 3, "think_time_us": 10,
                                                   "context_growth": "accumulate"}}

@@ -16,7 +16,7 @@ from blis_sim.errors import ConfigError
 from blis_sim.formats.workload import load_workload_spec, parse_workload_spec
 from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan, generate_workload
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def client(cid: str, **kw: object) -> str:
@@ -60,7 +60,7 @@ def simulate(phase: PhasePlan, latency_us: int, fail: set[str] | frozenset[str] 
 # --- rates, bounds, determinism ------------------------------------------------------------------------------
 
 def test_sample_spec_generates_num_requests_in_arrival_order() -> None:
-    plan = generate_workload(load_workload_spec(SHARED / "samples/blis/workload.yaml"))
+    plan = generate_workload(load_workload_spec(REPO / "samples/blis/workload.yaml"))
     (phase,) = plan.phases
     reqs = phase.requests
     assert len(reqs) == 200
@@ -116,7 +116,7 @@ def test_unbounded_workload_is_refused() -> None:
 
 
 def test_deterministic_for_a_seed() -> None:
-    text = (SHARED / "samples/blis/workload.yaml").read_text()
+    text = (REPO / "samples/blis/workload.yaml").read_text()
     one = generate_workload(parse_workload_spec(text))
     two = generate_workload(parse_workload_spec(text))
     assert one.phases[0].requests == two.phases[0].requests
@@ -129,7 +129,7 @@ def test_deterministic_across_processes() -> None:
     code = ("import hashlib,sys; from blis_sim.formats.workload import load_workload_spec as L; "
             "from blis_sim.workload import generate_workload as G; "
             "p=G(L(sys.argv[1])); print(hashlib.sha256(repr(p.all_initial()).encode()).hexdigest())")
-    path = str(SHARED / "samples/blis/workload.yaml")
+    path = str(REPO / "samples/blis/workload.yaml")
     outs = {subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert len(outs) == 1

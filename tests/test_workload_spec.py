@@ -13,7 +13,7 @@ from blis_sim.formats.workload import (
     load_workload_spec, parse_workload_spec, workload_spec_from_data, workload_spec_from_doc,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
 
 BASE = """\
 version: "2"
@@ -69,7 +69,7 @@ clients:
 
 
 def test_reference_sample_spec_loads() -> None:
-    spec = load_workload_spec(SHARED / "samples/blis/workload.yaml")
+    spec = load_workload_spec(REPO / "samples/blis/workload.yaml")
     assert spec.version == "2" and spec.seed == 42 and spec.category == "language"
     assert len(spec.clients) == 17 and spec.num_requests == 200 and spec.aggregate_rate == 8.0
     g0 = spec.clients[0]
@@ -81,7 +81,7 @@ def test_reference_sample_spec_loads() -> None:
 
 
 def test_real_vllm_sample_spec_loads() -> None:
-    spec = load_workload_spec(SHARED / "samples/vllm-cpu/spec.yaml")
+    spec = load_workload_spec(REPO / "samples/vllm-cpu/spec.yaml")
     assert [c.id for c in spec.clients] == ["g0", "g1", "g2", "u"]
     assert sum(c.rate_fraction for c in spec.clients) == pytest.approx(1.0)
 

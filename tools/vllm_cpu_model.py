@@ -5,7 +5,7 @@ transformers and tokenizers)::
 
     <venv>/bin/python tools/vllm_cpu_model.py OUT_DIR
 
-Recipe (``shared/reference/vllm-cpu.md``): a byte-level BPE (vocabulary 8000) trained with ``tokenizers`` on
+Recipe (docs/vllm-cpu.md): a byte-level BPE (vocabulary 8000) trained with ``tokenizers`` on
 the Python standard library's ``*.py`` files (sorted, capped, so that the same Python version gives the same
 corpus), wrapped as ``PreTrainedTokenizerFast`` with ``<unk>`` 0, ``<s>`` 1, ``</s>`` 2, ``<pad>`` 3 and a
 plain chat template; a ``LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,

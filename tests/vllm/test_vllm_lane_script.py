@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from vllm_lane import TOOLS, client, lane
 
-SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "samples" / "vllm-cpu"
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "vllm-cpu"
 
 
 @pytest.fixture()
