@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.latency import (FitReport, FrontendCoefficients, LatencyCoefficients,
-                                     StepCoefficients)
+from blis_sim.engine.fit_solve import Design
+from blis_sim.engine.latency import (FitIteration, FitReport, FrontendCoefficients,
+                                     LatencyCoefficients, StepCoefficients)
+from blis_sim.engine.prior import PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.simulate import EngineOptions, SimOutcome
 from blis_sim.errors import ConfigError
@@ -100,15 +102,16 @@ class _StepIntegral:
         return g, b
 
 
-def _design(outcome: SimOutcome, obs: Observed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows (features, target, weight) for the least squares; columns: 5 step + 2 frontend."""
+def _design(outcome: SimOutcome, obs: Observed) -> Design:
+    """Rows (features, target, weight, request) for the least squares; columns: 5 step + 2
+    frontend."""
     lp = outcome.loop
     if lp.step_start is None or lp.step_dur is None or lp.step_features is None:
         raise ValueError("the replay was run without a step log")
     integ = _StepIntegral(lp.step_start, lp.step_dur, lp.step_features @ _LINEAR_FROM_FEATURES)
     done = ~np.isnan(lp.finish_us)
     load = obs.load
-    rows, targets, weights = [], [], []
+    rows, targets, weights, requests = [], [], [], []
     sel = np.flatnonzero(done & ~np.isnan(obs.ttft_us) & (obs.ttft_us > 0))
     if sel.size:
         g0, b0 = integ(lp.arrival_us[sel])
@@ -118,6 +121,7 @@ def _design(outcome: SimOutcome, obs: Observed) -> tuple[np.ndarray, np.ndarray,
         rows.append(x)
         targets.append(obs.ttft_us[sel] - idle)
         weights.append(1.0 / obs.ttft_us[sel])
+        requests.append(sel)
     sel = np.flatnonzero(done & ~np.isnan(obs.itl_us) & (obs.itl_us > 0) & (lp.num_out >= 2))
     if sel.size:
         g0, b0 = integ(lp.first_token_us[sel])
@@ -128,40 +132,11 @@ def _design(outcome: SimOutcome, obs: Observed) -> tuple[np.ndarray, np.ndarray,
         rows.append(x)
         targets.append(obs.itl_us[sel] - idle)
         weights.append(1.0 / obs.itl_us[sel])
+        requests.append(sel)
     if not rows:
         raise ConfigError("the trace has no completed request with a usable TTFT or ITL to fit")
-    return np.vstack(rows), np.concatenate(targets), np.concatenate(weights)
-
-
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient ≥ 0 (active set: drop the most negative, refit)."""
-    active = [j for j in range(x.shape[1]) if np.any(x[:, j] != 0)]
-    coef = np.zeros(x.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            coef[active] = sol
-            return coef
-        active.pop(int(np.argmin(sol)))
-    return coef
-
-
-def _robust_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray, rounds: int = 4) -> np.ndarray:
-    """Weighted non-negative least squares that sets aside outliers: a request that arrived just
-    before a step boundary in one schedule and just after it in another is off by a whole step,
-    which says nothing about the coefficients. Rows whose relative residual exceeds 3 × the median
-    (and 0.1 %) are dropped and the fit redone."""
-    keep = np.ones(y.shape[0], dtype=bool)
-    c = np.zeros(x.shape[1])
-    for _ in range(rounds):
-        c = _nonneg_lstsq(x[keep] * w[keep, None], y[keep] * w[keep])
-        rel = np.abs(x @ c - y) * w
-        cut = max(3.0 * float(np.median(rel[keep])), 1e-3)
-        new = rel <= cut
-        if new.sum() < x.shape[1] or (new == keep).all():
-            break
-        keep = new
-    return c
+    return Design(np.vstack(rows), np.concatenate(targets), np.concatenate(weights),
+                  np.concatenate(requests))
 
 
 def _to_coefficients(values: np.ndarray) -> LatencyCoefficients:
@@ -172,12 +147,18 @@ def _to_coefficients(values: np.ndarray) -> LatencyCoefficients:
         frontend=FrontendCoefficients(base_us=c[5], per_inflight_us=c[6]))
 
 
+def _vector(coeffs: LatencyCoefficients) -> np.ndarray:
+    s, f = coeffs.step, coeffs.frontend
+    return np.array([s.base_us, s.per_prefill_token_us, s.per_decode_seq_us,
+                     s.per_context_token_us, s.per_prefill_attention_us, f.base_us,
+                     f.per_inflight_us])
+
+
 def _report(outcome: SimOutcome, obs: Observed, name: str, iterations: int) -> FitReport:
-    ttft_sim, e2e_sim = outcome.ttft_us, outcome.e2e_us
+    ttft_sim = outcome.ttft_us
     lp = outcome.loop
     itl_sim = np.where(lp.num_out >= 2, (lp.finish_us - lp.first_token_us)
                        / np.maximum(lp.num_out - 1, 1), np.nan)
-    del e2e_sim
 
     def errs(sim: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
         ok = ~np.isnan(sim) & ~np.isnan(ref) & (ref > 0)
@@ -193,48 +174,92 @@ def _report(outcome: SimOutcome, obs: Observed, name: str, iterations: int) -> F
                      itl_mape=i_mape, ttft_rmse_us=t_rmse, itl_rmse_us=i_rmse)
 
 
-def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int = 10,
-        burn_in: int = 3, tolerance: float = 1e-6, name: str = "") -> LatencyCoefficients:
-    """Fit the linear model to ``trace`` (see the module docstring); ``options`` sets the KV and
-    scheduler knobs of the replay (and the starting coefficients, if linear).
+@dataclass(eq=False)
+class _Iterate:
+    """One coefficient vector the fit tried, replayed: its objective, and its schedule's rows."""
 
-    A replay is chaotic in the small (a µs more per step moves step boundaries past arrivals and
-    regroups batches), so successive estimates jitter around the fixed point instead of landing on
-    it, or alternate between two points: the answer is whichever of the coordinate-wise median of
-    the estimates after ``burn_in`` iterations and the last two estimates reproduces the trace's
-    TTFT and ITL best (sum of their MAPEs).
+    kind: str                   # "start" | "iterate" | "median"
+    coef: np.ndarray
+    report: FitReport
+    outcome: SimOutcome
+    obs: Observed
+    design: Design
+
+    @property
+    def objective(self) -> float:
+        return self.report.ttft_mape + self.report.itl_mape
+
+
+def _replayed(trace: Any, options: EngineOptions, coef: np.ndarray, kind: str, name: str) -> _Iterate:
+    model = _to_coefficients(coef).to_step_model()
+    out = replay_outcome(trace, replace(options, latency=model, latency_source="fit"),
+                         log_steps=True).outcome
+    obs = observed(out, trace.header.mode)
+    return _Iterate(kind, coef, _report(out, obs, name, 0), out, obs, _design(out, obs))
+
+
+def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int = 10,
+        burn_in: int = 3, tolerance: float = 1e-6, name: str = "",
+        prior: PhysicsPrior | None = None, prior_label: str = "", prior_strength: float = 0.01,
+        bootstrap_resamples: int = 100, seed: int = 0, start: str = "") -> LatencyCoefficients:
+    """Fit the linear model to ``trace`` (see the module docstring); ``options`` sets the KV and
+    scheduler knobs of the replay, and the starting coefficients if linear (``start`` names
+    where they came from, for the report).
+
+    Each iteration replays the trace with the current coefficients (which also scores them: the
+    objective is the in-sample TTFT MAPE + ITL MAPE) and solves the rows of that schedule for the
+    next ones (:func:`fit_solve.solve`, toward ``prior`` if given). A replay is chaotic in the
+    small, so the iterates jitter, alternate, or drift away from a good point on hard traces:
+    the answer is the best by the objective of all iterates and of the coordinate-wise median of
+    those after ``burn_in`` — never worse than any of them. Its report carries every iterate's
+    objective, each coefficient's bootstrap interval (``bootstrap_resamples`` resamples of the
+    requests at its schedule, seeded by ``seed``), identifiability and plausibility warnings.
     """
+    from blis_sim.engine import fit_checks
+    from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
+
     options = options or EngineOptions()
-    coeffs = _start(options)
-    history: list[np.ndarray] = []
+    start_coeffs, start_label = _start(options)
+    tried = [_replayed(trace, options, _vector(start_coeffs), "start", name)]
+    fitted: list[np.ndarray] = []
     for _ in range(max_iterations):
-        opts = replace(options, latency=coeffs.to_step_model(), latency_source="fit")
-        out = replay_outcome(trace, opts, log_steps=True).outcome
-        obs = observed(out, trace.header.mode)
-        x, y, w = _design(out, obs)
-        c = _robust_lstsq(x, y, w)
-        coeffs = _to_coefficients(c)
-        if history and np.all(np.abs(c - history[-1])
-                              <= tolerance * np.maximum(np.abs(history[-1]), 1.0)):
-            history.append(c)
+        c = solve(tried[-1].design, prior, prior_strength).coef
+        converged = bool(fitted) and bool(np.all(
+            np.abs(c - fitted[-1]) <= tolerance * np.maximum(np.abs(fitted[-1]), 1.0)))
+        fitted.append(c)
+        tried.append(_replayed(trace, options, c, "iterate", name))
+        if converged:
             break
-        history.append(c)
-    settled = history[min(burn_in, len(history) - 1):]
-    # Candidates: the median of the settled estimates and the last two (an iteration that
-    # alternates between two points, period 2, has its median on one of them or between);
-    # the one that reproduces the trace best wins.
-    candidates = [np.median(np.array(settled), axis=0)] + history[-2:]
-    best: tuple[float, LatencyCoefficients, FitReport] | None = None
-    for c in candidates:
-        cand = _to_coefficients(c)
-        final = replay_outcome(trace, replace(options, latency=cand.to_step_model(),
-                                              latency_source="fit")).outcome
-        report = _report(final, observed(final, trace.header.mode), name, len(history))
-        score = report.ttft_mape + report.itl_mape
-        if best is None or score < best[0]:
-            best = (score, cand, report)
-    assert best is not None
-    return best[1].model_copy(update={"fit": best[2]})
+    settled = fitted[min(burn_in, len(fitted) - 1):]
+    if len(settled) > 1:
+        tried.append(_replayed(trace, options, np.median(np.array(settled), axis=0), "median", name))
+    best_index = min((i for i, t in enumerate(tried) if t.kind != "start"),
+                     key=lambda i: tried[i].objective)
+    best = tried[best_index]
+
+    sol = solve(best.design, prior, prior_strength)
+    samples = bootstrap(best.design, prior, prior_strength, sol.row_weight,
+                        bootstrap_resamples, seed)
+    cond, vif = collinearity(best.design)
+    ests, warnings = fit_checks.estimates(best.coef, sol.coef, samples, vif, best.design, prior,
+                                          best.outcome.table, best.outcome.loop.step_features,
+                                          best.obs.load)
+    sat = fit_checks.saturation(best.obs.ttft_us, best.outcome.loop.arrival_us, best.obs.load)
+    if sat:
+        warnings.insert(0, sat)
+    if tried[0].objective < best.objective:
+        warnings.append(f"no iterate beat the starting point ({start_label}: objective "
+                        f"{tried[0].objective:.3g} vs {best.objective:.3g})")
+    history = [FitIteration(iteration=i, kind=t.kind, ttft_mape=t.report.ttft_mape,
+                            itl_mape=t.report.itl_mape, objective=t.objective,
+                            values=[float(v) for v in t.coef]) for i, t in enumerate(tried)]
+    report = best.report.model_copy(update={
+        "iterations": len(fitted), "start": start or start_label,
+        "prior": prior_label or (prior.source if prior else "none"),
+        "best_iteration": best_index, "convergence": history,
+        "condition_number": cond if np.isfinite(cond) else None, "coefficients": ests,
+        "warnings": warnings})
+    return _to_coefficients(best.coef).model_copy(update={"fit": report})
 
 
 def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport:
@@ -244,7 +269,8 @@ def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport
     return _report(out, observed(out, trace.header.mode), name, 0)
 
 
-def _start(options: EngineOptions) -> LatencyCoefficients:
+def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
+    """The starting coefficients: ``options.latency`` if linear, else the bundled default."""
     from blis_sim.engine.latency import DEFAULT_COEFFICIENTS
 
     lat = options.latency
@@ -252,5 +278,6 @@ def _start(options: EngineOptions) -> LatencyCoefficients:
         s = lat.details.get("step")
         if s:
             return LatencyCoefficients(step=StepCoefficients(**s), frontend=FrontendCoefficients(
-                base_us=lat.frontend_base_us, per_inflight_us=lat.frontend_per_inflight_us))
-    return DEFAULT_COEFFICIENTS
+                base_us=lat.frontend_base_us, per_inflight_us=lat.frontend_per_inflight_us)), \
+                options.latency_source
+    return DEFAULT_COEFFICIENTS, "default"

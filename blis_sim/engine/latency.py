@@ -69,8 +69,36 @@ class FrontendCoefficients(BaseModel):
     per_inflight_us: float = Field(default=0.0, ge=0)
 
 
+class CoefficientEstimate(BaseModel):
+    """One fitted coefficient with its bootstrap interval, its physics prior and plausible range
+    (``None`` without a prior), and whether the data pin it down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    value: float
+    ci_low: float
+    ci_high: float
+    identified: bool = True
+    prior: float | None = None
+    plausible_low: float | None = None
+    plausible_high: float | None = None
+
+
+class FitIteration(BaseModel):
+    """The fit's objective (in-sample TTFT MAPE + ITL MAPE) of one iterate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    iteration: int
+    kind: Literal["start", "iterate", "median"] = "iterate"
+    ttft_mape: float
+    itl_mape: float
+    objective: float
+    values: list[float] = Field(default_factory=list)   # the coefficients, in fit-report order
+
+
 class FitReport(BaseModel):
-    """How well a fitted model reproduces the trace it was fitted on (written by ``blis fit``)."""
+    """How well a fitted model reproduces the trace it was fitted on (written by ``blis fit``),
+    how the fit converged, and how far its coefficients can be trusted."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     trace: str
@@ -80,6 +108,19 @@ class FitReport(BaseModel):
     itl_mape: float
     ttft_rmse_us: float
     itl_rmse_us: float
+    start: str = ""                  # where the iteration started (a file, or "default")
+    prior: str = ""                  # the physics prior the fit was regularised toward, or "none: why"
+    best_iteration: int = 0          # index in ``convergence`` of the coefficients returned
+    convergence: list[FitIteration] = Field(default_factory=list)
+    condition_number: float | None = None   # of the column-scaled weighted design matrix
+    coefficients: list[CoefficientEstimate] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+    def summary(self) -> str:
+        """One compact paragraph: error, and every warning (what a failing TTFT cell shows)."""
+        head = (f"fit on {self.trace or 'a trace'}: TTFT MAPE {self.ttft_mape:.1%}, ITL MAPE "
+                f"{self.itl_mape:.1%}, prior {self.prior or 'none'}")
+        return "; ".join([head, *self.warnings])
 
 
 class LatencyCoefficients(BaseModel):
@@ -260,32 +301,27 @@ def get_hardware(name: str) -> Hardware:
 
 def roofline(geom: ModelGeometry, hw: Hardware, tp: int = 1,
              frontend: FrontendCoefficients | None = None) -> StepModel:
-    """A compute-vs-memory roofline step model for a dense decoder (SwiGLU MLP, GQA attention).
+    """A compute-vs-memory roofline step model for a dense decoder (SwiGLU MLP, GQA attention),
+    over the whole batch: ``step = max(compute · F, memory · F)`` (docs/engine.md, "Roofline").
 
-    Compute per token: QKV + O projections + 3 MLP matrices (2 FLOPs per MAC), plus the LM head for
-    every decode sequence; attention: 4·q_dim FLOPs per (new token, context token) pair. Memory:
-    every weight once per step, plus the KV written for new tokens and read for the context.
+    vLLM runs one forward pass over the flattened batch, so every token it computes, decode or
+    prefill, is a row of the same GEMMs: linear-layer FLOPs are priced at one GEMM efficiency
+    (``mfu_prefill``), plus the LM head for each decode sequence; attention is 4·q_dim FLOPs per
+    (new token, attended token) pair. Memory: every weight once per step, plus the KV written for
+    new tokens and read for the context. The hardware table's ``mfu_decode`` is not used: a
+    small decode batch is memory bound (weights / bandwidth) and needs no compute derating, and
+    pricing each decode token at it made a 256-sequence batch 1.5× too slow, which a saturated
+    replay turns into an unbounded queue.
     """
     if tp < 1:
         raise ConfigError(f"tensor parallel degree must be ≥ 1, got {tp}", field="tp")
-    g = geom
-    q_dim, kv_dim = g.heads * g.head_dim, g.kv_heads * g.head_dim
-    lin_flops = g.layers * 2.0 * (g.hidden * (q_dim + 2 * kv_dim) + q_dim * g.hidden
-                                  + 3 * g.hidden * g.intermediate) / tp
-    head_flops = 2.0 * g.hidden * g.vocab / tp
-    attn_flops = g.layers * 4.0 * q_dim / tp
-    peak_per_us = hw.tflops * 1e12 / 1e6
-    params = g.layers * (g.hidden * (q_dim + 2 * kv_dim) + q_dim * g.hidden
-                         + 3 * g.hidden * g.intermediate) + g.vocab * g.hidden
-    weight_bytes = params * g.weight_bytes_per_param / tp
-    kvb = g.kv_bytes_per_token(tp)
-    bw_per_us = hw.bandwidth_tbs * 1e12 / 1e6
-    pp, pd = peak_per_us * hw.mfu_prefill, peak_per_us * hw.mfu_decode
-    compute = (0.0, lin_flops / pp, (lin_flops + head_flops) / pd, attn_flops / pd, 0.0,
-               attn_flops / pp)
-    memory = (weight_bytes / bw_per_us, kvb / bw_per_us, kvb / bw_per_us, kvb / bw_per_us,
-              kvb / bw_per_us, 0.0)
+    t = roofline_terms(geom, hw, tp)
+    compute = (0.0, t.prefill_token_us, t.decode_seq_us, t.attention_pair_us, 0.0,
+               t.attention_pair_us)
+    kv = t.kv_token_us
+    memory = (t.weights_us, kv, kv, kv, kv, 0.0)
     fe = frontend or FrontendCoefficients()
+    g = geom
     details = {"hardware": hw.name, "tp": tp,
                "model_config": {"layers": g.layers, "hidden": g.hidden, "heads": g.heads,
                                 "kv_heads": g.kv_heads, "head_dim": g.head_dim,
@@ -295,3 +331,32 @@ def roofline(geom: ModelGeometry, hw: Hardware, tp: int = 1,
     return StepModel(kind="roofline", compute=compute, memory=memory,
                      frontend_base_us=fe.base_us, frontend_per_inflight_us=fe.per_inflight_us,
                      details=details)
+
+
+@dataclass(frozen=True)
+class RooflineTerms:
+    """The roofline's unit costs, µs: what one step's compute and memory rows are made of, and
+    what the fit's physics prior is built from."""
+
+    weights_us: float          # reading every weight once (memory)
+    kv_token_us: float         # reading or writing one token's KV (memory)
+    prefill_token_us: float    # one token through the linear layers (compute)
+    decode_seq_us: float       # one decode token through the linear layers and the LM head
+    attention_pair_us: float   # one (new token, attended token) attention pair (compute)
+
+
+def roofline_terms(geom: ModelGeometry, hw: Hardware, tp: int = 1) -> RooflineTerms:
+    g = geom
+    q_dim, kv_dim = g.heads * g.head_dim, g.kv_heads * g.head_dim
+    layer_params = g.hidden * (q_dim + 2 * kv_dim) + q_dim * g.hidden + 3 * g.hidden * g.intermediate
+    lin_flops = g.layers * 2.0 * layer_params / tp
+    head_flops = 2.0 * g.hidden * g.vocab / tp
+    attn_flops = g.layers * 4.0 * q_dim / tp
+    gemm_per_us = hw.tflops * 1e12 / 1e6 * hw.mfu_prefill
+    bw_per_us = hw.bandwidth_tbs * 1e12 / 1e6
+    params = g.layers * layer_params + g.vocab * g.hidden
+    return RooflineTerms(weights_us=params * g.weight_bytes_per_param / tp / bw_per_us,
+                         kv_token_us=g.kv_bytes_per_token(tp) / bw_per_us,
+                         prefill_token_us=lin_flops / gemm_per_us,
+                         decode_seq_us=(lin_flops + head_flops) / gemm_per_us,
+                         attention_pair_us=attn_flops / gemm_per_us)

@@ -1,0 +1,99 @@
+"""What ``blis fit`` checks about its own answer: which coefficients the data pin down (and what data
+would pin down the others), which leave the physics prior's plausible range, and whether the trace
+was saturated (its TTFT is then queueing, and the step coefficients absorb it)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.fit_solve import Design
+from blis_sim.engine.latency import CoefficientEstimate
+from blis_sim.engine.prior import COEFFICIENT_NAMES, PhysicsPrior
+
+#: A column the other columns explain to R² > 1 − 1/VIF_LIMIT is not identified.
+VIF_LIMIT = 200.0
+#: ... nor one whose bootstrap interval is wider than this fraction of its scale (the value, or
+#: the prior when there is one).
+CI_LIMIT = 1.0
+#: TTFT of the last third of a trace over its first third above this: the queue was growing.
+SATURATION_RATIO = 3.0
+
+
+def _span(values: np.ndarray) -> tuple[int, int]:
+    v = values[np.isfinite(values)]
+    return (int(v.min()), int(v.max())) if v.size else (0, 0)
+
+
+def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarray) -> list[str]:
+    """For each coefficient, the data that would pin it down (in COEFFICIENT_NAMES order)."""
+    rows = np.unique(design.request)
+    lo, hi = _span(table.prompt_len[rows].astype(np.float64))
+    feats = steps if steps is not None and steps.size else np.zeros((1, 6))
+    max_decode = int(feats[:, 2].max())
+    ctx = np.where(feats[:, 2] > 0, feats[:, 3] / np.maximum(feats[:, 2], 1), np.nan)
+    c_lo, c_hi = _span(ctx)
+    s_lo, s_hi = _span(feats[:, 1] + feats[:, 2])
+    l_lo, l_hi = _span(load[rows])
+    prompts = (f"prompts span {lo}-{hi} tokens; add prompts from {min(256, lo)} to "
+               f"{4 * max(hi, 1)} tokens")
+    decode = (f"decode batches never exceeded {max_decode}; add concurrent requests"
+              if max_decode <= 1 else
+              f"decode batches span 1-{max_decode}; add load levels so they vary more")
+    return [f"steps computed {s_lo}-{s_hi} tokens; add light load (one request at a time) next to "
+            f"heavy", prompts, decode,
+            f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
+            "every request needs a TTFT (streamed requests)",
+            f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals"]
+
+
+def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np.ndarray, design: Design,
+              prior: PhysicsPrior | None, table: Any, steps: np.ndarray | None,
+              load: np.ndarray) -> tuple[list[CoefficientEstimate], list[str]]:
+    """Each coefficient with its 90 % bootstrap interval, prior and plausible range, and the
+    warnings: every coefficient the data cannot pin down (with what would), every implausible one."""
+    # the bootstrap's spread around the solve at this schedule (``center``), carried over to the
+    # value returned (an iterate, or the median of iterates, solved at a neighbouring schedule)
+    q5, q95 = np.percentile(samples, [5.0, 95.0], axis=0)
+    low, high = np.maximum(coef + q5 - center, 0.0), coef + q95 - center
+    hints = _hints(design, table, steps, load)
+    used = design.used
+    out: list[CoefficientEstimate] = []
+    warnings: list[str] = []
+    for j, name in enumerate(COEFFICIENT_NAMES):
+        p = prior.values[j] if prior is not None else None
+        scale = p if p else max(abs(float(coef[j])), 1e-12)
+        width = float(high[j] - low[j]) / scale
+        why = ("the data never exercise it" if not used[j] else
+               f"collinear with the others (VIF {vif[j]:.3g})" if vif[j] > VIF_LIMIT else
+               f"90 % interval {low[j]:.4g}-{high[j]:.4g} is wider than its scale"
+               if width > CI_LIMIT else "")
+        short = name.split(".", 1)[1]
+        if why:
+            fallback = (f"; it takes its prior {p:.4g}" if p else "")
+            warnings.append(f"{short} not identified ({why}): {hints[j]}{fallback}")
+        plo = prior.low[j] if prior is not None else None
+        phi = prior.high[j] if prior is not None else None
+        if plo is not None and phi is not None and not plo <= coef[j] <= phi:
+            warnings.append(f"{short} = {coef[j]:.4g} is implausible: the prior "
+                            f"({prior.source if prior else ''}) allows {plo:.4g}-{phi:.4g}")
+        out.append(CoefficientEstimate(name=name, value=float(coef[j]), ci_low=float(low[j]),
+                                       ci_high=float(high[j]), identified=not why, prior=p,
+                                       plausible_low=plo, plausible_high=phi))
+    return out, warnings
+
+
+def saturation(ttft_us: np.ndarray, send_order: np.ndarray, load: np.ndarray) -> str | None:
+    """A warning when the trace's TTFT grows through it (the queue never drained)."""
+    ok = np.flatnonzero(np.isfinite(ttft_us) & (ttft_us > 0))
+    if ok.size < 9:
+        return None
+    ok = ok[np.argsort(send_order[ok], kind="stable")]
+    third = ok.size // 3
+    first, last = float(np.median(ttft_us[ok[:third]])), float(np.median(ttft_us[ok[-third:]]))
+    if last <= SATURATION_RATIO * first:
+        return None
+    return (f"the trace looks saturated: median TTFT grows from {first / 1e3:.1f} ms (first third) "
+            f"to {last / 1e3:.1f} ms (last third), up to {int(np.max(load[ok]))} requests in "
+            "flight; queueing dominates its TTFT, so the step coefficients absorb it: fit on a "
+            "trace below capacity")
