@@ -24,6 +24,10 @@ from blis_sim.engine.models import geometry_for
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import ConfigError, UsageError
 
+DEFAULT_HARDWARE = "H100"
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
 
 def _sim_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("simulator")
@@ -35,15 +39,21 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
                         "model's capacity on --hardware, else 1000000)")
     g.add_argument("--block-size-in-tokens", type=int, default=None,
                    help="tokens per GPU block (default: the trace's, else 16)")
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"default: the trace header's server.max_num_seqs, else {DEFAULT_MAX_NUM_SEQS}")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help=f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS}")
     g.add_argument("--long-prefill-token-threshold", type=int, default=0)
     g.add_argument("--latency-model", choices=("linear", "roofline"), default="linear",
                    help="linear (coefficients from --latency-coefficients, else the bundled "
                         "default) or roofline (--model-config/--model, --hardware, --tp)")
     g.add_argument("--latency-coefficients", default=None,
-                   help="linear model coefficients, YAML or JSON (e.g. from `blis fit`)")
-    g.add_argument("--hardware", default="H100", help="H100 | H200 | A100 | L40S")
+                   help="linear model coefficients, YAML or JSON (e.g. from `blis fit`); not "
+                        "with --latency-model roofline")
+    g.add_argument("--hardware", default=None,
+                   help=f"H100 | H200 | A100 | L40S (roofline and KV sizing: default "
+                        f"{DEFAULT_HARDWARE}; blis fit: the device of its physics prior, none "
+                        "if not given)")
     g.add_argument("--tp", type=int, default=1, help="tensor parallel degree")
     g.add_argument("--seed", type=int, default=42, help="seed of synthetic token content and jitter")
     g.add_argument("--horizon", type=float, default=None, help="stop at this simulated time, µs")
@@ -91,6 +101,15 @@ def register(subparsers: Any) -> None:
                    help="also report the fitted model's error on this trace (header)")
     p.add_argument("--validate-data", default=None, help="... and its data CSV")
     p.add_argument("--max-iterations", type=int, default=10)
+    p.add_argument("--initial-coefficients", default=None,
+                   help="start the iteration from these coefficients (default: the bundled ones)")
+    p.add_argument("--no-prior", action="store_true",
+                   help="fit without the roofline prior (by default: from --model-config or a "
+                        "bundled --model or the header's model, with --hardware)")
+    p.add_argument("--prior-strength", type=float, default=0.01,
+                   help="weight λ/√rows of the prior rows λ·(w−prior)/prior (default 0.01)")
+    p.add_argument("--bootstrap-resamples", type=int, default=100,
+                   help="resamples of the requests for the coefficients' intervals (default 100)")
     _sim_flags(p)
     p.set_defaults(func=cmd_fit)
 
@@ -119,14 +138,14 @@ def _kv_bytes_per_token(args: argparse.Namespace, header: Any = None) -> float |
 
 def _latency(args: argparse.Namespace) -> tuple[Any, str]:
     if args.latency_model == "roofline":
+        if args.latency_coefficients:
+            raise UsageError("--latency-coefficients applies to --latency-model linear only (the "
+                             "roofline is derived from --model-config and --hardware): drop one")
         geom = geometry_for(args.model, args.model_config)
         if geom is None:
             raise UsageError("--latency-model roofline needs --model-config config.json (or a "
                              f"known --model; {args.model!r} is not bundled)")
-        fe = None
-        if args.latency_coefficients:
-            fe = load_coefficients(args.latency_coefficients).frontend
-        return roofline(geom, get_hardware(args.hardware), args.tp, fe), \
+        return roofline(geom, get_hardware(args.hardware or DEFAULT_HARDWARE), args.tp), \
             f"roofline:{args.model_config or args.model}"
     if args.latency_coefficients:
         return load_coefficients(args.latency_coefficients).to_step_model(), \
@@ -168,23 +187,52 @@ def _validate_sim_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--tp must be ≥ 1, got {args.tp}")
 
 
+def _scheduler_limits(args: argparse.Namespace, header: Any) -> tuple[int, int, list[str]]:
+    """(max_num_seqs, max_num_batched_tokens, defaults used): flags, else the header, else ours."""
+    defaulted = []
+    seqs = args.max_num_seqs
+    if seqs is None and header is not None and header.server is not None \
+            and header.server.max_num_seqs:
+        seqs = header.server.max_num_seqs
+    if seqs is None:
+        seqs = DEFAULT_MAX_NUM_SEQS
+        defaulted.append(f"--max-num-seqs {seqs}")
+    tokens = args.max_num_batched_tokens
+    if tokens is None:
+        tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
+        defaulted.append(f"--max-num-batched-tokens {tokens}")
+    return seqs, tokens, defaulted
+
+
 def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOptions:
+    """The engine's options from the flags and the trace header. Replaying (or fitting) an
+    observed trace (``mode: real``) on a KV size or batch limit that neither the header nor a
+    flag gave warns on stderr: the real server's limits are unknown, and they set its capacity."""
     _validate_sim_flags(args)
     latency, source = _latency(args)
+    seqs, tokens, defaulted = _scheduler_limits(args, header)
     num_blocks = args.total_kv_blocks
     if num_blocks is None and (header is None or header.pytest_blis is None
                                or header.pytest_blis.kv_geometry is None
                                or not header.pytest_blis.kv_geometry.num_gpu_blocks):
-        from blis_sim.engine.models import default_num_gpu_blocks
+        from blis_sim.engine.models import DEFAULT_TOTAL_KV_BLOCKS, default_num_gpu_blocks
 
         geom = geometry_for(args.model, args.model_config)
+        hardware = args.hardware or DEFAULT_HARDWARE
         if geom is not None:
             num_blocks = default_num_gpu_blocks(args.model, args.block_size_in_tokens or 16,
-                                                hardware=args.hardware, tp=args.tp, geometry=geom)
+                                                hardware=hardware, tp=args.tp, geometry=geom)
+            defaulted.append(f"--total-kv-blocks {num_blocks} (the model's capacity on {hardware})")
+        else:
+            defaulted.append(f"--total-kv-blocks {DEFAULT_TOTAL_KV_BLOCKS}")
+    if defaulted and header is not None and header.mode == "real":
+        print(f"blis {getattr(args, 'command', 'replay')}: warning: the trace header does not give the server's "
+              f"limits and no flag did; running on defaults {', '.join(defaulted)}",
+              file=sys.stderr)
     try:
         return EngineOptions(
             model=args.model, num_gpu_blocks=num_blocks, block_size=args.block_size_in_tokens,
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=seqs, max_num_batched_tokens=tokens,
             long_prefill_token_threshold=args.long_prefill_token_threshold, seed=args.seed,
             horizon_us=args.horizon, latency=latency, latency_source=source,
             kv_offload=_offload(args, header), kv_bytes_per_token=_kv_bytes_per_token(args, header))
@@ -243,12 +291,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from blis_sim.engine.fitting import evaluate, fit
+    from blis_sim.engine.prior import resolve_prior
 
     trace = _load(args, "trace_header", "trace_data")
     if args.latency_model != "linear":
         raise UsageError("blis fit fits the linear model; drop --latency-model roofline")
+    if args.latency_coefficients:
+        raise UsageError("blis fit: --latency-coefficients is the model a replay runs; to start "
+                         "the fit from a file, pass --initial-coefficients FILE")
+    if args.bootstrap_resamples < 0 or args.prior_strength < 0:
+        raise UsageError("--bootstrap-resamples and --prior-strength must be ≥ 0")
+    args.latency_coefficients = args.initial_coefficients
     options = options_from_args(args, trace.header)
-    coeffs = fit(trace, options, max_iterations=args.max_iterations, name=str(args.trace_data))
+    start = str(args.initial_coefficients) if args.initial_coefficients else "default"
+    print(f"blis fit: starting from {start} coefficients", file=sys.stderr)
+    prior, label = (None, "none: --no-prior") if args.no_prior else resolve_prior(
+        model=args.model, model_config=args.model_config, hardware=args.hardware, tp=args.tp,
+        header=trace.header)
+    coeffs = fit(trace, options, max_iterations=args.max_iterations, name=str(args.trace_data),
+                 prior=prior, prior_label=label, prior_strength=args.prior_strength,
+                 bootstrap_resamples=args.bootstrap_resamples, seed=args.seed, start=start)
+    if coeffs.fit is not None:
+        sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:
         dump_coefficients(coeffs, args.output)
     report: dict[str, Any] = {"coefficients": coeffs.model_dump(exclude={"fit"}),

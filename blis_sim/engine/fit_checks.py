@@ -70,7 +70,7 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
                if width > CI_LIMIT else "")
         short = name.split(".", 1)[1]
         if why:
-            fallback = (f"; it takes its prior {p:.4g}" if p else "")
+            fallback = (f"; held near its prior {p:.4g}" if p else "")
             warnings.append(f"{short} not identified ({why}): {hints[j]}{fallback}")
         plo = prior.low[j] if prior is not None else None
         phi = prior.high[j] if prior is not None else None

@@ -116,11 +116,41 @@ class FitReport(BaseModel):
     coefficients: list[CoefficientEstimate] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
 
-    def summary(self) -> str:
-        """One compact paragraph: error, and every warning (what a failing TTFT cell shows)."""
-        head = (f"fit on {self.trace or 'a trace'}: TTFT MAPE {self.ttft_mape:.1%}, ITL MAPE "
-                f"{self.itl_mape:.1%}, prior {self.prior or 'none'}")
-        return "; ".join([head, *self.warnings])
+    def intervals(self) -> str:
+        """``name value [low, high]`` of every coefficient, ``?`` marking the unidentified."""
+        return ", ".join(f"{c.name.split('.', 1)[1]} {c.value:.4g} [{c.ci_low:.4g}, "
+                         f"{c.ci_high:.4g}]{'' if c.identified else '?'}" for c in self.coefficients)
+
+    def summary(self, max_warnings: int = 4) -> str:
+        """One compact paragraph (what a cell failing on TTFT shows): the fit's own error, its
+        prior, the coefficients' 90 % intervals and its first warnings."""
+        head = (f"latency fit on {self.trace or 'a trace'}: TTFT MAPE {self.ttft_mape:.1%}, ITL "
+                f"MAPE {self.itl_mape:.1%}, prior {self.prior or 'none'}")
+        parts = [head]
+        if self.coefficients:
+            parts.append("90 % intervals: " + self.intervals())
+        parts += self.warnings[:max_warnings]
+        if len(self.warnings) > max_warnings:
+            parts.append(f"(+{len(self.warnings) - max_warnings} more warnings)")
+        return "; ".join(parts)
+
+    def text(self) -> str:
+        """The report as ``blis fit`` prints it on stderr."""
+        lines = [f"blis fit: {self.trace}: {self.requests} requests, start {self.start or '?'}, "
+                 f"prior {self.prior or 'none'}"]
+        for it in self.convergence:
+            mark = "  <- returned" if it.iteration == self.best_iteration else ""
+            lines.append(f"  {it.kind:7s} {it.iteration:2d}: objective {it.objective:.4f} (TTFT "
+                         f"MAPE {it.ttft_mape:.2%}, ITL MAPE {it.itl_mape:.2%}){mark}")
+        if self.condition_number is not None:
+            lines.append(f"  design condition number {self.condition_number:.3g}")
+        for c in self.coefficients:
+            prior = f", prior {c.prior:.4g}" if c.prior is not None else ""
+            flag = "" if c.identified else "  NOT IDENTIFIED"
+            lines.append(f"  {c.name:28s} {c.value:12.6g}  90% [{c.ci_low:.6g}, {c.ci_high:.6g}]"
+                         f"{prior}{flag}")
+        lines += [f"blis fit: warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
 
 
 class LatencyCoefficients(BaseModel):

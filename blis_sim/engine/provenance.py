@@ -4,7 +4,7 @@ and into the MetricsOutput it writes (``sim_provenance``).
 ``sim_header(outcome, options, mode, base=None)`` → :class:`~blis_sim.formats.TraceHeader` with
 the resolved ``kv_offload`` block (INV-13), and in ``pytest_blis``: tool version, KV geometry,
 the simulated per-definition hit-rates, offload extensions, and the latency model with its
-coefficients (flattened to ``"step.base_us"``-style keys) and seed. ``base`` (replay) keeps the
+coefficients (flattened to ``"step.base_us"``-style keys), and the simulator's seed (``sim_seed``). ``base`` (replay) keeps the
 original header's observation blocks verbatim.
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ def latency_info(options: Any) -> LatencyModelInfo:
     name = desc.get("model", "linear")
     if name == "roofline":
         name = f"roofline:{desc.get('hardware')}:tp{desc.get('tp')}"
+    # the seed is provenance (``seed`` / ``sim_seed`` beside it), not a coefficient of the model
     coeffs = flatten({k: v for k, v in desc.items() if k != "model"})
-    coeffs["seed"] = float(options.seed)
     return LatencyModelInfo(name=name, coefficients=coeffs, source=options.latency_source)
 
 
@@ -57,7 +57,7 @@ def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replay
         kv_geometry=KVGeometry(block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
         kv_hit_rates=[KVHitRate(**e) for e in outcome.hit_rates],
         offload=outcome.offload.extensions() if outcome.offload is not None else None,
-        latency_model=latency_info(options),
+        latency_model=latency_info(options), sim_seed=int(options.seed),
     )
     kv_offload = outcome.offload.to_header() if outcome.offload is not None else None
     if base is not None:
@@ -77,4 +77,4 @@ def _merge(original: PytestBlisHeader | None, ours: PytestBlisHeader) -> PytestB
         return ours.model_copy(update={"kv_hit_rates": []})
     return original.model_copy(update={
         "tool_version": ours.tool_version, "kv_geometry": ours.kv_geometry,
-        "offload": ours.offload, "latency_model": ours.latency_model})
+        "offload": ours.offload, "latency_model": ours.latency_model, "sim_seed": ours.sim_seed})

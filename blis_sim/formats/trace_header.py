@@ -211,6 +211,7 @@ class PytestBlisHeader(StrictModel):
     partial_reason: str = ""
     offload: OffloadExtensions | None = None
     latency_model: LatencyModelInfo | None = None
+    sim_seed: int | None = None         # the simulator's content/jitter seed (sim traces)
     warnings: list[str] = Field(default_factory=list)
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(
