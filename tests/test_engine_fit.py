@@ -62,6 +62,14 @@ def test_fit_reports_its_own_error(fitted) -> None:
     assert c.fit.ttft_mape < 0.02 and c.fit.itl_mape < 0.02
 
 
+def test_a_varied_trace_identifies_every_coefficient_within_tight_intervals(fitted) -> None:
+    _, c = fitted
+    assert c.fit.warnings == [] and c.fit.prior == "none" and c.fit.start == "default"
+    for e in c.fit.coefficients:
+        assert e.identified and e.ci_low <= e.value <= e.ci_high, e
+        assert e.ci_high - e.ci_low < 0.02 * e.value, e
+
+
 def test_a_fitted_model_validates_on_another_trace_and_a_wrong_one_does_not(fitted) -> None:
     _, c = fitted
     other = generated(11)

@@ -297,7 +297,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.latency_model != "linear":
         raise UsageError("blis fit fits the linear model; drop --latency-model roofline")
     if args.latency_coefficients:
-        raise UsageError("blis fit: --latency-coefficients is the model a replay runs; to start "
+        raise UsageError("--latency-coefficients is the model a replay runs; to start "
                          "the fit from a file, pass --initial-coefficients FILE")
     if args.bootstrap_resamples < 0 or args.prior_strength < 0:
         raise UsageError("--bootstrap-resamples and --prior-strength must be ≥ 0")

@@ -20,6 +20,11 @@ CI_LIMIT = 1.0
 SATURATION_RATIO = 3.0
 
 
+def short_name(name: str) -> str:
+    """``per_prefill_token_us`` for a step coefficient, ``frontend.base_us`` for the frontend's."""
+    return name.removeprefix("step.")
+
+
 def _span(values: np.ndarray) -> tuple[int, int]:
     v = values[np.isfinite(values)]
     return (int(v.min()), int(v.max())) if v.size else (0, 0)
@@ -54,8 +59,12 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
     warnings: every coefficient the data cannot pin down (with what would), every implausible one."""
     # the bootstrap's spread around the solve at this schedule (``center``), carried over to the
     # value returned (an iterate, or the median of iterates, solved at a neighbouring schedule)
-    q5, q95 = np.percentile(samples, [5.0, 95.0], axis=0)
-    low, high = np.maximum(coef + q5 - center, 0.0), coef + q95 - center
+    if samples.shape[0]:
+        q5, q95 = np.percentile(samples, [5.0, 95.0], axis=0)
+    else:  # no resamples asked for: no interval
+        q5 = q95 = center
+    low = np.maximum(np.minimum(coef + q5 - center, coef), 0.0)
+    high = np.maximum(coef + q95 - center, coef)
     hints = _hints(design, table, steps, load)
     used = design.used
     out: list[CoefficientEstimate] = []
@@ -68,7 +77,7 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
                f"collinear with the others (VIF {vif[j]:.3g})" if vif[j] > VIF_LIMIT else
                f"90 % interval {low[j]:.4g}-{high[j]:.4g} is wider than its scale"
                if width > CI_LIMIT else "")
-        short = name.split(".", 1)[1]
+        short = short_name(name)
         if why:
             fallback = (f"; held near its prior {p:.4g}" if p else "")
             warnings.append(f"{short} not identified ({why}): {hints[j]}{fallback}")

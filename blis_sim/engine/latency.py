@@ -118,10 +118,10 @@ class FitReport(BaseModel):
 
     def intervals(self) -> str:
         """``name value [low, high]`` of every coefficient, ``?`` marking the unidentified."""
-        return ", ".join(f"{c.name.split('.', 1)[1]} {c.value:.4g} [{c.ci_low:.4g}, "
+        return ", ".join(f"{c.name.removeprefix('step.')} {c.value:.4g} [{c.ci_low:.4g}, "
                          f"{c.ci_high:.4g}]{'' if c.identified else '?'}" for c in self.coefficients)
 
-    def summary(self, max_warnings: int = 4) -> str:
+    def summary(self, max_warnings: int = 3) -> str:
         """One compact paragraph (what a cell failing on TTFT shows): the fit's own error, its
         prior, the coefficients' 90 % intervals and its first warnings."""
         head = (f"latency fit on {self.trace or 'a trace'}: TTFT MAPE {self.ttft_mape:.1%}, ITL "
