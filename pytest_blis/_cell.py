@@ -40,6 +40,15 @@ class CellContext:
     paths: CellPaths
 
 
+def fit_notes(latency: Any, failed: list[VerdictRow]) -> list[str]:
+    """When TTFT is out of tolerance: what the latency fit said about itself (its own error,
+    prior, coefficient intervals, first warnings), since an untrustworthy fit is a likely cause."""
+    report = getattr(latency, "fit", None)
+    if report is None or not any(r.unit == "mape" for r in failed):
+        return []
+    return [report.summary()]
+
+
 def cell_id(point: SweepPoint) -> str:
     return f"{Path(point.file).name}::{point.scenario_name}::{point.name}"
 
@@ -206,7 +215,8 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     if problem:
         failure = CellFailure(f"{cid}: {problem}", rows, notes)
     elif failed:
-        failure = CellFailure(f"{cid}: {len(failed)} verdict(s) out of tolerance", rows, notes)
+        failure = CellFailure(f"{cid}: {len(failed)} verdict(s) out of tolerance", rows,
+                              notes + fit_notes(ctx.latency, failed))
     elif report.hit_rate is None:
         failure = CellFailure(f"{cid}: no hit-rate comparison (the server's counters were not scraped)", rows,
                               notes + [f"warning: {w}" for w in report.notes or []])

@@ -82,6 +82,14 @@ def test_replay_reads_the_reference_sample_files(tmp_path: Path) -> None:
       BLIS / "offload.yaml"], "cannot derive per_block_bytes"),
     (["run", "--model", "m", "--workload-spec", BLIS / "workload.yaml", "--latency-model", "roofline"],
      "--latency-model roofline needs --model-config"),
+    # a coefficient file the roofline would ignore is refused, not silently dropped
+    (["replay", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
+      BLIS / "trace.csv", "--latency-model", "roofline", "--latency-coefficients", BLIS / "sim.json"],
+     "--latency-coefficients applies to --latency-model linear only"),
+    # fit's starting point has its own flag: --latency-coefficients there is refused
+    (["fit", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
+      BLIS / "trace.csv", "--latency-coefficients", BLIS / "sim.json"],
+     "to start the fit from a file, pass --initial-coefficients FILE"),
 ])
 def test_bad_flags_are_one_line_usage_errors(args: list, message: str) -> None:
     out = blis(*args)
@@ -123,3 +131,55 @@ def test_fit_writes_coefficients_that_run_accepts(run_trace: Path) -> None:
     model = json.loads(again.stdout)["provenance"]["latency_model"]
     assert model["source"] == str(coeffs)
     assert model["coefficients"]["step.base_us"] == pytest.approx(report["coefficients"]["step"]["base_us"])
+
+
+def test_fit_states_its_start_prints_its_report_and_writes_it(run_trace: Path) -> None:
+    start = run_trace / "start.yaml"
+    start.write_text("step:\n  base_us: 9000\n  per_prefill_token_us: 5\n  per_decode_seq_us: 5\n"
+                     "  per_context_token_us: 0.1\n")
+    out = blis("fit", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
+               run_trace / "t.yaml", "--trace-data", run_trace / "t.csv", "--max-iterations", "2",
+               "--initial-coefficients", start, "--hardware", "H100", "--bootstrap-resamples", "10",
+               "--output", run_trace / "fit2.json")
+    assert out.returncode == 0, out.stderr
+    assert f"blis fit: starting from {start} coefficients" in out.stderr
+    assert "<- returned" in out.stderr and "step.per_prefill_token_us" in out.stderr
+    fit = json.loads(out.stdout)["fit"]
+    assert fit["start"] == str(start) and fit["prior"].startswith("roofline qwen/qwen3-14b on H100")
+    assert [c["kind"] for c in fit["convergence"]][:3] == ["start", "iterate", "iterate"]
+    assert fit["convergence"][0]["values"][0] == 9000
+    assert len(fit["coefficients"]) == 7 and all("ci_low" in c for c in fit["coefficients"])
+    saved = json.loads((run_trace / "fit2.json").read_text())["fit"]
+    assert saved["warnings"] == fit["warnings"] and saved["best_iteration"] == fit["best_iteration"]
+    no_prior = blis("fit", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000",
+                    "--trace-header", run_trace / "t.yaml", "--trace-data", run_trace / "t.csv",
+                    "--max-iterations", "1", "--bootstrap-resamples", "0")
+    assert no_prior.returncode == 0, no_prior.stderr
+    assert "blis fit: starting from default coefficients" in no_prior.stderr
+    assert json.loads(no_prior.stdout)["fit"]["prior"].startswith("none: no --hardware")
+
+
+VLLM = REPO / "samples" / "vllm-cpu"
+
+
+def test_replay_of_an_observed_trace_warns_on_default_server_limits(tmp_path: Path) -> None:
+    base = ["replay", "--model", "tiny-llama", "--trace-data", VLLM / "trace.csv"]
+    out = blis(*base, "--trace-header", VLLM / "trace.yaml")
+    assert out.returncode == 0, out.stderr
+    warning = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "--max-num-batched-tokens 2048" in warning[0]
+    assert "--max-num-seqs 256" in warning[0] and "--total-kv-blocks" in warning[0]
+    # the header's server.max_num_seqs is honoured; the flags silence the rest
+    header = (VLLM / "trace.yaml").read_text().replace("    model: tiny-llama\n",
+                                                       "    model: tiny-llama\n    max_num_seqs: 8\n")
+    (tmp_path / "h.yaml").write_text(header)
+    out = blis(*base, "--trace-header", tmp_path / "h.yaml", "--max-num-batched-tokens", "512")
+    assert out.returncode == 0 and "--max-num-seqs" not in out.stderr
+    assert "--max-num-batched-tokens" not in out.stderr and "--total-kv-blocks" in out.stderr
+    out = blis(*base, "--trace-header", tmp_path / "h.yaml", "--max-num-batched-tokens", "512",
+               "--total-kv-blocks", "512")
+    assert out.returncode == 0 and out.stderr == ""
+    # a simulated trace has no real server behind it: nothing to warn about
+    sim = blis("replay", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml",
+               "--trace-data", BLIS / "trace.csv")
+    assert sim.returncode == 0 and "warning" not in sim.stderr

@@ -80,3 +80,25 @@ def test_hit_rate_bars_are_valid_svg() -> None:
     widths = [float(r.get("width")) for r in root.findall("{http://www.w3.org/2000/svg}rect")
               if r.get("height") == "11"]
     assert widths == [150.0, 75.0, 0.0, 300.0]
+
+
+def test_a_ttft_failure_shows_what_the_latency_fit_said_about_itself() -> None:
+    from blis_sim.calibrate import VerdictRow
+    from blis_sim.engine.latency import (CoefficientEstimate, DEFAULT_COEFFICIENTS, FitReport)
+    from pytest_blis._cell import fit_notes
+    from pytest_blis._render import CellFailure
+
+    report = FitReport(trace="probe", requests=40, iterations=3, ttft_mape=0.08, itl_mape=0.1,
+                       ttft_rmse_us=1.0, itl_rmse_us=1.0, prior="none",
+                       coefficients=[CoefficientEstimate(name="step.per_prefill_attention_us",
+                                                         value=0.002, ci_low=0.0, ci_high=0.01,
+                                                         identified=False)],
+                       warnings=["per_prefill_attention_us not identified: prompts span 929-1047"])
+    latency = DEFAULT_COEFFICIENTS.model_copy(update={"fit": report})
+    ttft = VerdictRow("ttft_mape", 1.0, 2.0, 0.5, 0.15, False, "mape")
+    hit = VerdictRow("hit_rate[tiered]", 0.5, 0.2, 30.0, 5.0, False, "pp")
+    text = str(CellFailure("cell: 1 verdict(s) out of tolerance", [ttft], fit_notes(latency, [ttft])))
+    assert "latency fit on probe: TTFT MAPE 8.0%" in text
+    assert "per_prefill_attention_us 0.002 [0, 0.01]?" in text and "prompts span 929-1047" in text
+    assert fit_notes(latency, [hit]) == []             # a hit-rate failure: not the fit's business
+    assert fit_notes(DEFAULT_COEFFICIENTS, [ttft]) == []  # no fit, nothing to say
