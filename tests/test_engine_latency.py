@@ -115,3 +115,27 @@ def test_default_model_is_linear_and_records_itself() -> None:
     d = DEFAULT_COEFFICIENTS.to_step_model().describe()
     assert d["model"] == "linear" and d["frontend"]["base_us"] > 0
     assert isinstance(LatencyCoefficients.model_json_schema(), dict)
+
+
+def test_roofline_prices_a_whole_mixed_batch_at_one_gemm_efficiency() -> None:
+    qwen, h100 = KNOWN_MODELS["qwen/qwen3-14b"], get_hardware("H100")
+    model = roofline(qwen, h100)
+    gemm = 989.5e12 / 1e6 * 0.45                       # FLOPs per µs at the GEMM efficiency
+    per_token = 2.0 * 40 * (5120 * (5120 + 2 * 1024) + 5120 * 5120 + 3 * 5120 * 17408)
+    lm_head = 2.0 * 5120 * 151936
+    # 512 decodes with no context: compute bound, every token a GEMM row like a prefill token's
+    # (pricing each at the low-batch decode MFU, 0.30, made this step 1.5× too long)
+    assert model.step_time(features(td=512)) == pytest.approx(512 * (per_token + lm_head) / gemm)
+    assert model.step_time(features(tp=4096)) == pytest.approx(4096 * per_token / gemm)
+    # one decode: memory bound on the weights
+    weights = (40 * (5120 * (5120 + 2 * 1024) + 5120 * 5120 + 3 * 5120 * 17408) + 151936 * 5120) * 2
+    assert model.step_time(features(td=1)) == pytest.approx((weights + 163840) / 3.35e6)  # + its KV write
+    # a mixed chunked-prefill step is one max(compute, memory) over the whole batch: less than
+    # the rooflines of its prefill and decode parts taken apart and summed
+    prefill = dict(tp=2048, cp=2048, ap=2048 * 2048 + 2048 * 2049 / 2)
+    decode = dict(td=256, cd=256 * 2048)
+    mixed = model.step_time(features(**prefill, **decode))
+    w = model.weights()
+    f = features(**prefill, **decode)
+    assert mixed == pytest.approx(max(w[0] @ f, w[1] @ f))
+    assert mixed < model.step_time(features(**prefill)) + model.step_time(features(**decode))
