@@ -12,7 +12,8 @@ Library API::
 
 ``results`` is a list of :class:`blis_sim.formats.SimResult`, ``metrics`` a
 :class:`blis_sim.formats.MetricsOutput`. Modules: :mod:`.scheduler` (the rules, the loop backends),
-:mod:`.latency` (linear / roofline models, coefficient files), :mod:`.fitting`, :mod:`.replay_trace`,
+:mod:`.latency` (linear / roofline models, coefficient files), :mod:`.fitting` (with :mod:`.fit_solve`,
+:mod:`.fit_checks`, :mod:`.prior`: the solver, its self-checks, the roofline prior), :mod:`.replay_trace`,
 :mod:`.run_spec`, :mod:`.simulate` (options, one simulation), :mod:`.requests` (trace/plan → request
 columns), :mod:`.content` (token content as block hashes), :mod:`.kvport`, :mod:`.outputs`,
 :mod:`.provenance`, :mod:`.models` (bundled model geometry), :mod:`.cli`. See docs/engine.md.
@@ -33,7 +34,9 @@ from blis_sim.engine.simulate import EngineOptions
 # `run` and `fit` need the workload generator and its spec models: imported on first use (PEP 562)
 __getattr__, __dir__, _ = lazy_exports(__name__, {
     "blis_sim.engine.fitting": ("evaluate", "fit"),
+    "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = ["EngineOptions", "LatencyCoefficients", "SchedulerConfig", "evaluate", "fit",
-           "load_coefficients", "replay", "replay_outcome", "roofline", "run", "run_outcome"]
+__all__ = ["EngineOptions", "LatencyCoefficients", "PhysicsPrior", "SchedulerConfig", "evaluate",
+           "fit", "load_coefficients", "physics_prior", "replay", "replay_outcome",
+           "resolve_prior", "roofline", "run", "run_outcome"]
