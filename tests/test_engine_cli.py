@@ -90,6 +90,8 @@ def test_replay_reads_the_reference_sample_files(tmp_path: Path) -> None:
     (["fit", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
       BLIS / "trace.csv", "--latency-coefficients", BLIS / "sim.json"],
      "to start the fit from a file, pass --initial-coefficients FILE"),
+    (["fit", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
+      BLIS / "trace.csv", "--max-iterations", "0"], "--max-iterations must be ≥ 1"),
 ])
 def test_bad_flags_are_one_line_usage_errors(args: list, message: str) -> None:
     out = blis(*args)

@@ -301,6 +301,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
                          "the fit from a file, pass --initial-coefficients FILE")
     if args.bootstrap_resamples < 0 or args.prior_strength < 0:
         raise UsageError("--bootstrap-resamples and --prior-strength must be ≥ 0")
+    if args.max_iterations < 1:
+        raise UsageError(f"--max-iterations must be ≥ 1, got {args.max_iterations}")
     args.latency_coefficients = args.initial_coefficients
     options = options_from_args(args, trace.header)
     start = str(args.initial_coefficients) if args.initial_coefficients else "default"

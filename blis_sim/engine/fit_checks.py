@@ -13,9 +13,12 @@ from blis_sim.engine.prior import COEFFICIENT_NAMES, PhysicsPrior
 
 #: A column the other columns explain to R² > 1 − 1/VIF_LIMIT is not identified.
 VIF_LIMIT = 200.0
-#: ... nor one whose bootstrap interval is wider than this fraction of its scale (the value, or
-#: the prior when there is one).
+#: ... nor one whose bootstrap interval is wider than this fraction of its scale (the prior when
+#: there is one, else the value).
 CI_LIMIT = 1.0
+#: ... where a coefficient without a prior is measured against the value that would move the
+#: average prediction by this fraction, when it is smaller than that (a coefficient near 0).
+NOTICEABLE = 0.01
 #: TTFT of the last third of a trace over its first third above this: the queue was growing.
 SATURATION_RATIO = 3.0
 
@@ -66,12 +69,16 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
     low = np.maximum(np.minimum(coef + q5 - center, coef), 0.0)
     high = np.maximum(coef + q95 - center, coef)
     hints = _hints(design, table, steps, load)
+    # a value small enough to move the predictions by < 1 % on average is "about 0", and an
+    # interval around 0 no wider than that pins the coefficient down as negligible
+    effect = np.mean(np.abs(design.x * design.w[:, None]), axis=0)
+    noticeable = np.where(effect > 0, NOTICEABLE / np.where(effect > 0, effect, 1.0), np.inf)
     used = design.used
     out: list[CoefficientEstimate] = []
     warnings: list[str] = []
     for j, name in enumerate(COEFFICIENT_NAMES):
         p = prior.values[j] if prior is not None else None
-        scale = p if p else max(abs(float(coef[j])), 1e-12)
+        scale = p if p else max(abs(float(coef[j])), float(noticeable[j]))
         width = float(high[j] - low[j]) / scale
         why = ("the data never exercise it" if not used[j] else
                f"collinear with the others (VIF {vif[j]:.3g})" if vif[j] > VIF_LIMIT else
@@ -79,7 +86,7 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
                if width > CI_LIMIT else "")
         short = short_name(name)
         if why:
-            fallback = (f"; held near its prior {p:.4g}" if p else "")
+            fallback = (f"; its prior ({p:.4g}) settles what the data leave open" if p else "")
             warnings.append(f"{short} not identified ({why}): {hints[j]}{fallback}")
         plo = prior.low[j] if prior is not None else None
         phi = prior.high[j] if prior is not None else None

@@ -115,7 +115,8 @@ def solve(design: Design, prior: PhysicsPrior | None, strength: float) -> Soluti
     lam = strength * np.sqrt(a.shape[0])
     pa, pb = _prior_rows(prior, free, scale, lam)
     full_a, full_b = np.vstack([a, pa]), np.concatenate([b, pb])
-    z0 = lsq_linear(full_a, full_b, bounds=(0.0, np.inf), method="bvls").x
+    # bvls may land a hair below a bound (-1e-17), which least_squares refuses as a start
+    z0 = np.maximum(lsq_linear(full_a, full_b, bounds=(0.0, np.inf), method="bvls").x, 0.0)
     f = float(np.clip(1.4826 * np.median(np.abs(a @ z0 - b)), *SCALE_BOUNDS))
     res = least_squares(lambda z: full_a @ z - full_b, z0, jac=lambda z: full_a,
                         bounds=(0.0, np.inf), loss=_soft_l1_then_linear(a.shape[0], f),
@@ -150,7 +151,8 @@ def bootstrap(design: Design, prior: PhysicsPrior | None, strength: float,
         mult = np.repeat(counts, np.diff(starts))  # rows in `order`, each request's count
         sel = order[np.repeat(np.arange(order.size), mult)]
         sa, sb = np.vstack([a[sel], pa]), np.concatenate([b[sel], pb])
-        out[k, free] = lsq_linear(sa, sb, bounds=(0.0, np.inf), method="bvls").x / scale
+        out[k, free] = np.maximum(lsq_linear(sa, sb, bounds=(0.0, np.inf), method="bvls").x,
+                                  0.0) / scale
     return out
 
 

@@ -221,6 +221,8 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     from blis_sim.engine import fit_checks
     from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
 
+    if max_iterations < 1:
+        raise ConfigError(f"max_iterations must be ≥ 1, got {max_iterations}", field="max_iterations")
     options = options or EngineOptions()
     start_coeffs, start_label = _start(options)
     tried = [_replayed(trace, options, _vector(start_coeffs), "start", name)]
