@@ -1,10 +1,11 @@
 """The linear solve of ``blis fit`` at one schedule, and what it says about itself.
 
-* :func:`solve`: bounded (every coefficient ≥ 0), robust least squares with scipy
-  (``least_squares``, soft-L1 loss on the data rows, started from ``lsq_linear``'s L2 answer),
-  regularised toward the physics prior by extra rows ``λ·(w_i − prior_i)/prior_i`` with
-  ``λ = strength·√rows`` (a coefficient pinned by the data barely moves; one the data cannot see
-  takes its physical value).
+* :func:`solve`: bounded (every coefficient ≥ 0), robust least squares with scipy. The data
+  alone are solved by ``least_squares`` with a soft-L1 loss (started from ``lsq_linear``'s L2
+  answer); its loss weights set each row's weight (outliers count little), normalised to mean 1;
+  the weighted rows plus the prior rows ``λ·(w_i − prior_i)/prior_i``, ``λ = strength·√rows``,
+  are solved by ``lsq_linear`` (a coefficient pinned by the data barely moves; one the data
+  cannot see takes its physical value).
 * :func:`bootstrap`: the same solve (as ``lsq_linear`` on the robust weights of the final solve)
   over requests resampled with replacement: seeded, deterministic; percentile intervals.
 * :func:`collinearity`: condition number of the column-scaled design and each column's variance
@@ -84,47 +85,37 @@ def _scaled(design: Design, free: np.ndarray, sel: np.ndarray | None = None
     return a / scale, y * w, scale
 
 
-def _soft_l1_then_linear(n_data: int, scale: float):
-    """scipy loss callable: soft-L1 (``scale``) on the first n_data residuals, plain squares on
-    the prior rows after them."""
-    f2 = scale ** 2
+def _robust_row_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each data row's weight (√ of the soft-L1 loss's IRLS weight, normalised to mean-square 1)
+    at scipy's robust solution of the data alone. Normalised, the weighted rows weigh as much in
+    total as the unweighted ones, so the prior's λ means the same whatever the residual scale."""
+    from scipy.optimize import least_squares, lsq_linear
 
-    def loss(z: np.ndarray) -> np.ndarray:
-        out = np.empty((3, z.size))
-        u = 1.0 + z[:n_data] / f2
-        s = np.sqrt(u)
-        out[0, :n_data] = 2.0 * f2 * (s - 1.0)
-        out[1, :n_data] = 1.0 / s
-        out[2, :n_data] = -0.5 / (f2 * u * s)
-        out[0, n_data:] = z[n_data:]
-        out[1, n_data:] = 1.0
-        out[2, n_data:] = 0.0
-        return out
-
-    return loss
+    # bvls may land a hair below a bound (-1e-17), which least_squares refuses as a start
+    z0 = np.maximum(lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls").x, 0.0)
+    f = float(np.clip(1.4826 * np.median(np.abs(a @ z0 - b)), *SCALE_BOUNDS))
+    res = least_squares(lambda z: a @ z - b, z0, jac=lambda z: a, bounds=(0.0, np.inf),
+                        loss="soft_l1", f_scale=f, method="trf", x_scale=1.0, ftol=1e-12,
+                        xtol=1e-12, gtol=1e-12, max_nfev=500)
+    r = (a @ res.x - b) / f
+    omega = 1.0 / np.sqrt(1.0 + r * r)   # soft-L1's ρ'(r²): 1 for an inlier, ~f/|r| beyond
+    return np.sqrt(omega / np.mean(omega))
 
 
 def solve(design: Design, prior: PhysicsPrior | None, strength: float) -> Solution:
-    from scipy.optimize import least_squares, lsq_linear
+    from scipy.optimize import lsq_linear
 
     free = design.used
     coef = _fixed_values(design, prior)
     if not free.any():
         return Solution(coef, np.ones(design.y.size))
     a, b, scale = _scaled(design, free)
-    lam = strength * np.sqrt(a.shape[0])
-    pa, pb = _prior_rows(prior, free, scale, lam)
-    full_a, full_b = np.vstack([a, pa]), np.concatenate([b, pb])
-    # bvls may land a hair below a bound (-1e-17), which least_squares refuses as a start
-    z0 = np.maximum(lsq_linear(full_a, full_b, bounds=(0.0, np.inf), method="bvls").x, 0.0)
-    f = float(np.clip(1.4826 * np.median(np.abs(a @ z0 - b)), *SCALE_BOUNDS))
-    res = least_squares(lambda z: full_a @ z - full_b, z0, jac=lambda z: full_a,
-                        bounds=(0.0, np.inf), loss=_soft_l1_then_linear(a.shape[0], f),
-                        method="trf", x_scale=1.0, ftol=1e-12, xtol=1e-12, gtol=1e-12,
-                        max_nfev=500)
-    coef[free] = res.x / scale
-    r = (a @ res.x - b) / f
-    return Solution(coef, 1.0 / np.sqrt(np.sqrt(1.0 + r * r)))
+    weight = _robust_row_weights(a, b)
+    pa, pb = _prior_rows(prior, free, scale, strength * np.sqrt(a.shape[0]))
+    z = lsq_linear(np.vstack([a * weight[:, None], pa]), np.concatenate([b * weight, pb]),
+                   bounds=(0.0, np.inf), method="bvls").x
+    coef[free] = np.maximum(z, 0.0) / scale
+    return Solution(coef, weight)
 
 
 def bootstrap(design: Design, prior: PhysicsPrior | None, strength: float,
