@@ -140,3 +140,39 @@ def test_the_prior_comes_from_flags_or_the_header_and_needs_the_hardware() -> No
 
     prior, label = resolve_prior(hardware="H100", header=Header())
     assert prior is not None and "trace header" in label
+
+
+def jittered(trace, cv: float, seed: int):
+    """``trace`` with each TTFT and each decode span scaled by 1 ± cv (uniform, seeded): the
+    noise of a real server, which turns near-collinear columns into free trade-offs."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for r in trace.records:
+        ttft, span = rng.uniform(1 - cv, 1 + cv, 2)
+        first = r.send_time_us + int((r.first_chunk_time_us - r.send_time_us) * ttft)
+        last = first + int((r.last_chunk_time_us - r.first_chunk_time_us) * span)
+        records.append(r.model_copy(update={
+            "first_chunk_time_us": first, "last_chunk_time_us": last,
+            "first_content_time_us": first if r.first_content_time_us else 0}))
+    return trace.model_copy(update={"records": records})
+
+
+def prefill_us(coeffs: LatencyCoefficients, tokens: int) -> float:
+    """One step prefilling ``tokens`` tokens from scratch."""
+    return coeffs.to_step_model().step_time(
+        np.array([1.0, tokens, 0.0, 0.0, 0.0, tokens * (tokens + 1) / 2]))
+
+
+#: off the prior (attention 0.0025 against its 0.00184) but within its plausible range
+NOISY_TRUTH = _to_coefficients(np.array([9000.0, 50.0, 70.0, 0.05, 0.0025, 5000.0, 200.0]))
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_on_noisy_narrow_prompts_the_prior_keeps_long_prompts_priced_right(seed: int) -> None:
+    trace = jittered(narrow_trace(NOISY_TRUTH, n=300), 0.05, seed)
+    free = fit(trace, OPTS, bootstrap_resamples=30)
+    assert any(w.startswith("per_prefill_attention_us not identified") for w in free.fit.warnings)
+    held = fit(trace, OPTS, prior=QWEN_H100, bootstrap_resamples=30)
+    # fitted on 929-1047-token prompts, asked about 4096: the data alone cannot say (the issue
+    # saw 91 % under to 1558 % over); with the prior the answer stays within 5 %
+    assert prefill_us(held, 4096) == pytest.approx(prefill_us(NOISY_TRUTH, 4096), rel=0.05)
