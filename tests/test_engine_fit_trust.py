@@ -176,3 +176,11 @@ def test_on_noisy_narrow_prompts_the_prior_keeps_long_prompts_priced_right(seed:
     # fitted on 929-1047-token prompts, asked about 4096: the data alone cannot say (the issue
     # saw 91 % under to 1558 % over); with the prior the answer stays within 5 %
     assert prefill_us(held, 4096) == pytest.approx(prefill_us(NOISY_TRUTH, 4096), rel=0.05)
+
+
+def test_one_request_at_a_time_cannot_separate_decode_batching_or_the_frontend() -> None:
+    trace = jittered(narrow_trace(NOISY_TRUTH, rate=0.05, n=60), 0.02, 0)
+    c = fit(trace, OPTS, bootstrap_resamples=30)
+    by_name = {w.split(" ")[0]: w for w in c.fit.warnings if " not identified " in w}
+    assert "decode batches span 1-2; add load levels" in by_name["per_decode_seq_us"]
+    assert "add load so requests queue through more steps" in by_name["frontend.base_us"]

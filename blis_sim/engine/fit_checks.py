@@ -43,6 +43,8 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
     c_lo, c_hi = _span(ctx)
     s_lo, s_hi = _span(feats[:, 1] + feats[:, 2])
     l_lo, l_hi = _span(load[rows])
+    ttft_rows = design.x[:, 5] > 0               # the frontend base column is 1 on TTFT rows
+    w_lo, w_hi = _span(np.round(design.x[ttft_rows, 0])) if ttft_rows.any() else (0, 0)
     prompts = (f"prompts span {lo}-{hi} tokens; add prompts from {min(256, lo)} to "
                f"{4 * max(hi, 1)} tokens")
     decode = (f"decode batches never exceeded {max_decode}; add concurrent requests"
@@ -51,7 +53,7 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
     return [f"steps computed {s_lo}-{s_hi} tokens; add light load (one request at a time) next to "
             f"heavy", prompts, decode,
             f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
-            "every request needs a TTFT (streamed requests)",
+            f"TTFTs span {w_lo}-{w_hi} steps; add load so requests queue through more steps",
             f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals"]
 
 
