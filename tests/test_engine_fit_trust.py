@@ -110,6 +110,14 @@ def test_a_saturated_trace_is_warned_and_implausible_coefficients_are_named() ->
             assert any(w.startswith(f"{short} = ") and "implausible" in w for w in r.warnings)
 
 
+def test_a_fit_that_cannot_reproduce_its_trace_says_so() -> None:
+    # the server batched up to 256 sequences; the replay is told 1: no coefficients can fix that
+    trace = narrow_trace(rate=8, n=80)
+    c = fit(trace, replace(OPTS, max_num_seqs=1), max_iterations=2, bootstrap_resamples=0)
+    assert any(w.startswith("the fit reproduces its own trace poorly (TTFT MAPE")
+               for w in c.fit.warnings), c.fit.warnings
+
+
 def test_plausibility_names_each_coefficient_out_of_the_prior_range() -> None:
     n = 40
     rng = np.random.default_rng(1)

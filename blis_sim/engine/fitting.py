@@ -50,6 +50,10 @@ _LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
 N_STEP = _LINEAR_FROM_FEATURES.shape[1]
 
 
+#: In-sample TTFT or ITL MAPE above this (the calibration verdict's default) is warned.
+POOR_FIT = 0.15
+
+
 @dataclass
 class Observed:
     """Observed per-request latencies aligned with the replay's table rows."""
@@ -252,6 +256,12 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     sat = fit_checks.saturation(best.obs.ttft_us, best.outcome.loop.arrival_us, best.obs.load)
     if sat:
         warnings.insert(0, sat)
+    poor = [f"{name} MAPE {v:.1%}" for name, v in (("TTFT", best.report.ttft_mape),
+                                                    ("ITL", best.report.itl_mape)) if v > POOR_FIT]
+    if poor:
+        warnings.append(f"the fit reproduces its own trace poorly ({', '.join(poor)}): the linear "
+                        "model does not describe this server at these settings, or the replay's "
+                        "scheduler limits and KV size are not the server's")
     if tried[0].objective < best.objective:
         warnings.append(f"no iterate beat the starting point ({start_label}: objective "
                         f"{tried[0].objective:.3g} vs {best.objective:.3g})")
