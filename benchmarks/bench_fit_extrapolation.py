@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_engine_fit_trust import (NOISY_TRUTH, OPTS, QWEN_H100, jittered,  # noqa: E402
-                                   narrow_trace, prefill_us)
+from test_engine_fit_trust import (NOISY_TRUTH, OPTS, QWEN_H100, jittered, narrow_trace,
+                                   prefill_us)
 
-from blis_sim.engine.fitting import fit  # noqa: E402
+from blis_sim.engine.fitting import fit
 
 
 def main() -> None:

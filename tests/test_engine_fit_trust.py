@@ -11,10 +11,10 @@ import pytest
 from blis_sim.engine.fit_checks import estimates
 from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.fitting import _to_coefficients, evaluate, fit
-from blis_sim.engine.latency import FrontendCoefficients, LatencyCoefficients, StepCoefficients
+from blis_sim.engine.latency import (FrontendCoefficients, LatencyCoefficients, StepCoefficients,
+                                     get_hardware)
 from blis_sim.engine.models import KNOWN_MODELS
 from blis_sim.engine.prior import COEFFICIENT_NAMES, physics_prior, resolve_prior
-from blis_sim.engine.latency import get_hardware
 from blis_sim.engine.run_spec import run_outcome
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.formats.workload import parse_workload_spec

@@ -132,8 +132,8 @@ def test_roofline_prices_a_whole_mixed_batch_at_one_gemm_efficiency() -> None:
     assert model.step_time(features(td=1)) == pytest.approx((weights + 163840) / 3.35e6)  # + its KV write
     # a mixed chunked-prefill step is one max(compute, memory) over the whole batch: less than
     # the rooflines of its prefill and decode parts taken apart and summed
-    prefill = dict(tp=2048, cp=2048, ap=2048 * 2048 + 2048 * 2049 / 2)
-    decode = dict(td=256, cd=256 * 2048)
+    prefill = {"tp": 2048, "cp": 2048, "ap": 2048 * 2048 + 2048 * 2049 / 2}
+    decode = {"td": 256, "cd": 256 * 2048}
     mixed = model.step_time(features(**prefill, **decode))
     w = model.weights()
     f = features(**prefill, **decode)

@@ -84,7 +84,7 @@ def test_hit_rate_bars_are_valid_svg() -> None:
 
 def test_a_ttft_failure_shows_what_the_latency_fit_said_about_itself() -> None:
     from blis_sim.calibrate import VerdictRow
-    from blis_sim.engine.latency import (CoefficientEstimate, DEFAULT_COEFFICIENTS, FitReport)
+    from blis_sim.engine.latency import DEFAULT_COEFFICIENTS, CoefficientEstimate, FitReport
     from pytest_blis._cell import fit_notes
     from pytest_blis._render import CellFailure
 

@@ -50,15 +50,15 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
     decode = (f"decode batches never exceeded {max_decode}; add concurrent requests"
               if max_decode <= 1 else
               f"decode batches span 1-{max_decode}; add load levels so they vary more")
-    return [f"steps computed {s_lo}-{s_hi} tokens; add light load (one request at a time) next to "
-            f"heavy", prompts, decode,
+    return [(f"steps computed {s_lo}-{s_hi} tokens; add light load (one request at a time) "
+             "next to heavy"), prompts, decode,
             f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
             f"TTFTs span {w_lo}-{w_hi} steps; add load so requests queue through more steps",
             f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals"]
 
 
-def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np.ndarray, design: Design,
-              prior: PhysicsPrior | None, table: Any, steps: np.ndarray | None,
+def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np.ndarray,
+              design: Design, prior: PhysicsPrior | None, table: Any, steps: np.ndarray | None,
               load: np.ndarray) -> tuple[list[CoefficientEstimate], list[str]]:
     """Each coefficient with its 90 % bootstrap interval, prior and plausible range, and the
     warnings: every coefficient the data cannot pin down (with what would), every implausible one."""

@@ -136,8 +136,8 @@ class FitReport(BaseModel):
 
     def text(self) -> str:
         """The report as ``blis fit`` prints it on stderr."""
-        lines = [f"blis fit: {self.trace}: {self.requests} requests, start {self.start or '?'}, "
-                 f"prior {self.prior or 'none'}"]
+        lines = [(f"blis fit: {self.trace}: {self.requests} requests, start {self.start or '?'}, "
+                  f"prior {self.prior or 'none'}")]
         for it in self.convergence:
             mark = "  <- returned" if it.iteration == self.best_iteration else ""
             lines.append(f"  {it.kind:7s} {it.iteration:2d}: objective {it.objective:.4f} (TTFT "
