@@ -192,3 +192,12 @@ def test_one_request_at_a_time_cannot_separate_decode_batching_or_the_frontend()
     by_name = {w.split(" ")[0]: w for w in c.fit.warnings if " not identified " in w}
     assert "decode batches span 1-2; add load levels" in by_name["per_decode_seq_us"]
     assert "add load so requests queue through more steps" in by_name["frontend.base_us"]
+
+
+def test_the_report_survives_the_coefficient_file(narrow_fit, tmp_path) -> None:
+    from blis_sim.engine.latency import dump_coefficients, load_coefficients
+
+    _, c = narrow_fit
+    for name in ("c.yaml", "c.json"):
+        dump_coefficients(c, tmp_path / name)
+        assert load_coefficients(tmp_path / name) == c
