@@ -9,6 +9,10 @@ linear model's YAML/JSON, e.g. written by ``blis fit``), ``--model-config config
 ``--metrics-path`` (MetricsOutput JSON), ``--trace-output PREFIX`` (``PREFIX.yaml`` +
 ``PREFIX.csv``). stdout gets the MetricsOutput without ``requests`` and ``cache_hit_rate`` (as the
 reference prints it). Errors: one line and exit code 2 (blis_sim.cli handles BlisError).
+
+Flags are honoured or refused: ``--latency-coefficients`` with ``--latency-model roofline`` and
+on ``blis fit`` (whose start is ``--initial-coefficients``) is an error; an observed trace
+replayed or fitted on default KV size / batch limits gets one stderr warning naming them.
 """
 from __future__ import annotations
 
@@ -226,9 +230,9 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
         else:
             defaulted.append(f"--total-kv-blocks {DEFAULT_TOTAL_KV_BLOCKS}")
     if defaulted and header is not None and header.mode == "real":
-        print(f"blis {getattr(args, 'command', 'replay')}: warning: the trace header does not give the server's "
-              f"limits and no flag did; running on defaults {', '.join(defaulted)}",
-              file=sys.stderr)
+        command = getattr(args, "command", "replay")
+        print(f"blis {command}: warning: the trace header does not give the server's limits and "
+              f"no flag did; running on defaults {', '.join(defaulted)}", file=sys.stderr)
     try:
         return EngineOptions(
             model=args.model, num_gpu_blocks=num_blocks, block_size=args.block_size_in_tokens,
@@ -303,8 +307,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise UsageError("--bootstrap-resamples and --prior-strength must be ≥ 0")
     if args.max_iterations < 1:
         raise UsageError(f"--max-iterations must be ≥ 1, got {args.max_iterations}")
-    args.latency_coefficients = args.initial_coefficients
-    options = options_from_args(args, trace.header)
+    start_args = argparse.Namespace(**{**vars(args),
+                                       "latency_coefficients": args.initial_coefficients})
+    options = options_from_args(start_args, trace.header)
     start = str(args.initial_coefficients) if args.initial_coefficients else "default"
     print(f"blis fit: starting from {start} coefficients", file=sys.stderr)
     prior, label = (None, "none: --no-prior") if args.no_prior else resolve_prior(
