@@ -196,6 +196,17 @@ class _Iterate:
     def objective(self) -> float:
         return self.report.ttft_mape + self.report.itl_mape
 
+    def release(self) -> None:
+        """Drop the schedule (a replay's columns and rows): only the best and the last are kept."""
+        self.outcome = self.obs = self.design = None  # type: ignore[assignment]
+
+
+def _keep_best_and_last(tried: list[_Iterate]) -> None:
+    best = min((t for t in tried if t.kind != "start"), key=lambda t: t.objective, default=None)
+    for t in tried[:-1]:
+        if t is not best:
+            t.release()
+
 
 def _replayed(trace: Any, options: EngineOptions, coef: np.ndarray, kind: str, name: str) -> _Iterate:
     model = _to_coefficients(coef).to_step_model()
@@ -237,6 +248,7 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
             np.abs(c - fitted[-1]) <= tolerance * np.maximum(np.abs(fitted[-1]), 1.0)))
         fitted.append(c)
         tried.append(_replayed(trace, options, c, "iterate", name))
+        _keep_best_and_last(tried)
         if converged:
             break
     settled = fitted[min(burn_in, len(fitted) - 1):]
