@@ -275,10 +275,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
-    from blis_sim.formats import load_trace
+    """The trace, its rows as columns (``.records`` made on first use)."""
+    from blis_sim.formats.trace_columns import load_trace_columns
 
     _need(args, header_flag, data_flag)
-    return load_trace(getattr(args, header_flag), getattr(args, data_flag))
+    return load_trace_columns(getattr(args, header_flag), getattr(args, data_flag))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

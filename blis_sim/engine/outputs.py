@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from blis_sim.engine.provenance import sim_provenance
+from blis_sim.engine.requests import TraceRows
 from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
 from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
@@ -83,6 +84,14 @@ class _SourceText:
         """``name`` of every row in table order; None when no row has a non-empty one."""
         if name not in self._cache:
             src = self._src
+            if isinstance(src, TraceRows):  # columns: a constant one is answered at once
+                const, value = src.column(name)
+                if const:
+                    self._cache[name] = [value] * len(src) if value else None
+                else:
+                    vals = value.tolist() if isinstance(value, np.ndarray) else value
+                    self._cache[name] = vals if any(vals) else None
+                return self._cache[name]
             try:
                 vals: list[Any] | None = list(map(attrgetter(name), src))
             except AttributeError:

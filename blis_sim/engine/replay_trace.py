@@ -131,19 +131,32 @@ def geometry(header: Any, options: EngineOptions, offload: Any) -> tuple[int, in
 
 
 
+def trace_columns(trace: Any) -> Any:
+    """A trace's rows as ``TraceColumns``: a ``ColumnarTrace``'s as they are (nothing per row is
+    built), a :class:`~blis_sim.formats.Trace`'s records converted."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    data = getattr(trace, "data", None)
+    if isinstance(data, TraceColumns):
+        return data
+    return TraceColumns.from_records(trace.records)
+
+
 def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
                    log_steps: bool = False) -> ReplayOutcome:
-    """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`); see the module docstring."""
+    """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`, or the ``ColumnarTrace`` of
+    :func:`~blis_sim.formats.trace_columns.load_trace_columns`); see the module docstring."""
     options = options or EngineOptions()
     header = trace.header
     offload = resolve_offload(header, options.kv_offload,
                               kv_bytes_per_token=options.kv_bytes_per_token)
     if offload is None and observed_from_tiers(header):
         raise ConfigError(BC10_MESSAGE)
-    if not trace.records:
+    data = trace_columns(trace)
+    if not len(data):
         raise ConfigError("Failed to build requests from trace: empty trace")
-    window = trace_window(header, trace.records)
-    table = table_from_trace(header, trace.records, window)
+    window = trace_window(header, data)
+    table = table_from_trace(header, data, window)
     if len(table) == 0:
         raise ConfigError("Failed to build requests from trace: every row has status 'error'")
     block_size, num_blocks = geometry(header, options, offload)

@@ -41,10 +41,10 @@ class RequestTable:
     prev_round: np.ndarray          # int64 (-1)
     new_input: np.ndarray           # int64
     in_window: np.ndarray           # bool: inside the comparison (counter) window
-    keys: list[str]
+    keys: Sequence[str]             # a name unique to each row (IdKeys for a trace)
     group_names: list[str]
     session_names: list[str]
-    source: list[Any] = field(default_factory=list)  # the TraceRecord / PlannedRequest of each row
+    source: Sequence[Any] = field(default_factory=list)  # TraceRows, or the PlannedRequest of each row
     observed: bool = False          # from an observe trace (mode real): see ContentPlan
 
     def __len__(self) -> int:
@@ -59,20 +59,24 @@ class RequestTable:
             sub = links[idx]
             return np.where(sub >= 0, inv[np.maximum(sub, 0)], -1)
 
-        ii = idx.tolist()
         return RequestTable(
             request_id=self.request_id[idx], arrival_us=self.arrival_us[idx].copy(),
             prompt_len=self.prompt_len[idx], output_len=self.output_len[idx],
             next_round=remap(self.next_round), think_us=self.think_us[idx], group=self.group[idx],
             shared_prefix=self.shared_prefix[idx], session=self.session[idx],
             prev_round=remap(self.prev_round), new_input=self.new_input[idx],
-            in_window=self.in_window[idx], keys=[self.keys[i] for i in ii],
+            in_window=self.in_window[idx], keys=take_rows(self.keys, idx),
             group_names=self.group_names, session_names=self.session_names,
-            source=[self.source[i] for i in ii] if self.source else [], observed=self.observed)
+            source=take_rows(self.source, idx) if len(self.source) else [], observed=self.observed)
 
     def phases(self) -> list[np.ndarray]:
         """Row indices per recorded phase (the ``phase`` column), in order of first arrival."""
-        names = [getattr(r, "phase", "") or "" for r in self.source] if self.source else []
+        if isinstance(self.source, TraceRows):
+            const, names = self.source.column("phase")
+            if const:
+                return [np.arange(len(self))]
+        else:
+            names = [getattr(r, "phase", "") or "" for r in self.source] if self.source else []
         if len(set(names)) < 2:
             return [np.arange(len(self))]
         groups: dict[str, list[int]] = {}
@@ -103,25 +107,111 @@ def _codes(names: Sequence[str]) -> tuple[np.ndarray, list[str]]:
     return codes, list(index)
 
 
-def table_from_trace(header: Any, records: Sequence[Any],
-                     in_window: np.ndarray | None = None) -> RequestTable:
-    """The replayable rows of a trace as a :class:`RequestTable` (see the module docstring)."""
-    rows = [r for r in records if r.status != "error"]
-    n = len(rows)
-    rid = np.fromiter((r.request_id for r in rows), dtype=np.int64, count=n)
-    send = np.fromiter((r.send_time_us for r in rows), dtype=np.int64, count=n)
-    arrival_col = np.fromiter((r.arrival_time_us for r in rows), dtype=np.int64, count=n)
+class TraceRows(Sequence[Any]):
+    """The trace rows of a table (``RequestTable.source``), held as columns and row indices:
+    ``rows[k]`` is a TraceRecord made on demand, :meth:`column` a column in table order."""
+
+    def __init__(self, data: Any, idx: np.ndarray) -> None:
+        self.data = data          # blis_sim.formats.trace_columns.TraceColumns
+        self.idx = idx            # int64 row numbers in the trace
+
+    def __len__(self) -> int:
+        return int(self.idx.shape[0])
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return TraceRows(self.data, self.idx[k])
+        return self.data.record(int(self.idx[k]))
+
+    def take(self, idx: np.ndarray) -> TraceRows:
+        return TraceRows(self.data, self.idx[idx])
+
+    def column(self, name: str) -> Any:
+        """``(True, value)`` when every row holds ``value``, else ``(False, values in table order)``
+        (an array, or ``list[str]``)."""
+        const, value = self.data.constant(name)
+        if const:
+            return True, value
+        col = self.data.data[name]
+        if isinstance(col, np.ndarray):
+            return False, col[self.idx]
+        names = col.names
+        return False, [names[c] for c in col.codes[self.idx].tolist()]
+
+
+class IdKeys(Sequence[str]):
+    """``str(request_id)`` per row, made on demand (the content plan reads the first only)."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [str(v) for v in self.ids[k].tolist()]
+        return str(int(self.ids[k]))
+
+    def take(self, idx: np.ndarray) -> IdKeys:
+        return IdKeys(self.ids[idx])
+
+
+def take_rows(seq: Sequence[Any], idx: np.ndarray) -> Sequence[Any]:
+    """``[seq[i] for i in idx]``, kept lazy for :class:`TraceRows` / :class:`IdKeys`."""
+    if isinstance(seq, (TraceRows, IdKeys)):
+        return seq.take(idx)
+    return [seq[i] for i in idx.tolist()]
+
+
+def concat_rows(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
+    """The parts one after the other, kept lazy when they are all rows of one trace (or ids)."""
+    if parts and all(isinstance(p, TraceRows) and p.data is parts[0].data for p in parts):
+        return TraceRows(parts[0].data, np.concatenate([p.idx for p in parts]))
+    if parts and all(isinstance(p, IdKeys) for p in parts):
+        return IdKeys(np.concatenate([p.ids for p in parts]))
+    return [x for p in parts for x in p]
+
+
+def _replayable(data: Any) -> np.ndarray:
+    """Row numbers of the rows the engine saw (every status but ``error``)."""
+    status = data.strings("status")
+    bad = [c for c, name in enumerate(status.names) if name == "error"]
+    if not bad:
+        return np.arange(data.n, dtype=np.int64)
+    return np.flatnonzero(status.codes != bad[0]).astype(np.int64)
+
+
+def _columns_of(records: Any) -> Any:
+    """A trace's data as columns (``TraceColumns`` as is; a record list converted)."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    return records if isinstance(records, TraceColumns) else TraceColumns.from_records(records)
+
+
+def table_from_trace(header: Any, records: Any, in_window: np.ndarray | None = None) -> RequestTable:
+    """The replayable rows of a trace (``TraceColumns`` or a record list) as a
+    :class:`RequestTable` (see the module docstring)."""
+    data = _columns_of(records)
+    rows = _replayable(data)
+    n = int(rows.shape[0])
+
+    def col(name: str) -> np.ndarray:
+        return data.array(name)[rows]
+
+    rid = col("request_id")
+    send = col("send_time_us")
+    arrival_col = col("arrival_time_us")
     arrival = np.where(send > 0, send, arrival_col).astype(np.float64)
     if header.mode == "real" and n and (send > 0).any():
         origin = float(send[send > 0].min())
         arrival = np.where(send > 0, send - origin, arrival_col).astype(np.float64)
         arrival = np.maximum(arrival, 0.0)
-    plen = np.fromiter((r.prefix_length for r in rows), dtype=np.int64, count=n)
-    inp = np.fromiter((r.input_tokens for r in rows), dtype=np.int64, count=n)
-    server_in = np.fromiter((r.server_input_tokens for r in rows), dtype=np.int64, count=n)
-    out = np.fromiter((r.output_tokens for r in rows), dtype=np.int64, count=n)
-    groups = [r.prefix_group if r.prefix_length > 0 else "" for r in rows]
-    gcode, gnames = _codes(groups)
+    plen = col("prefix_length")
+    inp = col("input_tokens")
+    server_in = col("server_input_tokens")
+    out = col("output_tokens")
+    gcode, gnames = _group_codes(data.strings("prefix_group"), rows, plen)
     shared = np.where(gcode >= 0, plen, 0).astype(np.int64)
     prompt = np.where(server_in > 0, server_in, plen + inp).astype(np.int64)
     prompt = np.maximum(prompt, 1)
@@ -132,14 +222,18 @@ def table_from_trace(header: Any, records: Sequence[Any],
     prev = np.full(n, -1, dtype=np.int64)
     new_in = inp.copy()
     by_session: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        if r.session_id:
-            by_session.setdefault(r.session_id, []).append(i)
+    sessions = data.strings("session_id")
+    if any(sessions.names):
+        sid_of = sessions.codes[rows].tolist()
+        for i, c in enumerate(sid_of):
+            if sessions.names[c]:
+                by_session.setdefault(sessions.names[c], []).append(i)
+    round_of = col("round_index").tolist() if by_session else []
     snames: list[str] = []
     force = header.session_context_growth == "accumulate"
     for sid, idx in by_session.items():
-        idx.sort(key=lambda i: rows[i].round_index)
-        rounds = [rows[i].round_index for i in idx]
+        idx.sort(key=lambda i: round_of[i])
+        rounds = [round_of[i] for i in idx]
         if rounds != list(range(len(rounds))) or len(idx) < 2:
             continue
         try:
@@ -166,34 +260,55 @@ def table_from_trace(header: Any, records: Sequence[Any],
     inv[order] = np.arange(n)
     prev_sorted = np.where(prev[order] >= 0, inv[np.maximum(prev[order], 0)], -1)
     window = np.ones(n, dtype=bool) if in_window is None else np.asarray(in_window, bool)
-    keys = [str(r.request_id) for r in rows]
     return RequestTable(
         request_id=rid[order], arrival_us=arrival[order], prompt_len=prompt[order],
         output_len=out[order], next_round=np.full(n, -1, dtype=np.int64), think_us=np.zeros(n),
         group=gcode[order], shared_prefix=shared[order], session=session[order],
         prev_round=prev_sorted, new_input=new_in[order], in_window=window[order],
-        keys=[keys[i] for i in order], group_names=gnames, session_names=snames,
-        source=[rows[i] for i in order], observed=header.mode == "real")
+        keys=IdKeys(rid[order]), group_names=gnames, session_names=snames,
+        source=TraceRows(data, rows[order]), observed=header.mode == "real")
 
 
-def trace_window(header: Any, records: Sequence[Any]) -> np.ndarray:
+def _group_codes(groups: Any, rows: np.ndarray, plen: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Each row's prefix group (-1: none, or no shared prefix) numbered in order of first
+    appearance, and the names."""
+    names = groups.names
+    raw = groups.codes[rows]
+    raw = np.where(plen > 0, raw, -1)
+    if len(names) == 1 and names[0] == "":
+        return np.full(rows.shape[0], -1, dtype=np.int32), []
+    empty = [c for c, name in enumerate(names) if name == ""]
+    if empty:
+        raw = np.where(raw == empty[0], -1, raw)
+    used, first = np.unique(raw[raw >= 0], return_index=True)
+    order = used[np.argsort(first)]  # the first row of each group decides its number
+    renum = np.full(len(names) + 1, -1, dtype=np.int32)
+    renum[order] = np.arange(order.shape[0], dtype=np.int32)
+    return renum[raw], [names[c] for c in order.tolist()]
+
+
+def trace_window(header: Any, records: Any) -> np.ndarray:
     """Which replayable rows were inside the server's counter window.
 
     A row is inside unless its phase is recorded (``pytest_blis.phases``) as outside the window
     (``measured: false``), or — without phase records — it is marked ``warmup`` (our observe
     scrapes after the warm-up requests have drained).
     """
-    rows = [r for r in records if r.status != "error"]
+    data = _columns_of(records)
+    rows = _replayable(data)
     phases = {}
     ext = header.pytest_blis
     if ext is not None:
         phases = {p.name: p.measured for p in ext.phases}
-    out = np.ones(len(rows), dtype=bool)
-    for i, r in enumerate(rows):
-        if r.phase in phases:
-            out[i] = phases[r.phase]
-        elif r.warmup:
-            out[i] = False
+    phase = data.strings("phase")
+    # per distinct phase name: its recorded "measured", or None (then the warm-up flag decides)
+    measured = [phases.get(name) for name in phase.names]
+    warm = data.array("warmup")[rows]
+    out = ~warm
+    codes = phase.codes[rows]
+    for c, m in enumerate(measured):
+        if m is not None:
+            out[codes == c] = m
     return out
 
 

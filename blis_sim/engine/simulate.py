@@ -16,7 +16,7 @@ import numpy as np
 
 from blis_sim.engine.kvport import KVPort
 from blis_sim.engine.latency import DEFAULT_COEFFICIENTS, StepModel
-from blis_sim.engine.requests import RequestTable
+from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
 from blis_sim.formats._io import gc_paused
@@ -217,8 +217,8 @@ def combine_outcomes(parts: list[SimOutcome], kv: Any, offload: Any,
         group=cat(lambda p: p.table.group), shared_prefix=cat(lambda p: p.table.shared_prefix),
         session=cat(lambda p: p.table.session), prev_round=cat(lambda p: p.table.prev_round),
         new_input=cat(lambda p: p.table.new_input), in_window=cat(lambda p: p.table.in_window),
-        keys=[k for tb in tables for k in tb.keys], group_names=[], session_names=[],
-        source=[s for tb in tables for s in tb.source], observed=tables[0].observed)
+        keys=concat_rows([tb.keys for tb in tables]), group_names=[], session_names=[],
+        source=concat_rows([tb.source for tb in tables]), observed=tables[0].observed)
     loops = [p.loop for p in parts]
     loop = LoopResult(
         arrival_us=cat(lambda p: p.loop.arrival_us), first_token_us=cat(lambda p: p.loop.first_token_us),

@@ -304,6 +304,11 @@ def _read_rows(p: Path) -> list[TraceRecord]:
 
 
 def _checked_row(parse_row: Any, row: list[str], line: int, min_cols: int, file: str) -> TraceRecord:
+    return _fast_record(checked_values(parse_row, row, line, min_cols, file))
+
+
+def checked_values(parse_row: Any, row: list[str], line: int, min_cols: int, file: str) -> dict[str, Any]:
+    """One row's field values, every check of the row path applied (errors located)."""
     n = len(row)
     if n < min_cols:
         raise FormatError(f"CSV row has {n} columns, expected at least {min_cols}", file=file, line=line)
@@ -312,15 +317,15 @@ def _checked_row(parse_row: Any, row: list[str], line: int, min_cols: int, file:
     if d > 0 and a > 0 and d < a:
         raise FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} (corrupt trace?)",
                           file=file, line=line, field="deadline_us")
-    return _fast_record(values)
+    return values
 
 
 _BOOL_VALUES = {"true": True, "false": False}
 
 
-def _plain_ints(cells: list[str]) -> list[int] | None:
-    """The cells as ints when every one is plain ASCII digits below 10**18 (what ``int()`` and the
-    row parser read the same way), parsed by numpy in one call; None otherwise (signs, spaces,
+def _plain_ints(cells: list[str], *, arrays: bool = False) -> Any:
+    """The cells as ints (an int64 array with ``arrays``) when every one is plain ASCII digits below
+    10**18 (what ``int()`` and the row parser read the same way), parsed by numpy in one call; None otherwise (signs, spaces,
     empty cells, huge values: the row parser's checks decide)."""
     import numpy as np  # here: only a big file's columns need it
 
@@ -331,7 +336,7 @@ def _plain_ints(cells: list[str]) -> list[int] | None:
     values = np.fromstring(joined, dtype=np.int64, sep=",")  # saturates at 2**63 - 1: checked below
     if values.size != len(cells) or values.max() >= 10**18:
         return None
-    return values.tolist()
+    return values if arrays else values.tolist()
 
 
 class _ChunkParser:
@@ -352,6 +357,21 @@ class _ChunkParser:
         self._makers: dict[tuple[str, ...], Any] = {}
 
     def parse(self, chunk: list[str]) -> list[TraceRecord] | None:
+        parsed = self.parse_columns(chunk)
+        if parsed is None:
+            return None
+        template, names, columns = parsed
+        key = tuple(names)
+        make = self._makers.get(key)
+        if make is None:
+            make = self._makers[key] = _record_maker(key)
+        return make(len(chunk), template, *columns)
+
+    def parse_columns(self, chunk: list[str], *, arrays: bool = False
+                      ) -> tuple[dict[str, Any], list[str], list[Any]] | None:
+        """The chunk's rows as ``(template, names, columns)``: every field's value where the chunk
+        has one value (defaults included), then the varying columns (plain-digit integer columns
+        as int64 arrays with ``arrays``, other columns as lists). None: read it row by row."""
         n = len(chunk)
         width = chunk[0].count(",") + 1
         if width < self.min_cols:
@@ -376,18 +396,14 @@ class _ChunkParser:
                     return None
                 template[col] = values[0]
             else:
-                values = self._convert(col, cells)
+                values = self._convert(col, cells, arrays=arrays)
                 if values is None:
                     return None
                 names.append(col)
                 columns.append(values)
         if self._deadline_problem(template, names, columns, n):
             return None
-        key = tuple(names)
-        make = self._makers.get(key)
-        if make is None:
-            make = self._makers[key] = _record_maker(key)
-        return make(n, template, *columns)
+        return template, names, columns
 
     @staticmethod
     def _deadline_problem(template: dict[str, Any], names: list[str], columns: list[list[Any]], n: int) -> bool:
@@ -398,7 +414,7 @@ class _ChunkParser:
                                for c in ("deadline_us", "arrival_time_us"))
         return any(0 < d < a for d, a in zip(deadlines, arrivals))
 
-    def _convert(self, col: str, cells: list[str]) -> list[Any] | None:
+    def _convert(self, col: str, cells: list[str], *, arrays: bool = False) -> Any:
         if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
             cells = [c.strip(_go.GO_SPACE) if c else c for c in cells]
             if not any(cells):
@@ -408,7 +424,7 @@ class _ChunkParser:
         if col in _TRIMMED:
             return [c.strip(_go.GO_SPACE) for c in cells] if any(cells) else cells
         if col in _INTS:
-            values = _plain_ints(cells)
+            values = _plain_ints(cells, arrays=arrays)
             return values if values is not None else self._cellwise(col, cells)
         if col in _BOOLS:
             if set(cells) <= _BOOL_VALUES.keys():
