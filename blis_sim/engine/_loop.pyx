@@ -13,6 +13,7 @@ from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
 from libcpp.utility cimport pair
 from libc.math cimport isnan, ceil
+from libc.string cimport memcpy
 
 cnp.import_array()
 
@@ -39,6 +40,21 @@ cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] ar
         nxt[0] = -heap.top().first
         have = True
     return have
+
+
+cdef _f64(vector[double]& v):
+    """The vector as a new float64 array, copied at once (coercing it would make a list of floats)."""
+    out = np.empty(v.size(), dtype=np.float64)
+    if v.size():
+        memcpy(cnp.PyArray_DATA(out), v.data(), v.size() * sizeof(double))
+    return out
+
+
+cdef _i64(vector[long]& v):
+    out = np.empty(v.size(), dtype=np.int64)
+    if v.size():
+        memcpy(cnp.PyArray_DATA(out), v.data(), v.size() * sizeof(long))
+    return out
 
 
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
@@ -360,12 +376,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         "arrival_us": np.asarray(arr), "first_token_us": first_tok_np, "finish_us": finish_np,
         "itl_sum_us": itl_sum_np, "num_out": num_out_np, "preemptions": preempts_np,
         "first_sched_us": first_sched_np, "status": status_np,
-        "itl_values": np.array(itl_values, dtype=np.float64),
-        "itl_weights": np.array(itl_weights, dtype=np.int64), "steps": steps,
+        "itl_values": _f64(itl_values), "itl_weights": _i64(itl_weights), "steps": steps,
         "preemption_count": preemption_count, "end_us": t,
     }
     if log_steps:
-        out["step_start"] = np.array(log_start, dtype=np.float64)
-        out["step_dur"] = np.array(log_dur, dtype=np.float64)
-        out["step_features"] = np.array(log_feat, dtype=np.float64).reshape(-1, 6)
+        out["step_start"] = _f64(log_start)
+        out["step_dur"] = _f64(log_dur)
+        out["step_features"] = _f64(log_feat).reshape(-1, 6)
     return out

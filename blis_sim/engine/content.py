@@ -23,6 +23,8 @@ segment's name: distinct segments never collide in practice, and building one is
 """
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,13 @@ import numpy as np
 from blis_sim.workload.tokens import key_hash
 
 _KEY_MASK = (1 << 39) - 1
+
+
+def int_array(values: np.ndarray) -> array[int]:
+    """An integer column as a machine-int ``array`` (``q``)."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return out
 
 
 def segment_tokens(seed: int, *key: str | int, length: int) -> np.ndarray:
@@ -65,13 +74,14 @@ class ContentPlan:
     core: Any = None
     _group_hashes: dict[int, np.ndarray] = field(default_factory=dict)
     _streams: dict[int, np.ndarray] = field(default_factory=dict)
-    _seeds: list[int] = field(default_factory=list)
+    _seeds: Sequence[int] = field(default_factory=list)
     _root: int = 0
-    # the columns read once per request, as lists (indexing a numpy array makes a scalar object)
-    _prompt_of: list[int] = field(default_factory=list)
-    _session_of: list[int] = field(default_factory=list)
-    _group_of: list[int] = field(default_factory=list)
-    _shared_of: list[int] = field(default_factory=list)
+    # the columns read once per request, as machine-int arrays: indexing one gives a plain int (a
+    # numpy array would make a scalar object) and a million rows take 8 MB (a list: ~36 MB)
+    _prompt_of: Sequence[int] = field(default_factory=list)
+    _session_of: Sequence[int] = field(default_factory=list)
+    _group_of: Sequence[int] = field(default_factory=list)
+    _shared_of: Sequence[int] = field(default_factory=list)
     _no_prefix: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __post_init__(self) -> None:
@@ -86,12 +96,12 @@ class ContentPlan:
             z = np.arange(len(self.keys), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
             z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
             z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            self._seeds = (z ^ (z >> np.uint64(31))).tolist()
+            self._seeds = array("Q", (z ^ (z >> np.uint64(31))).tobytes())
         self._root = int(self.core.root_hash(0))
-        self._prompt_of = self.prompt_len.tolist()
-        self._session_of = self.session.tolist()
-        self._group_of = self.group.tolist()
-        self._shared_of = self.shared_prefix.tolist()
+        self._prompt_of = int_array(self.prompt_len)
+        self._session_of = int_array(self.session)
+        self._group_of = int_array(self.group)
+        self._shared_of = int_array(self.shared_prefix)
 
     # -- groups -------------------------------------------------------------------------------
     def _group_prefix_hashes(self, g: int) -> np.ndarray:

@@ -17,11 +17,12 @@ counter snapshot just before the first request of the comparison window is regis
 """
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.content import ContentPlan
+from blis_sim.engine.content import ContentPlan, int_array
 
 
 class KVPort:
@@ -29,9 +30,12 @@ class KVPort:
         self.kv = kv
         self.content = content
         self._n = len(content)
-        self._prompt_of = content.prompt_len.tolist()
+        self._prompt_of = int_array(content.prompt_len)
         self._registered = bytearray(self._n)
-        self._first: dict[int, tuple[int, int, int]] = {}  # i -> (device, host, disk) at admission
+        # per request: admitted yet, and (device, host, disk) tokens at its first admission (flat
+        # machine-int arrays: no Python object per request)
+        self._admitted = bytearray(self._n)
+        self._first = array("q", bytes(24 * self._n))
         self.window_first = window_first
         self.window_snapshot: dict[str, Any] | None = None
         # the per-step calls go straight to the cache
@@ -54,21 +58,17 @@ class KVPort:
 
     def admit(self, i: int, num_new_tokens: int, now: float) -> Any:
         res = self.kv.admit(i, num_new_tokens, now)
-        if res is not None and i not in self._first:
-            self._first[i] = (res.gpu_tokens, res.host_tokens, res.disk_tokens)
+        if res is not None and not self._admitted[i]:
+            self._admitted[i] = 1
+            self._first[3 * i:3 * i + 3] = array("q", (res.gpu_tokens, res.host_tokens, res.disk_tokens))
         return res
 
     @property
     def admitted(self) -> np.ndarray:
         """Per request: admitted at least once (bool)."""
-        out = np.zeros(self._n, dtype=bool)
-        out[list(self._first)] = True
-        return out
+        return np.frombuffer(self._admitted, dtype=np.uint8).astype(bool)
 
     @property
     def cached(self) -> np.ndarray:
         """Per request: (device, host, disk) tokens found at its first admission (n × 3)."""
-        out = np.zeros((self._n, 3), dtype=np.int64)
-        if self._first:
-            out[list(self._first)] = list(self._first.values())
-        return out
+        return np.frombuffer(self._first, dtype=np.int64).reshape(self._n, 3).copy()
