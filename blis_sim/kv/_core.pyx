@@ -105,6 +105,106 @@ cdef extern from *:
                 if (e[i].k) { ks.push_back(e[i].k); vs.push_back(e[i].v); }
         }
     };
+
+    // The chunk stores' slots and their key index, compact: an unbounded fs tier holds tens of
+    // millions of chunks. A slot (key, ready, busy, LRU links) is 32 bytes in fixed pages (growing
+    // never copies); the index is open addressing (linear probing, backward-shift deletion) of
+    // 8-byte entries (32 bits of the key's hash, slot + 1; 0 = empty) over the slots' keys, split
+    // into 256 segments that grow one at a time (no moment holds two copies of the whole index).
+    // The hash's bits 24-55 are the tag, whose low bits are the home slot: an entry's home is
+    // known without reading its key.
+    struct BlisSlot { uint64_t key; double ready; double busy; int32_t prev; int32_t next; };
+    struct BlisSlotTable {
+        static const int PAGE_BITS = 15;
+        static const int64_t PAGE = 1 << 15;
+        struct Seg { std::vector<uint64_t> e; uint64_t mask; int64_t n; };
+        std::vector<BlisSlot*> pages;
+        std::vector<unsigned char> lst;   // per slot: T1 / T2 / B1 / B2
+        std::vector<int32_t> free_slots;
+        int64_t nslots;
+        Seg seg[256];
+        BlisSlotTable() : nslots(0) {
+            for (int k = 0; k < 256; ++k) { seg[k].e.assign(8, 0); seg[k].mask = 7; seg[k].n = 0; }
+        }
+        ~BlisSlotTable() { for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k]; }
+        BlisSlotTable(const BlisSlotTable&) = delete;
+        BlisSlotTable& operator=(const BlisSlotTable&) = delete;
+        static inline uint64_t hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ULL; }
+        inline BlisSlot* at(int64_t s) const { return pages[s >> PAGE_BITS] + (s & (PAGE - 1)); }
+        inline int64_t find(uint64_t key) const {
+            uint64_t h = hash(key);
+            const Seg& sg = seg[h >> 56];
+            uint32_t tag = (uint32_t)(h >> 24);
+            uint64_t i = tag & sg.mask;
+            while (true) {
+                uint64_t c = sg.e[i];
+                if (!c) return -1;
+                if ((uint32_t)(c >> 32) == tag) {
+                    int64_t s = (int64_t)(uint32_t)c - 1;
+                    if (at(s)->key == key) return s;
+                }
+                i = (i + 1) & sg.mask;
+            }
+        }
+        inline void prefetch(uint64_t key) const {
+            uint64_t h = hash(key);
+            const Seg& sg = seg[h >> 56];
+            __builtin_prefetch(&sg.e[(uint32_t)(h >> 24) & sg.mask]);
+        }
+        static void place(Seg& sg, uint64_t c) {
+            uint64_t i = (uint32_t)(c >> 32) & sg.mask;
+            while (sg.e[i]) i = (i + 1) & sg.mask;
+            sg.e[i] = c;
+        }
+        static void regrow(Seg& sg, uint64_t cap) {
+            std::vector<uint64_t> old; old.swap(sg.e);
+            sg.e.assign(cap, 0);
+            sg.mask = cap - 1;
+            for (size_t i = 0; i < old.size(); ++i) if (old[i]) place(sg, old[i]);
+        }
+        void reserve(uint64_t count) {
+            uint64_t cap = 8;
+            while (cap * 3 < (count / 256 + 1) * 4) cap <<= 1;
+            for (int k = 0; k < 256; ++k) if (cap > seg[k].e.size()) regrow(seg[k], cap);
+        }
+        // a new slot for a key not in the table, indexed
+        int64_t add(uint64_t key, unsigned char list, double ready, double busy) {
+            int64_t s;
+            if (!free_slots.empty()) { s = free_slots.back(); free_slots.pop_back(); }
+            else {
+                s = nslots++;
+                if ((s >> PAGE_BITS) >= (int64_t)pages.size()) pages.push_back(new BlisSlot[PAGE]);
+                lst.push_back(0);
+            }
+            BlisSlot* p = at(s);
+            p->key = key; p->ready = ready; p->busy = busy; p->prev = -1; p->next = -1;
+            lst[s] = list;
+            uint64_t h = hash(key);
+            Seg& sg = seg[h >> 56];
+            place(sg, ((uint64_t)(uint32_t)(h >> 24) << 32) | (uint64_t)(s + 1));
+            if ((uint64_t)(++sg.n) * 4 > sg.e.size() * 3) regrow(sg, sg.e.size() * 2);
+            return s;
+        }
+        // unindex slot s and free it
+        void drop(int64_t s) {
+            uint64_t h = hash(at(s)->key);
+            Seg& sg = seg[h >> 56];
+            uint64_t i = (uint32_t)(h >> 24) & sg.mask;
+            while ((uint64_t)(uint32_t)sg.e[i] != (uint64_t)(s + 1)) i = (i + 1) & sg.mask;
+            uint64_t j = i;
+            while (true) {
+                j = (j + 1) & sg.mask;
+                uint64_t c = sg.e[j];
+                if (!c) break;
+                // the entry at j may fill the hole at i unless its home lies in (i, j]
+                uint64_t home = (uint32_t)(c >> 32) & sg.mask;
+                if (((j - home) & sg.mask) >= ((j - i) & sg.mask)) { sg.e[i] = c; i = j; }
+            }
+            sg.e[i] = 0;
+            --sg.n;
+            free_slots.push_back((int32_t)s);
+        }
+    };
     """
     cppclass BlisFlatMap:
         BlisFlatMap() except +
@@ -115,6 +215,22 @@ cdef extern from *:
         void items(vector[uint64_t]& ks, vector[int64_t]& vs) except +
         void prefetch(uint64_t key) noexcept nogil
         int64_t n
+
+    cppclass BlisSlot:
+        uint64_t key
+        double ready
+        double busy
+        int32_t prev
+        int32_t next
+    cppclass BlisSlotTable:
+        BlisSlotTable() except +
+        vector[unsigned char] lst
+        BlisSlot* at(int64_t s) noexcept nogil
+        int64_t find(uint64_t key) noexcept nogil
+        void prefetch(uint64_t key) noexcept nogil
+        void reserve(uint64_t count) except +
+        int64_t add(uint64_t key, unsigned char lst, double ready, double busy) except +
+        void drop(int64_t s) except +
 
 
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
@@ -463,12 +579,7 @@ cdef class ChunkStore:
 
     cdef public int64_t capacity, evictions, target_t1
     cdef public bint arc
-    cdef vector[uint64_t] _key
-    cdef vector[double] _ready, _busy
-    cdef vector[int32_t] _prev, _next  # slot links (an unbounded fs tier holds ~1M slots)
-    cdef vector[unsigned char] _list
-    cdef vector[int64_t] _free_slots
-    cdef BlisFlatMap _map
+    cdef BlisSlotTable _t  # slots (key, ready, busy, links), their list, the key index
     cdef BlisFlatMap _seen  # scratch of _prepare_store (left empty between calls)
     cdef vector[int64_t] _victims  # scratch of _evict_lru
     cdef int64_t _head[4]
@@ -485,76 +596,65 @@ cdef class ChunkStore:
         self.target_t1 = 0
         self.evictions = 0
         if capacity > 0:
-            self._map.reserve(min(3 * capacity, 1 << 22))
+            self._t.reserve(min(3 * capacity, 1 << 22))
         cdef int i
         for i in range(4):
             self._head[i] = -1
             self._tail[i] = -1
             self._size[i] = 0
 
-    cdef int64_t _new_slot(self, uint64_t key, int lst, double ready, double busy):
-        cdef int64_t s
-        if self._free_slots.size():
-            s = self._free_slots.back()
-            self._free_slots.pop_back()
-            self._key[s] = key
-            self._ready[s] = ready
-            self._busy[s] = busy
-        else:
-            s = self._key.size()
-            self._key.push_back(key)
-            self._ready.push_back(ready)
-            self._busy.push_back(busy)
-            self._prev.push_back(-1)
-            self._next.push_back(-1)
-            self._list.push_back(lst)
-        self._map.set(key, s)
+    cdef inline double ready_of(self, int64_t s) noexcept:
+        return self._t.at(s).ready
+
+    cdef int64_t _new_slot(self, uint64_t key, int lst, double ready, double busy) except -1:
+        cdef int64_t s = self._t.add(key, lst, ready, busy)
         self._append(s, lst)
         return s
 
-    cdef void _drop_slot(self, int64_t s) noexcept:
+    cdef void _drop_slot(self, int64_t s) except *:
         self._unlink(s)
-        self._map.erase(self._key[s])
-        self._free_slots.push_back(s)
+        self._t.drop(s)
 
     cdef inline void _append(self, int64_t s, int lst) noexcept:
-        self._list[s] = lst
+        self._t.lst[s] = lst
         cdef int64_t t = self._tail[lst]
-        self._prev[s] = t
-        self._next[s] = -1
+        cdef BlisSlot* p = self._t.at(s)
+        p.prev = <int32_t>t
+        p.next = -1
         if t >= 0:
-            self._next[t] = s
+            self._t.at(t).next = <int32_t>s
         else:
             self._head[lst] = s
         self._tail[lst] = s
         self._size[lst] += 1
 
     cdef inline void _unlink(self, int64_t s) noexcept:
-        cdef int lst = self._list[s]
-        cdef int64_t p = self._prev[s]
-        cdef int64_t nx = self._next[s]
+        cdef int lst = self._t.lst[s]
+        cdef BlisSlot* q = self._t.at(s)
+        cdef int64_t p = q.prev
+        cdef int64_t nx = q.next
         if p >= 0:
-            self._next[p] = nx
+            self._t.at(p).next = <int32_t>nx
         else:
             self._head[lst] = nx
         if nx >= 0:
-            self._prev[nx] = p
+            self._t.at(nx).prev = <int32_t>p
         else:
             self._tail[lst] = p
         self._size[lst] -= 1
 
     cdef inline int64_t _resident(self, uint64_t key) noexcept:
-        cdef int64_t s = self._map.find(key)
+        cdef int64_t s = self._t.find(key)
         if s < 0:
             return -1
-        if self._list[s] <= 1:
+        if self._t.lst[s] <= 1:
             return s
         return -1
 
     cdef inline void _prefetch(self, const uint64_t* keys, Py_ssize_t a, Py_ssize_t b) noexcept:
         cdef Py_ssize_t i
         for i in range(a, b):
-            self._map.prefetch(keys[i])
+            self._t.prefetch(keys[i])
 
     def __len__(self):
         return self._size[0] + self._size[1]
@@ -563,7 +663,7 @@ cdef class ChunkStore:
         cdef int64_t s = self._resident(<uint64_t>int(key))
         if s < 0:
             return ABSENT
-        return READY if self._ready[s] <= now else PENDING
+        return READY if self.ready_of(s) <= now else PENDING
 
     def ready_prefix(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end, double now):
         cdef Py_ssize_t i, n = 0
@@ -571,14 +671,14 @@ cdef class ChunkStore:
         end = min(end, keys.shape[0])
         for i in range(start, end):
             s = self._resident(keys[i])
-            if s < 0 or self._ready[s] > now:
+            if s < 0 or self.ready_of(s) > now:
                 break
             n += 1
         return n
 
     def ready_time(self, key):
         cdef int64_t s = self._resident(<uint64_t>int(key))
-        return self._ready[s] if s >= 0 else -1.0
+        return self.ready_of(s) if s >= 0 else -1.0
 
     def touch(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end):
         self._touch(_ptr(keys), start, min(end, keys.shape[0]))
@@ -588,10 +688,10 @@ cdef class ChunkStore:
         cdef int64_t s, b1, b2, delta
         cdef int lst
         for i in range(end - 1, start - 1, -1):
-            s = self._map.find(keys[i])
+            s = self._t.find(keys[i])
             if s < 0:
                 continue
-            lst = self._list[s]
+            lst = self._t.lst[s]
             if not self.arc:
                 self._unlink(s)
                 self._append(s, 0)
@@ -616,10 +716,13 @@ cdef class ChunkStore:
                    double until) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s
+        cdef BlisSlot* p
         for i in range(start, end):
             s = self._resident(keys[i])
-            if s >= 0 and self._busy[s] < until:
-                self._busy[s] = until
+            if s >= 0:
+                p = self._t.at(s)
+                if p.busy < until:
+                    p.busy = until
 
     def set_ready(self, const uint64_t[::1] keys, double ready):
         self._set_ready(_ptr(keys), keys.shape[0], ready)
@@ -627,30 +730,33 @@ cdef class ChunkStore:
     cdef void _set_ready(self, const uint64_t* keys, Py_ssize_t n, double ready) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s
+        cdef BlisSlot* p
         for i in range(n):
             s = self._resident(keys[i])
             if s >= 0:
-                self._ready[s] = ready
-                if self._busy[s] < ready or self._busy[s] == INF:
-                    self._busy[s] = ready
+                p = self._t.at(s)
+                p.ready = ready
+                if p.busy < ready or p.busy == INF:
+                    p.busy = ready
 
     cdef inline bint _evictable(self, int64_t s, double now) noexcept:
-        return self._ready[s] <= now and self._busy[s] <= now
+        cdef BlisSlot* p = self._t.at(s)
+        return p.ready <= now and p.busy <= now
 
     cdef int64_t _first_evictable(self, int lst, double now) noexcept:
         cdef int64_t s = self._head[lst]
         while s >= 0 and not self._evictable(s, now):
-            s = self._next[s]
+            s = self._t.at(s).next
         return s
 
-    cdef bint _evict_lru(self, int64_t count, double now):
+    cdef bint _evict_lru(self, int64_t count, double now) except -1:
         cdef vector[int64_t]* victims = &self._victims
         victims.clear()
         cdef int64_t s = self._head[0]
         while s >= 0 and <int64_t>victims.size() < count:
             if self._evictable(s, now):
                 victims.push_back(s)
-            s = self._next[s]
+            s = self._t.at(s).next
         if <int64_t>victims.size() < count:
             return False
         cdef size_t i
@@ -659,7 +765,7 @@ cdef class ChunkStore:
         self.evictions += count
         return True
 
-    cdef bint _evict_arc(self, int64_t count, double now):
+    cdef bint _evict_arc(self, int64_t count, double now) except -1:
         cdef int64_t k, s, t1, t2
         cdef bint from_t1
         cdef int src, ghost
@@ -720,7 +826,7 @@ cdef class ChunkStore:
                     return False
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
-            s = self._map.find(k)
+            s = self._t.find(k)
             if s >= 0:
                 self._drop_slot(s)
             self._new_slot(k, 0, ready, ready)
@@ -730,8 +836,8 @@ cdef class ChunkStore:
         out = []
         cdef int64_t s = self._head[lst]
         while s >= 0:
-            out.append((int(self._key[s]), float(self._ready[s]), float(self._busy[s])))
-            s = self._next[s]
+            out.append((int(self._t.at(s).key), float(self._t.at(s).ready), float(self._t.at(s).busy)))
+            s = self._t.at(s).next
         return out
 
     def state(self):
@@ -791,7 +897,7 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
         n = 0
         while pos + n < nchunks:
             s = cpu._resident(keys[pos + n])
-            if s < 0 or cpu._ready[s] > now:
+            if s < 0 or cpu.ready_of(s) > now:
                 break
             n += 1
         if n:
@@ -813,7 +919,7 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
         for t in range(1, ntiers):
             tier = <ChunkStore?>tiers[t]
             s = tier._resident(key)
-            hit = s >= 0 and tier._ready[s] <= now
+            hit = s >= 0 and tier.ready_of(s) <= now
             _count(flags, stride, deltas, t, pos, pos + 1, hit)
             if hit:
                 found = t
