@@ -42,18 +42,67 @@ cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] ar
     return have
 
 
+cdef struct ItlGap:
+    double value
+    long weight
+
+
+cdef class _ItlLog:
+    """The inter-token gaps (value, weight), one or two per step: ~10 million entries for a
+    million requests. Past :data:`_SPILL` entries they go to a temporary file a block at a time
+    and come back memory-mapped, so they do not add to the peak memory of the run (the KV tiers
+    are alive then); what reads them later (the metrics) runs after the cache is released."""
+
+    cdef vector[ItlGap] buf
+    cdef object spill
+    cdef Py_ssize_t spilled
+
+    def __cinit__(self):
+        self.spill = None
+        self.spilled = 0
+
+    cdef inline void add(self, double value, long weight) except *:
+        cdef ItlGap g
+        g.value = value
+        g.weight = weight
+        self.buf.push_back(g)
+        if self.buf.size() >= _SPILL:
+            self._flush()
+
+    cdef void _flush(self) except *:
+        if self.spill is None:
+            import tempfile
+            self.spill = tempfile.TemporaryFile(prefix="blis-itl-")
+        self.spill.write((<char*>self.buf.data())[:self.buf.size() * sizeof(ItlGap)])
+        self.spilled += self.buf.size()
+        self.buf.clear()
+
+    def arrays(self):
+        """(values float64, weights int64)."""
+        cdef Py_ssize_t n = self.buf.size()
+        if self.spill is None:
+            rec = np.empty(n, dtype=_GAP)
+            if n:
+                memcpy(cnp.PyArray_DATA(rec), self.buf.data(), n * sizeof(ItlGap))
+        else:
+            if n:
+                self._flush()
+            self.spill.flush()
+            rec = np.memmap(self.spill, dtype=_GAP, mode="r", shape=(self.spilled,))
+            self.spill.close()  # the mapping stays valid; the file goes with it
+        return rec["value"], rec["weight"]
+
+
+# gaps held in memory before they spill to a file (1M entries: 16 MB)
+cdef size_t _SPILL = 1 << 20
+_GAP = np.dtype([("value", np.float64), ("weight", np.int64)])
+
+
 cdef _f64(vector[double]& v):
     """The vector as a new float64 array, copied at once (coercing it would make a list of floats)."""
     out = np.empty(v.size(), dtype=np.float64)
     if v.size():
         memcpy(cnp.PyArray_DATA(out), v.data(), v.size() * sizeof(double))
-    return out
-
-
-cdef _i64(vector[long]& v):
-    out = np.empty(v.size(), dtype=np.int64)
-    if v.size():
-        memcpy(cnp.PyArray_DATA(out), v.data(), v.size() * sizeof(long))
     return out
 
 
@@ -111,8 +160,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef vector[long] scheduled
     cdef vector[long] skipped
     cdef vector[long] keep
-    cdef vector[double] itl_values
-    cdef vector[long] itl_weights
+    cdef _ItlLog itl = _ItlLog()
     cdef vector[double] log_start
     cdef vector[double] log_dur
     cdef vector[double] log_feat
@@ -343,8 +391,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     if last_tok[i] == t:
                         regular += 1
                     else:
-                        itl_values.push_back(gap)
-                        itl_weights.push_back(1)
+                        itl.add(gap, 1)
                 last_tok[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:
@@ -359,8 +406,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         arr[j] = ceil(t_end + think[j])
                         heap.push(HeapItem(-arr[j], -j))
         if regular:
-            itl_values.push_back(t_end - t)
-            itl_weights.push_back(regular)
+            itl.add(t_end - t, regular)
         if finished_any:
             keep.clear()
             for x in range(<Py_ssize_t>running.size()):
@@ -376,9 +422,10 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         "arrival_us": np.asarray(arr), "first_token_us": first_tok_np, "finish_us": finish_np,
         "itl_sum_us": itl_sum_np, "num_out": num_out_np, "preemptions": preempts_np,
         "first_sched_us": first_sched_np, "status": status_np,
-        "itl_values": _f64(itl_values), "itl_weights": _i64(itl_weights), "steps": steps,
+        "steps": steps,
         "preemption_count": preemption_count, "end_us": t,
     }
+    out["itl_values"], out["itl_weights"] = itl.arrays()
     if log_steps:
         out["step_start"] = _f64(log_start)
         out["step_dur"] = _f64(log_dur)

@@ -16,7 +16,8 @@ from blis_sim.formats._strict import describe
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True,
+                              defer_build=True)  # a schema is built on first validation only
 
     # Go ``omitempty`` fields: dropped when "", 0, 0.0, False, empty list/dict.
     _omitempty: ClassVar[frozenset[str]] = frozenset()
