@@ -107,30 +107,31 @@ cdef extern from *:
     };
 
     // The chunk stores' slots and their key index, compact: an unbounded fs tier holds tens of
-    // millions of chunks. A slot (key, ready, busy, LRU links) is 32 bytes in fixed pages (growing
-    // never copies); the index is open addressing (linear probing, backward-shift deletion) of
-    // 8-byte entries (32 bits of the key's hash, slot + 1; 0 = empty) over the slots' keys, split
-    // into 256 segments that grow one at a time (no moment holds two copies of the whole index).
-    // The hash's bits 24-55 are the tag, whose low bits are the home slot: an entry's home is
-    // known without reading its key.
+    // millions of chunks. Slots live in fixed pages (growing never copies); the index is open
+    // addressing (linear probing, backward-shift deletion) of 8-byte entries (32 bits of the
+    // key's hash, slot + 1; 0 = empty) over the slots' keys, split into 256 segments that grow one
+    // at a time (no moment holds two copies of the whole index). The hash's bits 24-55 are the
+    // tag, whose low bits are the home slot: an entry's home is known without reading its key.
+    // A bounded (or ARC) store's slot carries its eviction state (BlisSlot, 32 bytes); an
+    // unbounded LRU store never evicts, so its slot is the key and the ready time (BlisEntry).
     struct BlisSlot { uint64_t key; double ready; double busy; int32_t prev; int32_t next; };
-    struct BlisSlotTable {
+    struct BlisEntry { uint64_t key; double ready; };
+    template <class S> struct BlisTable {
         static const int PAGE_BITS = 15;
         static const int64_t PAGE = 1 << 15;
         struct Seg { std::vector<uint64_t> e; uint64_t mask; int64_t n; };
-        std::vector<BlisSlot*> pages;
-        std::vector<unsigned char> lst;   // per slot: T1 / T2 / B1 / B2
+        std::vector<S*> pages;
         std::vector<int32_t> free_slots;
         int64_t nslots;
         Seg seg[256];
-        BlisSlotTable() : nslots(0) {
+        BlisTable() : nslots(0) {
             for (int k = 0; k < 256; ++k) { seg[k].e.assign(8, 0); seg[k].mask = 7; seg[k].n = 0; }
         }
-        ~BlisSlotTable() { for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k]; }
-        BlisSlotTable(const BlisSlotTable&) = delete;
-        BlisSlotTable& operator=(const BlisSlotTable&) = delete;
+        ~BlisTable() { for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k]; }
+        BlisTable(const BlisTable&) = delete;
+        BlisTable& operator=(const BlisTable&) = delete;
         static inline uint64_t hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ULL; }
-        inline BlisSlot* at(int64_t s) const { return pages[s >> PAGE_BITS] + (s & (PAGE - 1)); }
+        inline S* at(int64_t s) const { return pages[s >> PAGE_BITS] + (s & (PAGE - 1)); }
         inline int64_t find(uint64_t key) const {
             uint64_t h = hash(key);
             const Seg& sg = seg[h >> 56];
@@ -167,18 +168,15 @@ cdef extern from *:
             while (cap * 3 < (count / 256 + 1) * 4) cap <<= 1;
             for (int k = 0; k < 256; ++k) if (cap > seg[k].e.size()) regrow(seg[k], cap);
         }
-        // a new slot for a key not in the table, indexed
-        int64_t add(uint64_t key, unsigned char list, double ready, double busy) {
+        // a new slot holding a key not in the table, indexed (the caller fills the rest)
+        int64_t add(uint64_t key) {
             int64_t s;
             if (!free_slots.empty()) { s = free_slots.back(); free_slots.pop_back(); }
             else {
                 s = nslots++;
-                if ((s >> PAGE_BITS) >= (int64_t)pages.size()) pages.push_back(new BlisSlot[PAGE]);
-                lst.push_back(0);
+                if ((s >> PAGE_BITS) >= (int64_t)pages.size()) pages.push_back(new S[PAGE]);
             }
-            BlisSlot* p = at(s);
-            p->key = key; p->ready = ready; p->busy = busy; p->prev = -1; p->next = -1;
-            lst[s] = list;
+            at(s)->key = key;
             uint64_t h = hash(key);
             Seg& sg = seg[h >> 56];
             place(sg, ((uint64_t)(uint32_t)(h >> 24) << 32) | (uint64_t)(s + 1));
@@ -205,6 +203,8 @@ cdef extern from *:
             free_slots.push_back((int32_t)s);
         }
     };
+    typedef BlisTable<BlisSlot> BlisSlotTable;
+    typedef BlisTable<BlisEntry> BlisEntryTable;
     """
     cppclass BlisFlatMap:
         BlisFlatMap() except +
@@ -222,15 +222,25 @@ cdef extern from *:
         double busy
         int32_t prev
         int32_t next
+    cppclass BlisEntry:
+        uint64_t key
+        double ready
     cppclass BlisSlotTable:
         BlisSlotTable() except +
-        vector[unsigned char] lst
+        int64_t nslots
         BlisSlot* at(int64_t s) noexcept nogil
         int64_t find(uint64_t key) noexcept nogil
         void prefetch(uint64_t key) noexcept nogil
         void reserve(uint64_t count) except +
-        int64_t add(uint64_t key, unsigned char lst, double ready, double busy) except +
+        int64_t add(uint64_t key) except +
         void drop(int64_t s) except +
+    cppclass BlisEntryTable:
+        BlisEntryTable() except +
+        int64_t nslots
+        BlisEntry* at(int64_t s) noexcept nogil
+        int64_t find(uint64_t key) noexcept nogil
+        void prefetch(uint64_t key) noexcept nogil
+        int64_t add(uint64_t key) except +
 
 
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
@@ -579,7 +589,12 @@ cdef class ChunkStore:
 
     cdef public int64_t capacity, evictions, target_t1
     cdef public bint arc
-    cdef BlisSlotTable _t  # slots (key, ready, busy, links), their list, the key index
+    cdef BlisSlotTable _t  # slots (key, ready, busy, links) and the key index
+    cdef vector[unsigned char] _list  # per slot of _t: T1 / T2 / B1 / B2
+    # An unbounded LRU store never evicts: its pins and recency order change nothing, so it keeps
+    # (key, ready) per chunk only (the pure twin ignores touch and pin there too).
+    cdef bint _compact
+    cdef BlisEntryTable _c
     cdef BlisFlatMap _seen  # scratch of _prepare_store (left empty between calls)
     cdef vector[int64_t] _victims  # scratch of _evict_lru
     cdef int64_t _head[4]
@@ -593,6 +608,7 @@ cdef class ChunkStore:
             raise ValueError("capacity must be > 0 (or < 0 for unbounded)")
         self.capacity = capacity
         self.arc = policy == "arc"
+        self._compact = capacity < 0 and not self.arc
         self.target_t1 = 0
         self.evictions = 0
         if capacity > 0:
@@ -604,10 +620,23 @@ cdef class ChunkStore:
             self._size[i] = 0
 
     cdef inline double ready_of(self, int64_t s) noexcept:
+        if self._compact:
+            return self._c.at(s).ready
         return self._t.at(s).ready
 
     cdef int64_t _new_slot(self, uint64_t key, int lst, double ready, double busy) except -1:
-        cdef int64_t s = self._t.add(key, lst, ready, busy)
+        cdef int64_t s
+        cdef BlisSlot* p
+        if self._compact:
+            s = self._c.add(key)
+            self._c.at(s).ready = ready
+            self._size[0] += 1
+            return s
+        s = self._t.add(key)
+        p = self._t.at(s)
+        p.ready, p.busy, p.prev, p.next = ready, busy, -1, -1
+        if s >= <int64_t>self._list.size():
+            self._list.push_back(lst)
         self._append(s, lst)
         return s
 
@@ -616,7 +645,7 @@ cdef class ChunkStore:
         self._t.drop(s)
 
     cdef inline void _append(self, int64_t s, int lst) noexcept:
-        self._t.lst[s] = lst
+        self._list[s] = lst
         cdef int64_t t = self._tail[lst]
         cdef BlisSlot* p = self._t.at(s)
         p.prev = <int32_t>t
@@ -629,7 +658,7 @@ cdef class ChunkStore:
         self._size[lst] += 1
 
     cdef inline void _unlink(self, int64_t s) noexcept:
-        cdef int lst = self._t.lst[s]
+        cdef int lst = self._list[s]
         cdef BlisSlot* q = self._t.at(s)
         cdef int64_t p = q.prev
         cdef int64_t nx = q.next
@@ -644,15 +673,21 @@ cdef class ChunkStore:
         self._size[lst] -= 1
 
     cdef inline int64_t _resident(self, uint64_t key) noexcept:
+        if self._compact:
+            return self._c.find(key)
         cdef int64_t s = self._t.find(key)
         if s < 0:
             return -1
-        if self._t.lst[s] <= 1:
+        if self._list[s] <= 1:
             return s
         return -1
 
     cdef inline void _prefetch(self, const uint64_t* keys, Py_ssize_t a, Py_ssize_t b) noexcept:
         cdef Py_ssize_t i
+        if self._compact:
+            for i in range(a, b):
+                self._c.prefetch(keys[i])
+            return
         for i in range(a, b):
             self._t.prefetch(keys[i])
 
@@ -687,11 +722,13 @@ cdef class ChunkStore:
         cdef Py_ssize_t i
         cdef int64_t s, b1, b2, delta
         cdef int lst
+        if self._compact:
+            return
         for i in range(end - 1, start - 1, -1):
             s = self._t.find(keys[i])
             if s < 0:
                 continue
-            lst = self._t.lst[s]
+            lst = self._list[s]
             if not self.arc:
                 self._unlink(s)
                 self._append(s, 0)
@@ -717,6 +754,8 @@ cdef class ChunkStore:
         cdef Py_ssize_t i
         cdef int64_t s
         cdef BlisSlot* p
+        if self._compact:
+            return
         for i in range(start, end):
             s = self._resident(keys[i])
             if s >= 0:
@@ -731,6 +770,12 @@ cdef class ChunkStore:
         cdef Py_ssize_t i
         cdef int64_t s
         cdef BlisSlot* p
+        if self._compact:
+            for i in range(n):
+                s = self._c.find(keys[i])
+                if s >= 0:
+                    self._c.at(s).ready = ready
+            return
         for i in range(n):
             s = self._resident(keys[i])
             if s >= 0:
@@ -826,7 +871,7 @@ cdef class ChunkStore:
                     return False
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
-            s = self._t.find(k)
+            s = -1 if self._compact else self._t.find(k)  # (a compact store's keys are resident)
             if s >= 0:
                 self._drop_slot(s)
             self._new_slot(k, 0, ready, ready)
@@ -835,6 +880,12 @@ cdef class ChunkStore:
     def _walk(self, int lst):
         out = []
         cdef int64_t s = self._head[lst]
+        if self._compact:  # insertion order (nothing reorders it); busy is the ready time
+            if lst == 0:
+                for s in range(self._c.nslots):
+                    out.append((int(self._c.at(s).key), float(self._c.at(s).ready),
+                                float(self._c.at(s).ready)))
+            return out
         while s >= 0:
             out.append((int(self._t.at(s).key), float(self._t.at(s).ready), float(self._t.at(s).busy)))
             s = self._t.at(s).next

@@ -319,6 +319,10 @@ class ChunkStore:
             raise ValueError("capacity must be > 0 (or < 0 for unbounded)")
         self.capacity = capacity
         self.arc = policy == "arc"
+        # An unbounded LRU store never evicts, so pins and recency order change nothing there: it
+        # ignores touch and pin, and its busy time is its ready time (the compiled twin then keeps
+        # only key and ready time per chunk: tens of millions of chunks in an unbounded fs tier).
+        self.compact = capacity < 0 and not self.arc
         self._key: list[int] = []
         self._ready: list[float] = []
         self._busy: list[float] = []
@@ -416,6 +420,8 @@ class ChunkStore:
     # -- mutations ------------------------------------------------------------------------------
     def touch(self, keys: np.ndarray, start: int, end: int) -> None:
         """Mark ``keys[start:end]`` recently used, last key first (so the first ends up newest)."""
+        if self.compact:
+            return
         for k in reversed(keys[start:end].tolist()):
             s = self._map.get(k, -1)
             if s < 0:
@@ -438,6 +444,8 @@ class ChunkStore:
 
     def pin(self, keys: np.ndarray, start: int, end: int, until: float) -> None:
         """Protect resident ``keys[start:end]`` from eviction until ``until`` (a transfer)."""
+        if self.compact:
+            return
         for k in keys[start:end].tolist():
             s = self._resident(k)
             if s >= 0 and self._busy[s] < until:
@@ -449,7 +457,7 @@ class ChunkStore:
             s = self._resident(k)
             if s >= 0:
                 self._ready[s] = ready
-                if self._busy[s] < ready or self._busy[s] == float("inf"):
+                if self.compact or self._busy[s] < ready or self._busy[s] == float("inf"):
                     self._busy[s] = ready
 
     def _evictable(self, s: int, now: float) -> bool:
