@@ -377,3 +377,23 @@ def test_phases_replay_closed_loop_at_their_boundaries() -> None:
     mixed = replay_outcome(Trace(header=TraceHeader(mode="real"), records=flat),
                            opts(latency=model, num_gpu_blocks=100))
     assert mixed.outcome.loop.arrival_us[1] == 1000.0 and mixed.outcome.loop.ttft_us[1] > 1020.0
+
+
+def test_a_trace_read_as_columns_and_a_prepared_trace_replay_like_the_records(sample_run,
+                                                                             tmp_path: Path) -> None:
+    """`blis replay` reads the trace as columns; a sweep prepares it once and replays it under
+    several options: both give what replaying the record list gives, every time."""
+    from blis_sim.engine import prepare_trace
+    from blis_sim.formats.trace_columns import load_trace_columns
+
+    _, trace, _ = sample_run
+    write_trace(trace, tmp_path / "t.yaml", tmp_path / "t.csv")
+    columns = load_trace_columns(tmp_path / "t.yaml", tmp_path / "t.csv")
+    prepared = prepare_trace(columns)
+    for o in (opts(), opts(num_gpu_blocks=300, max_num_seqs=8)):
+        expected = replay_outcome(trace, o)
+        want = (metrics_output_text(expected.metrics()), sim_results_text(expected.results))
+        for got in (replay_outcome(columns, o), replay_outcome(prepared, o)):
+            assert (metrics_output_text(got.metrics()), sim_results_text(got.results)) == want
+        assert [r.__dict__ for r in replay_outcome(prepared, o).trace().records] == \
+            [r.__dict__ for r in expected.trace().records]

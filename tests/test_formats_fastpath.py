@@ -405,3 +405,28 @@ def test_reader_handles_files_the_fast_path_declines(tmp_path: Path) -> None:
     (tmp_path / "blank.csv").write_text("\n\n")
     with pytest.raises(FormatError, match="reading CSV header: EOF"):
         read_trace_data(tmp_path / "blank.csv")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_csv_file(), block=st.sampled_from([16, 200, 1 << 19]))
+def test_column_reader_equals_the_record_reader(tmp_path: Path, text: str, block: int) -> None:
+    """``read_trace_columns`` (the replay's reader) gives back the records ``read_trace_data``
+    gives — values and types — or the same located error, whatever the block size."""
+    from blis_sim.formats import trace_columns as TC
+
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+
+    def read(fn):  # type: ignore[no-untyped-def]
+        try:
+            return [[(k, type(v), v) for k, v in r.__dict__.items()] for r in fn(path)]
+        except FormatError as exc:
+            return str(exc)
+
+    old = TC._BLOCK_CHARS
+    TC._BLOCK_CHARS = block
+    try:
+        got = read(lambda p: TC.read_trace_columns(p).records())
+    finally:
+        TC._BLOCK_CHARS = old
+    assert got == read(read_trace_data)

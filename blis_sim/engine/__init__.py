@@ -9,6 +9,7 @@ Library API::
     coeffs = fit(trace, options)                 # LatencyCoefficients (+ .fit: its own error)
     report = evaluate(other_trace, options)      # FitReport of options.latency on another trace
     replay_outcome(trace, options).trace()       # re-export as TraceV2; run_outcome(...).trace()
+    prepared = prepare_trace(trace)              # a sweep: prepare once, replay_outcome(prepared, o) per point
 
 ``results`` is a list of :class:`blis_sim.formats.SimResult`, ``metrics`` a
 :class:`blis_sim.formats.MetricsOutput`. Modules: :mod:`.scheduler` (the rules, the loop backends),
@@ -27,7 +28,7 @@ from __future__ import annotations
 from blis_sim._lazy import lazy_exports
 from blis_sim.engine import replay as _replay_compat  # noqa: F401
 from blis_sim.engine.latency import LatencyCoefficients, load_coefficients, roofline
-from blis_sim.engine.replay_trace import replay, replay_outcome
+from blis_sim.engine.replay_trace import PreparedTrace, prepare_trace, replay, replay_outcome
 from blis_sim.engine.scheduler import SchedulerConfig
 from blis_sim.engine.simulate import EngineOptions
 
@@ -37,6 +38,6 @@ __getattr__, __dir__, _ = lazy_exports(__name__, {
     "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = ["EngineOptions", "LatencyCoefficients", "PhysicsPrior", "SchedulerConfig", "evaluate",
-           "fit", "load_coefficients", "physics_prior", "replay", "replay_outcome",
-           "resolve_prior", "roofline", "run", "run_outcome"]
+__all__ = ["EngineOptions", "LatencyCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
+           "evaluate", "fit", "load_coefficients", "physics_prior", "prepare_trace", "replay",
+           "replay_outcome", "resolve_prior", "roofline", "run", "run_outcome"]

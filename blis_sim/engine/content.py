@@ -103,6 +103,11 @@ class ContentPlan:
         self._group_of = int_array(self.group)
         self._shared_of = int_array(self.shared_prefix)
 
+    @property
+    def prompt_of(self) -> Sequence[int]:
+        """Each request's prompt length (a machine-int array: plain ints when indexed)."""
+        return self._prompt_of
+
     # -- groups -------------------------------------------------------------------------------
     def _group_prefix_hashes(self, g: int) -> np.ndarray:
         h = self._group_hashes.get(g)

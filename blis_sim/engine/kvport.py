@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.content import ContentPlan, int_array
+from blis_sim.engine.content import ContentPlan
 
 
 class KVPort:
@@ -30,7 +30,7 @@ class KVPort:
         self.kv = kv
         self.content = content
         self._n = len(content)
-        self._prompt_of = int_array(content.prompt_len)
+        self._prompt_of = content.prompt_of  # shared with the plan (a machine-int array)
         self._registered = bytearray(self._n)
         # per request: admitted yet, and (device, host, disk) tokens at its first admission (flat
         # machine-int arrays: no Python object per request)

@@ -77,15 +77,15 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, ps: Sequence[f
     if total == 0:
         return [0.0 for _ in ps]
     order = np.argsort(values)
-    v = values[order]
-    cum = np.cumsum(weights[order])
+    cum = weights[order]
+    np.cumsum(cum, out=cum)  # in place: a million-request replay has ~10M gaps (80 MB an array)
     out = []
     for p in ps:
         rank = p / 100.0 * (total - 1)
         lo = int(np.floor(rank))
         hi = min(lo + 1, total - 1)
-        vlo = v[np.searchsorted(cum, lo, side="right")]
-        vhi = v[np.searchsorted(cum, hi, side="right")]
+        vlo = values[order[np.searchsorted(cum, lo, side="right")]]
+        vhi = values[order[np.searchsorted(cum, hi, side="right")]]
         out.append(float(vlo + (vhi - vlo) * (rank - lo)))
     return out
 

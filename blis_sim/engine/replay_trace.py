@@ -5,6 +5,8 @@ API::
     results, metrics = replay(trace, options)          # list[SimResult], MetricsOutput
     outcome = replay_outcome(trace, options)            # ReplayOutcome: + SimOutcome, resolved config
     records = outcome.trace()                           # the re-export (--trace-output), mode "replayed"
+    prepared = prepare_trace(trace)                     # once per trace; then per options:
+    outcome = replay_outcome(prepared, options)         # (a sweep: no re-reading, no table rebuild)
     outcome.write_outputs("sim.json", "simagg.json")     # the files, written from the columns (fast)
 
 Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs fixed):
@@ -131,6 +133,29 @@ def geometry(header: Any, options: EngineOptions, offload: Any) -> tuple[int, in
 
 
 
+@dataclass(frozen=True)
+class PreparedTrace:
+    """A trace made ready to replay: its header and the request table of its replayable rows
+    (what every replay of it builds first, whatever the options). Replaying one trace under many
+    options (a sweep) prepares it once: ``replay_outcome(prepared, options)`` per point."""
+
+    header: Any
+    table: Any  # RequestTable (read-only to the engine: phases and the loop work on copies)
+
+
+def prepare_trace(trace: Any) -> PreparedTrace:
+    """``trace`` (a Trace, a ColumnarTrace or a PreparedTrace) as a :class:`PreparedTrace`."""
+    if isinstance(trace, PreparedTrace):
+        return trace
+    data = trace_columns(trace)
+    if not len(data):
+        raise ConfigError("Failed to build requests from trace: empty trace")
+    table = table_from_trace(trace.header, data, trace_window(trace.header, data))
+    if len(table) == 0:
+        raise ConfigError("Failed to build requests from trace: every row has status 'error'")
+    return PreparedTrace(header=trace.header, table=table)
+
+
 def trace_columns(trace: Any) -> Any:
     """A trace's rows as ``TraceColumns``: a ``ColumnarTrace``'s as they are (nothing per row is
     built), a :class:`~blis_sim.formats.Trace`'s records converted."""
@@ -144,21 +169,16 @@ def trace_columns(trace: Any) -> Any:
 
 def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
                    log_steps: bool = False) -> ReplayOutcome:
-    """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`, or the ``ColumnarTrace`` of
-    :func:`~blis_sim.formats.trace_columns.load_trace_columns`); see the module docstring."""
+    """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`, the ``ColumnarTrace`` of
+    :func:`~blis_sim.formats.trace_columns.load_trace_columns`, or a :class:`PreparedTrace`);
+    see the module docstring."""
     options = options or EngineOptions()
     header = trace.header
     offload = resolve_offload(header, options.kv_offload,
                               kv_bytes_per_token=options.kv_bytes_per_token)
     if offload is None and observed_from_tiers(header):
         raise ConfigError(BC10_MESSAGE)
-    data = trace_columns(trace)
-    if not len(data):
-        raise ConfigError("Failed to build requests from trace: empty trace")
-    window = trace_window(header, data)
-    table = table_from_trace(header, data, window)
-    if len(table) == 0:
-        raise ConfigError("Failed to build requests from trace: every row has status 'error'")
+    table = prepare_trace(trace).table
     block_size, num_blocks = geometry(header, options, offload)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     phases = table.phases()

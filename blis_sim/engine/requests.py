@@ -260,12 +260,13 @@ def table_from_trace(header: Any, records: Any, in_window: np.ndarray | None = N
     inv[order] = np.arange(n)
     prev_sorted = np.where(prev[order] >= 0, inv[np.maximum(prev[order], 0)], -1)
     window = np.ones(n, dtype=bool) if in_window is None else np.asarray(in_window, bool)
+    rid_sorted = rid[order]
     return RequestTable(
-        request_id=rid[order], arrival_us=arrival[order], prompt_len=prompt[order],
+        request_id=rid_sorted, arrival_us=arrival[order], prompt_len=prompt[order],
         output_len=out[order], next_round=np.full(n, -1, dtype=np.int64), think_us=np.zeros(n),
         group=gcode[order], shared_prefix=shared[order], session=session[order],
         prev_round=prev_sorted, new_input=new_in[order], in_window=window[order],
-        keys=IdKeys(rid[order]), group_names=gnames, session_names=snames,
+        keys=IdKeys(rid_sorted), group_names=gnames, session_names=snames,
         source=TraceRows(data, rows[order]), observed=header.mode == "real")
 
 
