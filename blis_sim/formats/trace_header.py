@@ -29,7 +29,6 @@ from pydantic import Field, field_validator, model_validator
 from blis_sim.formats._io import atomic_write
 from blis_sim.formats._model import StrictModel, to_go
 from blis_sim.formats._strict import load_yaml, validate
-from blis_sim.formats._yamlout import dump
 from blis_sim.formats.hitrate import KVHitRate
 
 SOURCE_TIERED = "tiered"
@@ -250,6 +249,8 @@ def header_text(header: TraceHeader, *, blis_compatible: bool = False) -> str:
     data = to_go(header)
     if blis_compatible:
         data.pop("pytest_blis", None)
+    from blis_sim.formats._yamlout import dump  # the YAML writer: only when a header is written
+
     return dump(data)
 
 
