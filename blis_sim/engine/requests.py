@@ -123,6 +123,9 @@ class TraceRows(Sequence[Any]):
             return TraceRows(self.data, self.idx[k])
         return self.data.record(int(self.idx[k]))
 
+    def __iter__(self) -> Any:
+        return iter(self.data.take(self.idx).records())  # a column at a time, not a row
+
     def take(self, idx: np.ndarray) -> TraceRows:
         return TraceRows(self.data, self.idx[idx])
 
