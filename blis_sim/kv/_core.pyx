@@ -203,8 +203,6 @@ cdef extern from *:
             free_slots.push_back((int32_t)s);
         }
     };
-    typedef BlisTable<BlisSlot> BlisSlotTable;
-    typedef BlisTable<BlisEntry> BlisEntryTable;
     """
     cppclass BlisFlatMap:
         BlisFlatMap() except +
@@ -225,22 +223,15 @@ cdef extern from *:
     cppclass BlisEntry:
         uint64_t key
         double ready
-    cppclass BlisSlotTable:
-        BlisSlotTable() except +
+    cppclass BlisTable[S]:
+        BlisTable() except +
         int64_t nslots
-        BlisSlot* at(int64_t s) noexcept nogil
+        S* at(int64_t s) noexcept nogil
         int64_t find(uint64_t key) noexcept nogil
         void prefetch(uint64_t key) noexcept nogil
         void reserve(uint64_t count) except +
         int64_t add(uint64_t key) except +
         void drop(int64_t s) except +
-    cppclass BlisEntryTable:
-        BlisEntryTable() except +
-        int64_t nslots
-        BlisEntry* at(int64_t s) noexcept nogil
-        int64_t find(uint64_t key) noexcept nogil
-        void prefetch(uint64_t key) noexcept nogil
-        int64_t add(uint64_t key) except +
 
 
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
@@ -589,12 +580,12 @@ cdef class ChunkStore:
 
     cdef public int64_t capacity, evictions, target_t1
     cdef public bint arc
-    cdef BlisSlotTable _t  # slots (key, ready, busy, links) and the key index
+    cdef BlisTable[BlisSlot] _t  # slots (key, ready, busy, links) and the key index
     cdef vector[unsigned char] _list  # per slot of _t: T1 / T2 / B1 / B2
     # An unbounded LRU store never evicts: its pins and recency order change nothing, so it keeps
     # (key, ready) per chunk only (the pure twin ignores touch and pin there too).
     cdef bint _compact
-    cdef BlisEntryTable _c
+    cdef BlisTable[BlisEntry] _c
     cdef BlisFlatMap _seen  # scratch of _prepare_store (left empty between calls)
     cdef vector[int64_t] _victims  # scratch of _evict_lru
     cdef int64_t _head[4]
