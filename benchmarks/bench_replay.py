@@ -114,20 +114,32 @@ def replay_once(prefix: str, out_dir: str) -> dict:
             "loop_compiled": loop_compiled, "kv_compiled": kv_compiled}
 
 
-def cli_once(prefix: str, out_dir: str) -> tuple[float, float, float]:
+def cli_once(prefix: str, out_dir: str, tree: str | None = None) -> tuple[float, float, float]:
     """``blis replay`` as a user runs it (a fresh interpreter: start-up, imports, load, simulate,
-    write both files): (wall seconds, that process's CPU seconds, its peak RSS in MB)."""
+    write both files): (wall seconds, that process's CPU seconds, its peak RSS in MB). ``tree``: run
+    the package found there instead (PYTHONPATH; a built checkout of another commit)."""
+    tag = "base" if tree else "cli"
     cmd = [sys.executable, "-m", "blis_sim.cli", "replay", "--trace-header", f"{prefix}.yaml",
            "--trace-data", f"{prefix}.csv", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000",
-           "--results-path", os.path.join(out_dir, "cli-sim.json"),
-           "--metrics-path", os.path.join(out_dir, "cli-simagg.json")]
+           "--results-path", os.path.join(out_dir, f"{tag}-sim.json"),
+           "--metrics-path", os.path.join(out_dir, f"{tag}-simagg.json")]
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"blis replay failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
+
+
+def _print_cli(n: int, tree: str | None, runs: list[tuple[float, float, float]], no_compile: bool) -> None:
+    walls, cpus = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
+    label = f"baseline {tree}" if tree else "`blis replay`"
+    print(f"{n:>7} requests: {label} {walls[0]:.2f} s wall (median {walls[len(runs) // 2]:.2f} of "
+          f"{len(runs)}), CPU {cpus[0]:.2f} s (median {cpus[len(runs) // 2]:.2f}), peak RSS "
+          f"{max(r[2] for r in runs):.0f} MB; machine load average {os.getloadavg()[0]:.1f}"
+          f"{' [no bytecode]' if no_compile else ''}", flush=True)
 
 
 def main() -> None:
@@ -137,6 +149,9 @@ def main() -> None:
     ap.add_argument("--cli-only", action="store_true", help="skip the in-process phase timing")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not byte-compile the package first (every import compiles its source)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="a built checkout of another commit: its `blis replay` runs alternately "
+                         "with this one's (same traces, same load), both printed")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -144,16 +159,21 @@ def main() -> None:
         print(json.dumps(replay_once(prefix, out_dir)))
         return
     if not args.no_compile:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "blis_sim")], check=True)
+        for tree in filter(None, (str(ROOT), args.baseline)):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", f"{tree}/blis_sim"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             prefix = str(cached_trace(n))
-            runs = sorted(cli_once(prefix, tmp) for _ in range(args.repeat))
-            wall, cpu, mb = runs[0]
-            med = runs[len(runs) // 2]
-            print(f"{n:>7} requests: `blis replay` {wall:.2f} s wall (median {med[0]:.2f} of {len(runs)}), "
-                  f"CPU {cpu:.2f} s, peak RSS {mb:.0f} MB; machine load average {os.getloadavg()[0]:.1f}"
-                  f"{'' if not args.no_compile else ' [no bytecode]'}", flush=True)
+            runs: dict[str | None, list[tuple[float, float, float]]] = {args.baseline: [], None: []}
+            for _ in range(args.repeat):
+                for tree in runs:  # alternately, so both see the same load
+                    runs[tree].append(cli_once(prefix, tmp, tree))
+            for tree, got in runs.items():
+                _print_cli(n, tree, got, args.no_compile)
+            if args.baseline:
+                same = all(Path(tmp, f"base-{f}").read_bytes() == Path(tmp, f"cli-{f}").read_bytes()
+                           for f in ("sim.json", "simagg.json"))
+                print(f"{'':>18}SimResult and MetricsOutput identical to the baseline's: {same}", flush=True)
             if args.cli_only:
                 continue
             res = subprocess.run([sys.executable, __file__, "--child", f"{prefix}|{tmp}"],
