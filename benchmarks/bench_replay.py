@@ -125,7 +125,9 @@ def cli_once(prefix: str, out_dir: str, tree: str | None = None) -> tuple[float,
            "--metrics-path", os.path.join(out_dir, f"{tag}-simagg.json")]
     env = dict(os.environ, PYTHONPATH=tree) if tree else None
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
+    # run from out_dir: `python -m` puts the working directory first on sys.path, which would
+    # shadow PYTHONPATH when run from a checkout
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env, cwd=out_dir)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
