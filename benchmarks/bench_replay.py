@@ -123,7 +123,7 @@ def cli_once(prefix: str, out_dir: str, tree: str | None = None) -> tuple[float,
            "--trace-data", f"{prefix}.csv", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000",
            "--results-path", os.path.join(out_dir, f"{tag}-sim.json"),
            "--metrics-path", os.path.join(out_dir, f"{tag}-simagg.json")]
-    env = dict(os.environ, PYTHONPATH=tree) if tree else None
+    env = dict(os.environ, PYTHONPATH=tree or str(ROOT))  # this checkout unless told otherwise
     t0 = time.perf_counter()
     # run from out_dir: `python -m` puts the working directory first on sys.path, which would
     # shadow PYTHONPATH when run from a checkout
