@@ -34,12 +34,13 @@ from blis_sim.emulator.config import (
     TierSpec,
     load_offload_spec,
 )
-from blis_sim.emulator.profiles import PROFILES, StepProfile
+from blis_sim.emulator.profiles import PROFILES, RooflineShape, StepProfile
 from blis_sim.emulator.runner import RunningEmulator, SpawnedEmulator, spawn_emulator, start_emulator
 
 __all__ = [
     "METRICS_PROFILES",
     "PROFILES",
+    "RooflineShape",
     "EmulatorConfig",
     "FaultConfig",
     "OffloadSpec",

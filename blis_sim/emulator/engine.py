@@ -31,7 +31,7 @@ from blis_sim.emulator.loop import sleep_until
 from blis_sim.emulator.gpu_cache import BlockPool
 from blis_sim.emulator.metrics import Published
 from blis_sim.emulator.offload import OffloadTiers
-from blis_sim.emulator.scheduler import FINISHED, LOADING, Request, Scheduler
+from blis_sim.emulator.scheduler import FINISHED, LOADING, Request, Scheduler, StepPlan
 from blis_sim.emulator.stats import EngineStats
 from blis_sim.emulator.tokenizer import Tokenizer
 
@@ -157,8 +157,9 @@ class Engine:
             self.restart()
 
     # -- the step loop -----------------------------------------------------------------------------
-    def _step_seconds(self, prefill: int, decode: int, context: int) -> float:
-        t = self.profile.step_seconds(prefill, decode, context)
+    def _step_seconds(self, plan: StepPlan) -> float:
+        t = self.profile.step_seconds(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
+                                      plan.attention_pairs)
         if t > 0 and self.noise_cv > 0:
             t *= 1.0 + self.noise_cv * self._noise.uniform(-1.0, 1.0)
         return t
@@ -199,7 +200,7 @@ class Engine:
                 if timer is not None:
                     timer.cancel()
                 continue
-            duration = self._step_seconds(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens)
+            duration = self._step_seconds(plan)
             if duration > 0:
                 # Back-to-back steps are paced from the previous step's target end, so the timer's
                 # lateness (timers round to 1 ms) does not accumulate over a decode.

@@ -3,15 +3,18 @@
 API::
 
     profile = get_profile("tiny-cpu")             # StepProfile; ConfigError on an unknown name
-    profile.step_seconds(prefill_tokens, decode_seqs, context_tokens)   # noise-free model
+    profile.step_seconds(prefill_tokens, decode_seqs, context_tokens, attention_pairs)  # noise-free
     PROFILES                                       # name -> StepProfile
 
-A step's duration is linear in the work scheduled in it (the same shape vLLM cost models use):
+A step's duration is linear in the work scheduled in it (the same shape vLLM cost models use), or, for a
+profile with a ``roofline`` (:class:`RooflineShape`), the larger of a compute and a memory time:
 
     t = base + (prefill_base if any prefill) + per_prefill_token * prefill_tokens
           + per_decode_seq * decode_seqs + per_context_token * context_tokens
 
-``context_tokens`` is the KV already present for the scheduled requests (attention reads). The
+``context_tokens`` is the KV already present for the scheduled requests (attention reads);
+``attention_pairs`` the (new token, attended token) pairs of the step, ``sum n * (computed + (n + 1) / 2)``
+over its scheduled chunks of ``n`` tokens (a decode is a chunk of one), which only the roofline uses. The
 engine multiplies ``t`` by a bounded noise factor ``1 + noise_cv * u``, ``u`` uniform in [-1, 1]
 from a seeded RNG, so the modelled durations repeat for a given seed.
 
@@ -25,6 +28,19 @@ Profiles:
   512 B of KV per token (2 layers x 2 KV heads x 32 dims x K,V x bf16).
 * ``h100-14b``: a 14B dense model (Qwen3-14B-like: 40 layers, 8 KV heads, head dim 128, bf16 =
   160 KiB of KV per token) on one H100: ~10 ms weight-bound decode step, ~0.045 ms per prefill token.
+* ``h100-14b-roofline``: the same model and GPU, but shaped like the hardware rather than like the
+  simulator's linear model (so fitting the simulator against it is not a tautology)::
+
+      compute = flop_per_token_s * (prefill_tokens + decode_seqs) + attention_pair_s * attention_pairs
+      memory  = weights_s + kv_token_s * (context_tokens + prefill_tokens + decode_seqs)
+      t       = overhead_s + max(compute, memory)
+
+  with the weights (14.8 B params, bf16, 29.6 GB) read once per step at 85 % of 3.35 TB/s (10.4 ms), the
+  KV (160 KiB per token) read per context token and written per new token (57.5 ns a token), 2 x 14.8
+  GFLOP per token at 60 % of 989 TFLOP/s (49.9 us) and 4 x 5120 x 40 attention FLOPs per pair at 35 %
+  (2.37 ns): a knee at ~210 tokens a step (below it a step costs the weight read whatever its batch,
+  above it the FLOPs), and prefill superlinear in the prompt (a 4096-token prompt: 204 ms of linear
+  FLOPs + 20 ms of attention; 16384: 818 + 318 ms). 1 ms of per-step overhead (scheduling, launches).
 * ``zero``: every step takes no time (for throughput benchmarks of the HTTP path).
 """
 from __future__ import annotations
@@ -32,6 +48,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blis_sim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RooflineShape:
+    """A compute-against-memory step time, seconds (see the module docstring)."""
+
+    overhead_s: float
+    flop_per_token_s: float
+    attention_pair_s: float
+    weights_s: float
+    kv_token_s: float
+
+    def step_seconds(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
+                     attention_pairs: float) -> float:
+        new_tokens = prefill_tokens + decode_seqs
+        compute = self.flop_per_token_s * new_tokens + self.attention_pair_s * attention_pairs
+        memory = self.weights_s + self.kv_token_s * (context_tokens + new_tokens)
+        return self.overhead_s + max(compute, memory)
 
 
 @dataclass(frozen=True)
@@ -55,11 +89,15 @@ class StepProfile:
     # GPU <-> CPU transfer channel for offload loads/stores (bytes/s, seconds).
     host_bandwidth_Bps: float
     host_latency_s: float
+    roofline: RooflineShape | None = None  # replaces the linear terms when set
 
-    def step_seconds(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+    def step_seconds(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
+                     attention_pairs: float = 0.0) -> float:
         """Noise-free duration of a step with this much work (0 for an empty step)."""
         if prefill_tokens == 0 and decode_seqs == 0:
             return 0.0
+        if self.roofline is not None:
+            return self.roofline.step_seconds(prefill_tokens, decode_seqs, context_tokens, attention_pairs)
         t = self.base_s + self.per_prefill_token_s * prefill_tokens
         t += self.per_decode_seq_s * decode_seqs + self.per_context_token_s * context_tokens
         if prefill_tokens:
@@ -81,6 +119,17 @@ PROFILES: dict[str, StepProfile] = {
         block_size=16, num_gpu_blocks=17600, kv_bytes_per_token=163840, max_model_len=40960,
         max_num_seqs=1024, max_num_batched_tokens=8192,
         host_bandwidth_Bps=25e9, host_latency_s=10e-6,
+    ),
+    "h100-14b-roofline": StepProfile(
+        name="h100-14b-roofline", base_s=0.0, prefill_base_s=0.0, per_prefill_token_s=0.0,
+        per_decode_seq_s=0.0, per_context_token_s=0.0, noise_cv=0.03,
+        block_size=16, num_gpu_blocks=17600, kv_bytes_per_token=163840, max_model_len=40960,
+        max_num_seqs=1024, max_num_batched_tokens=8192,
+        host_bandwidth_Bps=25e9, host_latency_s=10e-6,
+        roofline=RooflineShape(overhead_s=1.0e-3, flop_per_token_s=2 * 14.8e9 / (989e12 * 0.60),
+                               attention_pair_s=4 * 5120 * 40 / (989e12 * 0.35),
+                               weights_s=14.8e9 * 2 / (3.35e12 * 0.85),
+                               kv_token_s=163840 / (3.35e12 * 0.85)),
     ),
     "zero": StepProfile(
         name="zero", base_s=0.0, prefill_base_s=0.0, per_prefill_token_s=0.0,

@@ -103,6 +103,7 @@ class StepPlan:
     prefill_tokens: int = 0
     decode_seqs: int = 0
     context_tokens: int = 0
+    attention_pairs: float = 0.0  # sum over chunks of n * (computed + (n + 1) / 2): attention work
 
     @property
     def empty(self) -> bool:
@@ -206,6 +207,7 @@ class Scheduler:
     def _plan_add(self, plan: StepPlan, req: Request, n: int, now: float) -> None:
         plan.scheduled.append((req, n))
         plan.context_tokens += req.num_computed
+        plan.attention_pairs += n * (req.num_computed + (n + 1) / 2)
         if req.num_computed + n >= req.num_tokens and req.num_computed >= req.num_tokens - 1 \
                 and req.num_output > 0:
             plan.decode_seqs += 1
