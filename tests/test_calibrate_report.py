@@ -37,7 +37,7 @@ def test_our_report_round_trips(tmp_path: Path, sample_inputs: tuple) -> None:
     text = (tmp_path / "r.json").read_text()
     assert '"mean_error": 777,' in text  # Go writes integral floats without ".0"
     assert list(json.loads(text)) == ["trace_info", "metrics", "config_match", "known_limitations", "hit_rate",
-                                      "ttft_tolerance", "verdict", "notes", "provenance"]
+                                      "ttft_tolerance", "capacity", "verdict", "notes", "provenance"]
 
 
 @pytest.mark.parametrize("mutate,expect", [

@@ -14,6 +14,7 @@ from typing import Any
 
 from blis_sim.calibrate.core import (DEFAULT_HIT_RATE_TOLERANCE_PP, DEFAULT_TTFT_MAPE_THRESHOLD, CalibrateOptions,
                                      InputPaths, calibrate_detailed)
+from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE
 from blis_sim.calibrate.goodput import parse_slo_flag
 from blis_sim.calibrate.summary import print_summary
 from blis_sim.calibrate.verdict import exit_code
@@ -46,6 +47,8 @@ def register(subparsers: Any) -> None:
                    help="hit-rate verdict band, percentage points (default 5)")
     p.add_argument("--ttft-mape-threshold", type=float, default=DEFAULT_TTFT_MAPE_THRESHOLD,
                    help="TTFT MAPE verdict threshold, a fraction (default 0.15)")
+    p.add_argument("--capacity-tolerance", type=float, default=DEFAULT_CAPACITY_TOLERANCE,
+                   help="throughput verdict band where the window is saturated, a relative error (default 0.05)")
     for dim, example in (("ttft", "critical=100ms,standard=500ms"), ("itl", "critical=20ms"),
                          ("e2e", "critical=5s,standard=30s")):
         p.add_argument(f"--slo-{dim}", default="",
@@ -69,7 +72,7 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
         warmup_requests=None if args.warmup_requests == -1 else args.warmup_requests,
         network_rtt_us=None if args.network_rtt_us == -1 else args.network_rtt_us,
         network_bandwidth_mbps=args.network_bandwidth_mbps, hit_rate_tolerance_pp=args.hit_rate_tolerance_pp,
-        ttft_mape_threshold=args.ttft_mape_threshold,
+        ttft_mape_threshold=args.ttft_mape_threshold, capacity_tolerance=args.capacity_tolerance,
         slo_ttft_ms=parse_slo_flag(args.slo_ttft, "--slo-ttft"), slo_itl_ms=parse_slo_flag(args.slo_itl, "--slo-itl"),
         slo_e2e_ms=parse_slo_flag(args.slo_e2e, "--slo-e2e"))
     options.validate()

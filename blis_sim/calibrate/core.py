@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blis_sim import __version__
+from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
 from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
 from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry, compare_definitions,
                                         compare_hit_rate, request_hit_agreement, simulated_primary)
@@ -49,6 +50,7 @@ class CalibrateOptions:
     slo_ttft_ms: Mapping[str, float] | None = None
     slo_itl_ms: Mapping[str, float] | None = None
     slo_e2e_ms: Mapping[str, float] | None = None
+    capacity_tolerance: float = DEFAULT_CAPACITY_TOLERANCE  # relative, where the window is saturated
 
     def validate(self) -> None:
         """The reference's checks, as UsageErrors naming the flag."""
@@ -61,6 +63,8 @@ class CalibrateOptions:
             raise UsageError(f"--hit-rate-tolerance-pp must be a finite number >= 0, got {self.hit_rate_tolerance_pp}")
         if not math.isfinite(self.ttft_mape_threshold) or self.ttft_mape_threshold < 0:
             raise UsageError(f"--ttft-mape-threshold must be a finite number >= 0, got {self.ttft_mape_threshold}")
+        if not math.isfinite(self.capacity_tolerance) or self.capacity_tolerance < 0:
+            raise UsageError(f"--capacity-tolerance must be a finite number >= 0, got {self.capacity_tolerance}")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
         metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit.primary,
         ttft_tolerance=ttft_tolerance, kv_hit_rates=hit.definitions or None,
         kv_hit_rates_unpaired=hit.unpaired or None,
+        capacity=capacity_comparison(pairs.matched_records, options.capacity_tolerance),
         request_hit_agreement=request_hit_agreement(pairs.matched_records), notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
                               trace_data=inputs.trace_data, sim_results=inputs.sim_results,

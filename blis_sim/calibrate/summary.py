@@ -80,6 +80,15 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                       f"KV hit-rate [{name}] ({d.unit}): Real={d.real_hit_rate:.4f} Sim={d.sim_hit_rate:.4f} "
                       f"AbsErr={d.abs_error_pp:.2f}pp (tolerance {d.tolerance_pp:.2f}pp) "
                       f"[{'WITHIN' if d.within else 'EXCEEDS'}]"))
+    if r.capacity is not None:
+        c = r.capacity
+        state = "saturated" if c.saturated else "not saturated: reported, not judged"
+        mark = "" if c.within is None else f" [{'WITHIN' if c.within else 'EXCEEDS'}]"
+        lines.append(("warning" if c.within is False else "info",
+                      f"Throughput ({state}, {c.requests} requests over {c.window_s:.2f}s): "
+                      f"Real={c.real_rps:.2f} req/s {c.real_output_tps:.1f} tok/s, Sim={c.sim_rps:.2f} req/s "
+                      f"{c.sim_output_tps:.1f} tok/s, error {c.rps_error * 100:.1f}% / "
+                      f"{c.output_tps_error * 100:.1f}% (tolerance {c.tolerance * 100:.1f}%){mark}"))
     for u in r.kv_hit_rates_unpaired or ():
         name = u.definition if u.tier is None else f"{u.definition}/{u.tier}"
         lines.append(("info", f"KV hit-rate [{name}] ({u.side} only): not compared: {u.reason}"))

@@ -27,7 +27,9 @@ def exit_code(report: CalibrationReport) -> int:
 
 
 def _fmt_value(row: VerdictRow, value: float) -> str:
-    # hit-rates are fractions shown as percentages; TTFT real/sim are mean µs
+    # hit-rates are fractions shown as percentages; TTFT real/sim are mean µs; throughputs per second
+    if row.unit == "rate":
+        return f"{value:.2f}/s"
     return f"{value * 100:.2f}%" if row.unit == "pp" else f"{value:.0f}us"
 
 

@@ -165,6 +165,26 @@ class ToleranceVerdict(_Model):
     within: bool  # mape <= threshold (no epsilon, as the reference)
 
 
+class CapacityComparison(_Model):
+    """Ours: simulated against observed throughput over the compared window (blis_sim.calibrate.capacity).
+    ``within`` is None below saturation (reported, not judged)."""
+
+    requests: int
+    window_s: float  # last completion - first send, observed
+    arrival_rps: float | None  # (n - 1) / send span; None for a burst (all sent at once)
+    served_rps: float
+    saturated: bool  # arrival_rps >= 1.1 x served_rps and requests >= 20
+    real_rps: float
+    sim_rps: float
+    rps_error: float  # |sim - real| / real
+    real_output_tps: float
+    sim_output_tps: float
+    output_tps_error: float
+    tolerance: float
+    within: bool | None
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"arrival_rps", "within"})
+
+
 class HitRateDefinitionComparison(_Model):
     """Ours: one like-for-like hit-rate comparison, matched on (definition, tier, unit)."""
 
@@ -240,7 +260,7 @@ class VerdictRow:
     error: float
     tolerance: float
     within: bool
-    unit: str  # "pp" (percentage points) or "mape" (a fraction)
+    unit: str  # "pp" (percentage points), "mape" (a fraction) or "rate" (relative error of a throughput)
 
 
 class CalibrationReport(_Model):
@@ -254,6 +274,7 @@ class CalibrationReport(_Model):
     # --- ours ---
     kv_hit_rates: list[HitRateDefinitionComparison] | None = None
     kv_hit_rates_unpaired: list[UnpairedHitRate] | None = None
+    capacity: CapacityComparison | None = None
     request_hit_agreement: RequestHitAgreement | None = None
     verdict: Verdict | None = None
     notes: list[str] | None = None
@@ -276,6 +297,12 @@ class CalibrationReport(_Model):
             name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
             rows.append(VerdictRow(f"kv_hit_rate[{name}]", d.real_hit_rate, d.sim_hit_rate, d.abs_error_pp,
                                    d.tolerance_pp, d.within, "pp"))
+        c = self.capacity
+        if c is not None and c.within is not None:  # judged only where the window is saturated
+            rows.append(VerdictRow("capacity[req/s]", c.real_rps, c.sim_rps, c.rps_error, c.tolerance,
+                                   c.rps_error <= c.tolerance, "rate"))
+            rows.append(VerdictRow("capacity[output tok/s]", c.real_output_tps, c.sim_output_tps,
+                                   c.output_tps_error, c.tolerance, c.output_tps_error <= c.tolerance, "rate"))
         return rows
 
     @property
@@ -299,7 +326,8 @@ def load_report(path: str | Path) -> CalibrationReport:
     return report_from_data(load_json(path), str(path))
 
 
-OUR_TOP_LEVEL_FIELDS: tuple[str, ...] = ("kv_hit_rates", "kv_hit_rates_unpaired", "request_hit_agreement", "verdict",
+OUR_TOP_LEVEL_FIELDS: tuple[str, ...] = ("kv_hit_rates", "kv_hit_rates_unpaired", "capacity", "request_hit_agreement",
+                                         "verdict",
                                          "notes", "provenance")
 
 

@@ -96,6 +96,10 @@ class ObserveOptions:
     # generation requests to http:// servers: "lean" (Http1Pool, the default) or "aiohttp";
     # https:// always goes through aiohttp
     http_client: str = "lean"
+    # stop starting phases once this many seconds of dispatch have passed (0: none); the phase in
+    # progress finishes, the skipped ones are named in a warning (the trace is complete, not partial)
+    time_budget_s: float = 0.0
+    announce_phases: bool = False  # log each phase as it starts (name, requests, elapsed), for `blis probe`
 
     def validate(self) -> None:
         if not self.model:
@@ -116,6 +120,8 @@ class ObserveOptions:
             raise UsageError("--record-itl and --no-streaming are mutually exclusive")
         if self.settle_s < 0 or self.grace_s < 0:
             raise UsageError("--settle and --grace must be >= 0")
+        if not 0 <= self.time_budget_s < float("inf"):
+            raise UsageError(f"--time-budget must be finite and >= 0, got {self.time_budget_s}")
         if self.http_client not in ("lean", "aiohttp"):
             raise UsageError(f"--http-client must be 'lean' or 'aiohttp', got {self.http_client!r}")
 
@@ -297,10 +303,21 @@ class _Run:
         total = sum(len(p.requests) for p in self.plan.phases)
         progress = Progress(total, enabled=self.opts.progress)
         self._progress = progress
+        budget = self.opts.time_budget_s
+        start_ns = self.clock.now_ns()
         try:
             for i, phase in enumerate(self.plan.phases):
                 if self.stop.is_set():
                     break
+                elapsed = (self.clock.now_ns() - start_ns) / 1e9
+                if budget > 0 and elapsed >= budget:
+                    skipped = [p.name for p in self.plan.phases[i:]]
+                    self.warn(f"time budget of {budget:g} s spent after {elapsed:.1f} s: {len(skipped)} phase(s) "
+                              f"not run ({', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})")
+                    break
+                if self.opts.announce_phases:
+                    log.info("phase %d/%d %s: %d request(s), %.1f s elapsed", i + 1, len(self.plan.phases),
+                             phase.name, len(phase.requests), elapsed)
                 if phase.gap_us > 0:
                     await self._sleep(phase.gap_us / 1e6)
                 if i == first and window is not None:
@@ -310,6 +327,8 @@ class _Run:
                     await window.close()
         finally:
             progress.close()
+        if window is not None and window.opened and window.result is None and not self.stop.is_set():
+            await window.close()  # the budget ended the run before the window's last phase
         if window is not None and window.opened and self.stop.is_set() and window.result is None:
             self.warn("--scrape-kv-metrics: observe was interrupted before the measured window ended; "
                       "omitting the observed KV hit-rate from the trace header")

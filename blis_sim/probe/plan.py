@@ -1,0 +1,203 @@
+"""The probe's workload: phases that identify every coefficient of the latency model on any server.
+
+API::
+
+    limits = ServerLimits(max_model_len=8192, block_size=16, num_gpu_blocks=4096, max_num_seqs=256)
+    plan = probe_plan(limits, ProbeConfig(seed=7))      # a WorkloadPlan for observe()
+    fitted_phases(plan)                                 # the phases a fit uses (all but the warm-up)
+
+Phases, in the order they run (each a drained group, so "alone" means alone on the server):
+
+``warmup-<k>``        two short requests outside the fitted window (a fresh server's first request pays
+                      one-off costs: connections, lazy imports, allocator growth);
+``cold-<L>-<k>``      unique prompts of each length ``L`` (64, 128, 256, ... doubling, then the longest the
+                      server takes), sent alone: per-step base, per-prefill-token and attention terms;
+``seed-<L>``, ``cached-<L>-<k>``  one prompt whose prefix the next two repeat with new suffixes: what a
+                      cached prefix saves against the per-request (frontend) time that stays;
+``decode-<B>``        ``B`` concurrent short prompts with long outputs, ``B`` = 1, 2, 4, ... up to
+                      ``max_num_seqs`` (capped by the KV cache): closed-loop decode batches, the
+                      per-decode-sequence term and where a step stops being flat;
+``decode-<B>-ctx<P>`` the same with long prompts: the per-context-token (attention read) term;
+``mixed-<B>-<L>``     ``B`` decoders, then two prompts of ``L`` tokens arriving while they decode: steps
+                      that carry prefill and decode together;
+``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, 64 output tokens), ``N``
+                      doubling from 2 up to ``ramp_max``: batched prefill and, at the top, the server's
+                      maximum throughput (:func:`ramp_throughput` reads it per level).
+
+The longest prompt is ``min(max_model_len - output, GPU cache / 4, max_prompt)``: a quarter of the cache, so
+the probe never evicts its own prefixes. Lengths double from 64, so the median probe prompt is about the square root
+of 64 times the longest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from blis_sim.errors import ConfigError
+from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan
+
+SUFFIX = 32                        # fresh tokens after each prefix
+COLD_SAMPLES = 2                   # two cold samples per length (one hiccup is set aside)
+CACHED_REPEATS = 2                 # cached TTFTs are short: two samples each
+TTFT_OUTPUT = 4                    # TTFT requests: a few tokens, so they end quickly
+DECODE_PROMPT, DECODE_OUTPUT = 64, 64
+CONTEXT_BATCHES = (1, 16)          # decode batch sizes repeated with long prompts
+MIXED_BATCHES = (4, 32)            # decoders under a mixed step
+MIXED_OUTPUT = 256                 # long enough to still decode when the prefills arrive
+MIXED_ARRIVALS_US = (100_000, 300_000)
+RAMP_PROMPT, RAMP_OUTPUT = 512, 64
+MIN_LENGTH = 64
+# the trace header's workload spec: the probe's requests come from the phases, not from a client
+_PLACEHOLDER_SPEC = {"version": "2", "aggregate_rate": 1, "num_requests": 1,
+                     "clients": [{"id": "probe", "rate_fraction": 1,
+                                  "input_distribution": {"type": "constant", "params": {"value": 1}},
+                                  "output_distribution": {"type": "constant", "params": {"value": 1}}}]}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the probe sizes itself to (read from the server by :func:`blis_sim.probe.read_limits`)."""
+
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"must be > 0, got {getattr(self, name)}", field=name)
+
+    @property
+    def gpu_tokens(self) -> int:
+        return self.block_size * (self.num_gpu_blocks - 1)  # one block is vLLM's null block
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """How big a probe to plan. ``max_prompt`` caps the longest prompt (0: the server's limit);
+    ``ramp_max`` the largest ramp level (0: ``2 x max_num_seqs``, at most 256); ``decode_max`` the
+    largest decode batch (0: ``max_num_seqs``); ``seed``/``tag`` make every prompt unique to this probe."""
+
+    seed: int = 7
+    tag: str = "probe"
+    max_prompt: int = 0
+    ramp_max: int = 0
+    decode_max: int = 0
+    ramp_min: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt", "ramp_max", "decode_max"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, name)}", field=name)
+
+
+def doubling(start: int, stop: int) -> list[int]:
+    """start, 2 start, 4 start, ... below ``stop``, then ``stop`` itself (empty when stop < start)."""
+    out: list[int] = []
+    n = start
+    while n < stop:
+        out.append(n)
+        n *= 2
+    if stop >= start:
+        out.append(stop)
+    return out
+
+
+def longest_prompt(limits: ServerLimits, config: ProbeConfig) -> int:
+    cap = min(limits.max_model_len - SUFFIX - TTFT_OUTPUT, limits.gpu_tokens // 4)
+    if config.max_prompt:
+        cap = min(cap, config.max_prompt)
+    if cap < MIN_LENGTH:
+        raise ConfigError(f"the server takes prompts of at most {cap} tokens; the probe needs {MIN_LENGTH}",
+                          field="max_model_len")
+    return cap
+
+
+def probe_lengths(limits: ServerLimits, config: ProbeConfig) -> list[int]:
+    return doubling(MIN_LENGTH, longest_prompt(limits, config))
+
+
+def decode_batches(limits: ServerLimits, config: ProbeConfig) -> list[int]:
+    """1, 2, 4, ... up to max_num_seqs (or ``decode_max``), while the batch fits half the cache."""
+    top = min(config.decode_max or limits.max_num_seqs, limits.max_num_seqs,
+              limits.gpu_tokens // 2 // (DECODE_PROMPT + DECODE_OUTPUT))
+    return doubling(1, max(top, 1))
+
+
+def ramp_levels(limits: ServerLimits, config: ProbeConfig) -> list[int]:
+    """``ramp_min``, doubling, up to ``ramp_max`` (default 2 x max_num_seqs, at most 256, within the cache)."""
+    top = config.ramp_max or min(2 * limits.max_num_seqs, 256)
+    top = min(top, limits.gpu_tokens // (ramp_prompt(limits, config) + RAMP_OUTPUT))  # no self-preemption
+    return doubling(config.ramp_min, top) if top >= config.ramp_min else []
+
+
+def ramp_prompt(limits: ServerLimits, config: ProbeConfig) -> int:
+    return min(RAMP_PROMPT, longest_prompt(limits, config))
+
+
+class _Builder:
+    """Appends drained phases to a plan."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.phases: list[PhasePlan] = []
+
+    def add(self, name: str, reqs: list[dict[str, Any]]) -> None:
+        index = len(self.phases)
+        planned = tuple(PlannedRequest(uid=f"{index}.{n}", phase=name, phase_index=index, client_id="probe",
+                                       streaming=True, **{"arrival_us": 0, **r}) for n, r in enumerate(reqs))
+        self.phases.append(PhasePlan(index=index, name=name, seed=self.seed, gap_us=0, horizon_us=0,
+                                     num_requests=len(planned), requests=planned))
+
+
+def unique(length: int, output: int, **extra: Any) -> dict[str, Any]:
+    return {"input_tokens": length, "output_tokens": output, **extra}
+
+
+def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> WorkloadPlan:
+    """The probe's phases (module docstring), sized to ``limits``."""
+    from blis_sim.formats.workload import WorkloadSpec
+
+    b = _Builder(config.seed)
+    tag = f"{config.tag}{config.seed:x}"
+    for k in range(2):
+        b.add(f"warmup-{k}", [unique(MIN_LENGTH, TTFT_OUTPUT)])
+    lengths = probe_lengths(limits, config)
+    for n, length in enumerate(lengths):
+        group = {"prefix_group": f"{tag}-{n}", "prefix_length": length, "input_tokens": length + SUFFIX,
+                 "new_input_tokens": SUFFIX, "output_tokens": TTFT_OUTPUT}
+        for k in range(COLD_SAMPLES):  # unique prefixes: each cold sample misses
+            b.add(f"cold-{length}-{k}", [{**group, "prefix_group": f"{tag}-{n}-cold{k}"}])
+        b.add(f"seed-{length}", [group])
+        for k in range(CACHED_REPEATS):
+            b.add(f"cached-{length}-{k}", [group])
+    for batch in decode_batches(limits, config):
+        b.add(f"decode-{batch}", [unique(DECODE_PROMPT, DECODE_OUTPUT) for _ in range(batch)])
+    context = min(2048, lengths[-1])
+    for batch in CONTEXT_BATCHES:
+        if batch <= limits.max_num_seqs and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
+            b.add(f"decode-{batch}-ctx{context}", [unique(context, DECODE_OUTPUT) for _ in range(batch)])
+    for batch in MIXED_BATCHES:
+        for length in sorted({lengths[len(lengths) // 2], lengths[-1]}):
+            if batch + 2 > limits.max_num_seqs:
+                continue
+            reqs = [unique(DECODE_PROMPT, MIXED_OUTPUT) for _ in range(batch)]
+            reqs += [unique(length, TTFT_OUTPUT, arrival_us=t) for t in MIXED_ARRIVALS_US]
+            b.add(f"mixed-{batch}-{length}", reqs)
+    prompt = ramp_prompt(limits, config)
+    for level in ramp_levels(limits, config):
+        b.add(f"ramp-{level}", [unique(prompt, RAMP_OUTPUT) for _ in range(level)])
+    spec = WorkloadSpec.model_validate({**_PLACEHOLDER_SPEC, "seed": config.seed})
+    return WorkloadPlan(seed=config.seed, spec=spec, phases=tuple(b.phases))
+
+
+def fitted_phases(plan: WorkloadPlan) -> tuple[str, ...]:
+    """The phases the fit uses: all but the warm-up."""
+    return tuple(p.name for p in plan.phases if not p.name.startswith("warmup"))
+
+
+def max_in_flight(plan: WorkloadPlan) -> int:
+    """The largest phase: the client's concurrency cap must let a whole phase in at once."""
+    return max((len(p.requests) for p in plan.phases), default=1)

@@ -1,0 +1,87 @@
+"""Capacity fidelity in calibrate: throughput against throughput, judged only where the window is saturated."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from blis_sim.calibrate.capacity import MIN_REQUESTS, capacity_comparison, is_saturated
+from blis_sim.calibrate.verdict import render_table
+from blis_sim.formats.report import CalibrationReport, TraceInfo
+
+
+def pairs(n: int, *, gap_us: float, service_us: float, sim_service_us: float, burst: bool = False,
+          output: int = 10) -> list[tuple[SimpleNamespace, SimpleNamespace]]:
+    """``n`` requests served one after another by a server taking ``service_us`` each (the sim:
+    ``sim_service_us``), sent every ``gap_us`` (all at once with ``burst``)."""
+    out = []
+    real_free = sim_free = 1_000_000.0
+    for i in range(n):
+        send = 1_000_000.0 + (0 if burst else i * gap_us)
+        real_free = max(real_free, send) + service_us
+        sim_free = max(sim_free, send) + sim_service_us
+        rec = SimpleNamespace(request_id=i, status="ok", send_time_us=send, arrival_time_us=send,
+                              last_chunk_time_us=real_free, output_tokens=output)
+        out.append((rec, SimpleNamespace(request_id=i, e2e_us=sim_free - send, output_tokens=output)))
+    return out
+
+
+def report_with(capacity: object) -> CalibrationReport:
+    return CalibrationReport(trace_info=TraceInfo(num_requests=1, warm_up_excluded=0, matched_pairs=1,
+                                                  token_mismatches=0),
+                             metrics={}, capacity=capacity)  # type: ignore[arg-type]
+
+
+def test_a_burst_is_saturated_and_a_faithful_model_passes() -> None:
+    c = capacity_comparison(pairs(40, gap_us=0, service_us=50_000, sim_service_us=51_000, burst=True))
+    assert c is not None and c.saturated and c.arrival_rps is None  # all sent at once
+    assert c.real_rps == pytest.approx(20.0) and c.sim_rps == pytest.approx(20 / 1.02, rel=1e-6)
+    assert c.real_output_tps == pytest.approx(200.0)
+    assert c.rps_error < 0.05 and c.within is True
+    report = report_with(c)
+    assert [r.metric for r in report.verdicts()] == ["capacity[req/s]", "capacity[output tok/s]"]
+    assert report.passed
+
+
+def test_a_slow_model_at_saturation_fails_the_verdict() -> None:
+    # arrivals at 40 req/s into a 20 req/s server: the queue grows; the sim serves 15 % slower
+    c = capacity_comparison(pairs(60, gap_us=25_000, service_us=50_000, sim_service_us=57_500))
+    assert c is not None and c.saturated and c.arrival_rps == pytest.approx(40.0)
+    assert c.rps_error == pytest.approx(0.13, abs=0.01) and c.within is False
+    report = report_with(c)
+    assert not report.passed
+    table = render_table(report.verdicts(), only_failed=True)
+    assert "capacity[req/s]" in table and "EXCEEDS" in table and "/s" in table
+
+
+def test_below_saturation_throughput_is_reported_not_judged() -> None:
+    # 10 req/s into a 20 req/s server: both sides serve the arrivals; even a 2x slower model
+    # (still faster than the arrivals) shows the same throughput, so there is nothing to judge
+    c = capacity_comparison(pairs(60, gap_us=100_000, service_us=50_000, sim_service_us=90_000))
+    assert c is not None and not c.saturated and c.within is None
+    assert c.rps_error < 0.05
+    assert report_with(c).verdicts() == []
+
+
+def test_too_few_requests_are_never_saturated() -> None:
+    few = pairs(MIN_REQUESTS - 1, gap_us=0, service_us=50_000, sim_service_us=50_000, burst=True)
+    sends = [r.send_time_us for r, _ in few]
+    done = [r.last_chunk_time_us for r, _ in few]
+    saturated, arrival, served = is_saturated(sends, done)
+    assert not saturated and math.isinf(arrival) and served == pytest.approx(20.0)
+    assert capacity_comparison(few[:1]) is None
+
+
+def test_failed_and_warm_up_rows_do_not_count() -> None:
+    data = pairs(30, gap_us=0, service_us=50_000, sim_service_us=50_000, burst=True)
+    data[0][0].status = "error"
+    c = capacity_comparison(data)
+    assert c is not None and c.requests == 29
+
+
+def test_the_blis_compatible_view_drops_the_capacity_block() -> None:
+    from blis_sim.formats.report import reference_view
+
+    c = capacity_comparison(pairs(40, gap_us=0, service_us=50_000, sim_service_us=50_000, burst=True))
+    assert report_with(c).capacity is not None and reference_view(report_with(c)).capacity is None
