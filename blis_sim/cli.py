@@ -1,4 +1,4 @@
-"""`blis observe | replay | calibrate | run | fit | emulate`: argument parsing and exit codes only.
+"""`blis observe | probe | replay | calibrate | run | fit | emulate`: argument parsing and exit codes only.
 
 Each subcommand lives with the code it drives, in a module that exposes
 ``register(subparsers) -> None``; the parser it adds sets ``func=`` to a callable taking the parsed
@@ -18,13 +18,14 @@ from blis_sim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, BlisError
 # (subcommand module) in the order they appear in `blis --help`.
 SUBCOMMAND_MODULES = (
     "blis_sim.observe.cli",
+    "blis_sim.probe.cli",
     "blis_sim.engine.cli",
     "blis_sim.calibrate.cli",
     "blis_sim.emulator.cli",
 )
 # which module registers each subcommand: `blis replay` imports the engine's CLI only (importing
 # all four costs about a second: aiohttp, the emulator, the calibration report models)
-MODULE_OF = {"observe": "blis_sim.observe.cli", "run": "blis_sim.engine.cli",
+MODULE_OF = {"observe": "blis_sim.observe.cli", "probe": "blis_sim.probe.cli", "run": "blis_sim.engine.cli",
              "replay": "blis_sim.engine.cli", "fit": "blis_sim.engine.cli",
              "calibrate": "blis_sim.calibrate.cli", "emulate": "blis_sim.emulator.cli"}
 

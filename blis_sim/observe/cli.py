@@ -169,11 +169,11 @@ class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def _setup_logging() -> None:
+def _setup_logging(prog: str = "blis observe") -> None:
     logger = logging.getLogger("blis_sim")
     if not logger.handlers:
         handler = _CurrentStderr()
-        handler.setFormatter(logging.Formatter("blis observe: %(levelname)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(prog + ": %(levelname)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
 

@@ -20,7 +20,8 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
 ``decode-<B>-ctx<P>`` the same with long prompts: the per-context-token (attention read) term;
 ``mixed-<B>-<L>``     ``B`` decoders, then two prompts of ``L`` tokens arriving while they decode: steps
                       that carry prefill and decode together;
-``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, 64 output tokens), ``N``
+``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, less where N of them would
+                      fill half the GPU cache; 64 output tokens), ``N``
                       doubling from 2 up to ``ramp_max``: batched prefill and, at the top, the server's
                       maximum throughput (:func:`ramp_throughput` reads it per level).
 
@@ -77,8 +78,9 @@ class ServerLimits:
 @dataclass(frozen=True)
 class ProbeConfig:
     """How big a probe to plan. ``max_prompt`` caps the longest prompt (0: the server's limit);
-    ``ramp_max`` the largest ramp level (0: ``2 x max_num_seqs``, at most 256); ``decode_max`` the
-    largest decode batch (0: ``max_num_seqs``); ``seed``/``tag`` make every prompt unique to this probe."""
+    ``ramp_max`` the largest ramp level (0: ``2 x max_num_seqs``, at most 256; below ``ramp_min``: no
+    ramp); ``decode_max`` the largest decode batch (0: ``max_num_seqs``; the long-context batches stay
+    within it); ``mixed`` the mixed phases; ``seed``/``tag`` make every prompt unique to this probe."""
 
     seed: int = 7
     tag: str = "probe"
@@ -86,6 +88,7 @@ class ProbeConfig:
     ramp_max: int = 0
     decode_max: int = 0
     ramp_min: int = 2
+    mixed: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_prompt", "ramp_max", "decode_max"):
@@ -109,6 +112,7 @@ def longest_prompt(limits: ServerLimits, config: ProbeConfig) -> int:
     cap = min(limits.max_model_len - SUFFIX - TTFT_OUTPUT, limits.gpu_tokens // 4)
     if config.max_prompt:
         cap = min(cap, config.max_prompt)
+    cap -= cap % limits.block_size  # whole blocks
     if cap < MIN_LENGTH:
         raise ConfigError(f"the server takes prompts of at most {cap} tokens; the probe needs {MIN_LENGTH}",
                           field="max_model_len")
@@ -129,12 +133,13 @@ def decode_batches(limits: ServerLimits, config: ProbeConfig) -> list[int]:
 def ramp_levels(limits: ServerLimits, config: ProbeConfig) -> list[int]:
     """``ramp_min``, doubling, up to ``ramp_max`` (default 2 x max_num_seqs, at most 256, within the cache)."""
     top = config.ramp_max or min(2 * limits.max_num_seqs, 256)
-    top = min(top, limits.gpu_tokens // (ramp_prompt(limits, config) + RAMP_OUTPUT))  # no self-preemption
     return doubling(config.ramp_min, top) if top >= config.ramp_min else []
 
 
-def ramp_prompt(limits: ServerLimits, config: ProbeConfig) -> int:
-    return min(RAMP_PROMPT, longest_prompt(limits, config))
+def ramp_prompt(limits: ServerLimits, config: ProbeConfig, level: int = 1) -> int:
+    """The ramp's prompt: 512 tokens, less where ``level`` of them would fill half the cache (a ramp
+    that preempted itself would measure recomputation, not throughput)."""
+    return max(16, min(RAMP_PROMPT, longest_prompt(limits, config), limits.gpu_tokens // 2 // level - RAMP_OUTPUT))
 
 
 class _Builder:
@@ -176,19 +181,19 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     for batch in decode_batches(limits, config):
         b.add(f"decode-{batch}", [unique(DECODE_PROMPT, DECODE_OUTPUT) for _ in range(batch)])
     context = min(2048, lengths[-1])
+    batches = decode_batches(limits, config)
     for batch in CONTEXT_BATCHES:
-        if batch <= limits.max_num_seqs and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
+        if batch <= batches[-1] and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
             b.add(f"decode-{batch}-ctx{context}", [unique(context, DECODE_OUTPUT) for _ in range(batch)])
-    for batch in MIXED_BATCHES:
+    for batch in MIXED_BATCHES if config.mixed else ():
         for length in sorted({lengths[len(lengths) // 2], lengths[-1]}):
             if batch + 2 > limits.max_num_seqs:
                 continue
             reqs = [unique(DECODE_PROMPT, MIXED_OUTPUT) for _ in range(batch)]
             reqs += [unique(length, TTFT_OUTPUT, arrival_us=t) for t in MIXED_ARRIVALS_US]
             b.add(f"mixed-{batch}-{length}", reqs)
-    prompt = ramp_prompt(limits, config)
     for level in ramp_levels(limits, config):
-        b.add(f"ramp-{level}", [unique(prompt, RAMP_OUTPUT) for _ in range(level)])
+        b.add(f"ramp-{level}", [unique(ramp_prompt(limits, config, level), RAMP_OUTPUT) for _ in range(level)])
     spec = WorkloadSpec.model_validate({**_PLACEHOLDER_SPEC, "seed": config.seed})
     return WorkloadPlan(seed=config.seed, spec=spec, phases=tuple(b.phases))
 
