@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg
-from pytest_blis._probe import fitted_phases, probe_plan, ramp_levels
+from blis_sim.probe import fitted_phases, probe_plan
+from pytest_blis._probe import probe_config, server_limits
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import CellSummary, summary_lines
 
@@ -17,14 +18,18 @@ def _target(blocks: int = 1024, url: str = "http://127.0.0.1:1") -> ServerTarget
                         offload_path=None, lock_dir=Path("/nonexistent"))
 
 
+def _plan(target: ServerTarget, concurrency: int = 1, max_model_len: int = 40960):  # type: ignore[no-untyped-def]
+    return probe_plan(server_limits(target, max_model_len, max_num_seqs=256), probe_config(target, concurrency))
+
+
 def test_probe_separates_the_terms() -> None:
-    plan = probe_plan(_target())
+    plan = _plan(_target())
     names = [p.name for p in plan.phases]
-    # Warm-up first and outside the fit; every TTFT phase holds one request (alone on the server).
+    # Warm-up first and outside the fit; every phase of a sequential cell's probe holds one request.
     assert names[:2] == ["warmup-0", "warmup-1"] and fitted_phases(plan) == tuple(names[2:])
     assert all(len(p.requests) == 1 for p in plan.phases)
     # 16384 GPU tokens: prefixes up to a quarter (4096), two cold samples, then seed + two cached.
-    for length in (64, 256, 1024, 2048, 4096):
+    for length in (64, 128, 256, 512, 1024, 2048, 4096):
         cold = [p.requests[0] for p in plan.phases if p.name.startswith(f"cold-{length}-")]
         seed = next(p.requests[0] for p in plan.phases if p.name == f"seed-{length}")
         cached = [p.requests[0] for p in plan.phases if p.name.startswith(f"cached-{length}-")]
@@ -34,20 +39,24 @@ def test_probe_separates_the_terms() -> None:
         assert all(r.prefix_length == length for r in cached)
     decode = [p.requests[0] for p in plan.phases if p.name.startswith("decode-")]
     assert decode and all(r.output_tokens >= 64 for r in decode)
-    assert not any(n.startswith("ramp") for n in names)  # sequential cells: no load terms
+    # sequential cells: no load terms (no ramp, no mixed steps, decode alone)
+    assert not any(n.startswith(("ramp", "mixed")) for n in names)
+    assert [n for n in names if n.startswith("decode")] == ["decode-1", "decode-1-ctx2048"]
 
 
 def test_probe_ramp_follows_the_cells_concurrency_and_fits_the_cache() -> None:
-    assert ramp_levels(1) == () and ramp_levels(2) == (2,) and ramp_levels(6) == (2, 4, 6)
-    plan = probe_plan(_target(blocks=64), concurrency=8)  # 1024 GPU tokens
+    assert not any(p.name.startswith("ramp") for p in _plan(_target(), 1).phases)
+    assert [p.name for p in _plan(_target(), 6).phases if p.name.startswith("ramp")] == ["ramp-2", "ramp-4", "ramp-6"]
+    plan = _plan(_target(blocks=64), concurrency=8)  # 1024 GPU tokens
     ramps = [p for p in plan.phases if p.name.startswith("ramp-")]
     assert [len(p.requests) for p in ramps] == [2, 4, 8]
-    assert all(len(p.requests) * p.requests[0].input_tokens <= 256 for p in ramps)
+    # a ramp never fills more than half the cache (it would preempt itself)
+    assert all(sum(r.input_tokens + r.output_tokens for r in p.requests) <= 512 for p in ramps)
     assert max(r.input_tokens for p in plan.phases for r in p.requests) <= 256 + 32
 
 
 def test_probe_content_differs_per_server() -> None:
-    a, b = probe_plan(_target(url="http://127.0.0.1:1")), probe_plan(_target(url="http://127.0.0.1:2"))
+    a, b = _plan(_target(url="http://127.0.0.1:1")), _plan(_target(url="http://127.0.0.1:2"))
     assert a.seed != b.seed
 
 

@@ -20,8 +20,8 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
 ``decode-<B>-ctx<P>`` the same with long prompts: the per-context-token (attention read) term;
 ``mixed-<B>-<L>``     ``B`` decoders, then two prompts of ``L`` tokens arriving while they decode: steps
                       that carry prefill and decode together;
-``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, less where N of them would
-                      fill half the GPU cache; 64 output tokens), ``N``
+``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, 64 output tokens; less where
+                      N of them would fill more than half the GPU cache), ``N``
                       doubling from 2 up to ``ramp_max``: batched prefill and, at the top, the server's
                       maximum throughput (:func:`ramp_throughput` reads it per level).
 
@@ -72,14 +72,14 @@ class ServerLimits:
 
     @property
     def gpu_tokens(self) -> int:
-        return self.block_size * (self.num_gpu_blocks - 1)  # one block is vLLM's null block
+        return self.block_size * self.num_gpu_blocks
 
 
 @dataclass(frozen=True)
 class ProbeConfig:
     """How big a probe to plan. ``max_prompt`` caps the longest prompt (0: the server's limit);
     ``ramp_max`` the largest ramp level (0: ``2 x max_num_seqs``, at most 256; below ``ramp_min``: no
-    ramp); ``decode_max`` the largest decode batch (0: ``max_num_seqs``; the long-context batches stay
+    ramp, so ``ramp_max=1`` plans none); ``decode_max`` the largest decode batch (0: ``max_num_seqs``; the long-context batches stay
     within it); ``mixed`` the mixed phases; ``seed``/``tag`` make every prompt unique to this probe."""
 
     seed: int = 7
@@ -136,10 +136,12 @@ def ramp_levels(limits: ServerLimits, config: ProbeConfig) -> list[int]:
     return doubling(config.ramp_min, top) if top >= config.ramp_min else []
 
 
-def ramp_prompt(limits: ServerLimits, config: ProbeConfig, level: int = 1) -> int:
-    """The ramp's prompt: 512 tokens, less where ``level`` of them would fill half the cache (a ramp
-    that preempted itself would measure recomputation, not throughput)."""
-    return max(16, min(RAMP_PROMPT, longest_prompt(limits, config), limits.gpu_tokens // 2 // level - RAMP_OUTPUT))
+def ramp_request(limits: ServerLimits, config: ProbeConfig, level: int) -> tuple[int, int]:
+    """(prompt, output) of a ramp request: 512 + 64 tokens, less where ``level`` of them would fill
+    more than half the cache (a ramp that preempted itself would measure recomputation, not throughput)."""
+    share = limits.gpu_tokens // 2 // level
+    output = max(4, min(RAMP_OUTPUT, share // 4))
+    return max(16, min(RAMP_PROMPT, longest_prompt(limits, config), share - output)), output
 
 
 class _Builder:
@@ -187,13 +189,14 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
             b.add(f"decode-{batch}-ctx{context}", [unique(context, DECODE_OUTPUT) for _ in range(batch)])
     for batch in MIXED_BATCHES if config.mixed else ():
         for length in sorted({lengths[len(lengths) // 2], lengths[-1]}):
-            if batch + 2 > limits.max_num_seqs:
+            if batch + 2 > limits.max_num_seqs or batch > batches[-1]:
                 continue
             reqs = [unique(DECODE_PROMPT, MIXED_OUTPUT) for _ in range(batch)]
             reqs += [unique(length, TTFT_OUTPUT, arrival_us=t) for t in MIXED_ARRIVALS_US]
             b.add(f"mixed-{batch}-{length}", reqs)
     for level in ramp_levels(limits, config):
-        b.add(f"ramp-{level}", [unique(ramp_prompt(limits, config, level), RAMP_OUTPUT) for _ in range(level)])
+        prompt, output = ramp_request(limits, config, level)
+        b.add(f"ramp-{level}", [unique(prompt, output) for _ in range(level)])
     spec = WorkloadSpec.model_validate({**_PLACEHOLDER_SPEC, "seed": config.seed})
     return WorkloadPlan(seed=config.seed, spec=spec, phases=tuple(b.phases))
 

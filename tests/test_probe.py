@@ -1,0 +1,136 @@
+"""`blis probe`: its plan (bounded, covering lengths, batch sizes and the ramp) and its run against the real
+emulator HTTP server (limits read from /v1/models and vllm:cache_config_info, time budget, ramp throughput)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blis_sim.cli import main as blis_main
+from blis_sim.emulator import EmulatorConfig, FaultConfig, start_emulator
+from blis_sim.errors import ConfigError, ServerError
+from blis_sim.formats.trace import load_trace
+from blis_sim.probe import ProbeConfig, ProbeOptions, ServerLimits, probe_plan, read_limits, run_probe
+from blis_sim.probe.plan import max_in_flight
+
+H100 = ServerLimits(max_model_len=40960, block_size=16, num_gpu_blocks=17600, max_num_seqs=1024)
+# a small server: 8 sequences, 1024-token context, 256 blocks of 16 (4096 tokens)
+SMALL = dict(profile="zero", block_size=16, num_gpu_blocks=256, max_model_len=1024, max_num_seqs=8,
+             max_num_batched_tokens=2048)
+
+
+def names(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> list[str]:
+    return [p.name for p in probe_plan(limits, config).phases]
+
+
+def test_plan_covers_lengths_batches_mixed_steps_and_the_ramp() -> None:
+    plan = probe_plan(H100)
+    got = [p.name for p in plan.phases]
+    cold = sorted({int(n.split("-")[1]) for n in got if n.startswith("cold-")})
+    # doubling from 64 up to the longest the server takes within a quarter of its cache (whole blocks)
+    assert cold[:3] == [64, 128, 256] and cold[-1] == min(40960 - 36, 16 * 17600 // 4) // 16 * 16
+    decode = [int(n.split("-")[1]) for n in got if n.startswith("decode-") and "ctx" not in n]
+    assert decode == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]  # up to max_num_seqs
+    assert any("ctx" in n for n in got) and [n for n in got if n.startswith("mixed-")]
+    mixed = next(p for p in plan.phases if p.name.startswith("mixed-"))
+    assert {r.arrival_us for r in mixed.requests} == {0, 100_000, 300_000}  # prefills land mid-decode
+    assert [n for n in got if n.startswith("ramp-")] == [f"ramp-{n}" for n in (2, 4, 8, 16, 32, 64, 128, 256)]
+    # bounded: a few thousand requests at most, and a phase never exceeds max_num_seqs (+ the mixed prefills)
+    assert sum(len(p.requests) for p in plan.phases) < 3000 and max_in_flight(plan) <= 1024
+
+
+def test_plan_follows_the_server_and_the_caps() -> None:
+    small = ServerLimits(max_model_len=1024, block_size=16, num_gpu_blocks=256, max_num_seqs=8)
+    got = names(small)
+    assert max(int(n.split("-")[1]) for n in got if n.startswith("cold-")) == 976  # 1024 - 36, whole blocks
+    assert max(int(n.split("-")[1]) for n in got if n.startswith("decode-")) == 8
+    assert names(H100, ProbeConfig(max_prompt=2048, decode_max=16, ramp_max=32))[-1] == "ramp-32"
+    capped = names(H100, ProbeConfig(max_prompt=2048, decode_max=16, ramp_max=1, mixed=False))
+    assert not any(n.startswith(("ramp", "mixed")) for n in capped)
+    assert max(int(n.split("-")[1]) for n in capped if n.startswith("cold-")) == 2048
+    with pytest.raises(ConfigError, match="max_model_len"):
+        probe_plan(ServerLimits(max_model_len=64, block_size=16, num_gpu_blocks=256))
+    with pytest.raises(ConfigError, match="num_gpu_blocks"):
+        ServerLimits(max_model_len=64, block_size=16, num_gpu_blocks=0)
+
+
+def test_limits_come_from_the_server() -> None:
+    with start_emulator(EmulatorConfig(**SMALL)) as emu:  # type: ignore[arg-type]
+        limits = read_limits(emu.url, model="tiny-llama", max_num_seqs=8)
+        assert (limits.max_model_len, limits.block_size, limits.num_gpu_blocks, limits.max_num_seqs) == \
+            (1024, 16, 256, 8)
+        assert read_limits(emu.url, block_size=32).block_size == 32  # an override wins
+        with pytest.raises(ServerError, match="'nope' is not served"):
+            read_limits(emu.url, model="nope")
+
+
+def test_limits_the_server_does_not_give_must_be_passed() -> None:
+    with start_emulator(EmulatorConfig(**SMALL)) as emu:  # type: ignore[arg-type]
+        emu.set_faults(FaultConfig(metrics="http500"))  # /metrics fails: no cache_config_info
+        with pytest.raises(ConfigError, match="block_size.*--block-size"):
+            read_limits(emu.url)
+        assert read_limits(emu.url, block_size=16, num_gpu_blocks=256).max_model_len == 1024
+
+
+def _probe(emu: Any, budget: float, **config: Any) -> Any:
+    limits = read_limits(emu.url, max_num_seqs=8)
+    return run_probe(emu.url, limits, ProbeConfig(**config), ProbeOptions(model="tiny-llama", time_budget_s=budget,
+                                                                          progress=False))
+
+
+def test_a_probe_runs_every_phase_and_measures_the_ramp(tmp_path: Path) -> None:
+    from blis_sim.observe.run import write_result
+
+    with start_emulator(EmulatorConfig(**{**SMALL, "profile": "tiny-cpu"})) as emu:  # type: ignore[arg-type]
+        result = _probe(emu, 120.0, max_prompt=256, ramp_max=8)
+    trace = result.observed.trace
+    planned = probe_plan(result.limits, ProbeConfig(max_prompt=256, ramp_max=8))
+    assert len(trace.records) == sum(len(p.requests) for p in planned.phases)
+    assert all(r.status == "ok" for r in trace.records) and not result.observed.warnings
+    assert {r.phase for r in trace.records} == {p.name for p in planned.phases}
+    # the ramp: throughput per level, rising with the level on this server (batched prefill)
+    assert [r.level for r in result.ramp] == [2, 4, 8]
+    assert result.ramp[-1].rps > result.ramp[0].rps and result.max_rps == max(r.rps for r in result.ramp)
+    assert result.max_output_tps > 0
+    write_result(result.observed, tmp_path / "p.yaml", tmp_path / "p.csv")
+    assert len(load_trace(tmp_path / "p.yaml", tmp_path / "p.csv").records) == len(trace.records)
+
+
+def test_the_time_budget_skips_the_phases_left(tmp_path: Path) -> None:
+    with start_emulator(EmulatorConfig(**{**SMALL, "profile": "tiny-cpu"})) as emu:  # type: ignore[arg-type]
+        result = _probe(emu, 0.3)
+    planned = sum(len(p.requests) for p in probe_plan(result.limits).phases)
+    assert 0 < len(result.observed.trace.records) < planned
+    assert any("time budget of 0.3 s spent" in w and "phase(s) not run" in w for w in result.observed.warnings)
+    assert not result.observed.interrupted  # a budget is planned, not an interruption
+
+
+def test_cli_writes_the_trace_and_reports_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with start_emulator(EmulatorConfig(**SMALL)) as emu:  # type: ignore[arg-type]
+        code = blis_main(["probe", "--server-url", emu.url, "--model", "tiny-llama", "--trace-header",
+                          str(tmp_path / "p.yaml"), "--trace-data", str(tmp_path / "p.csv"), "--max-num-seqs", "8",
+                          "--max-prompt", "128", "--ramp-max", "4", "--time-budget", "1m"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "server limits: max_model_len 1024, block size 16, 256 GPU blocks" in err
+    assert "phase 3/" in err and "maximum throughput" in err and "next: blis fit" in err
+    assert load_trace(tmp_path / "p.yaml", tmp_path / "p.csv").records
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "m"], "--server-url is required"),
+    (["--server-url", "http://127.0.0.1:1", "--model", "m", "--trace-header", "a", "--trace-data", "b",
+      "--max-num-seqs", "0"], "--max-num-seqs must be > 0"),
+    (["--server-url", "http://127.0.0.1:1", "--model", "m", "--trace-header", "a", "--trace-data", "b",
+      "--time-budget", "soon"], "invalid duration"),
+])
+def test_cli_input_errors_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert blis_main(["probe", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_unreachable_server_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = blis_main(["probe", "--server-url", "http://127.0.0.1:9", "--model", "m", "--trace-header",
+                      str(tmp_path / "a.yaml"), "--trace-data", str(tmp_path / "a.csv")])
+    assert code == 3 and "/v1/models" in capsys.readouterr().err
