@@ -1,0 +1,151 @@
+"""Latency-model fidelity outside the probe's regime, on the emulator's non-linear profile (issue 12).
+
+Run:  python benchmarks/bench_latency_fidelity.py [--requests N] [--budget S] [--out DIR]
+
+1. Serve the emulator (a separate process) with ``h100-14b-roofline``: steps are ``overhead + max(compute,
+   memory)`` with attention quadratic in the context, outside the simulator's linear family, so the fit
+   cannot recover what the emulator was given.
+2. Probe it with `blis probe` (blis_sim.probe: prompts 64..4096, decode batches 1..256, mixed steps, a ramp
+   to 256 concurrent requests) and fit the simulator's linear model on the probe only (blis_sim.engine.fit).
+3. Validate on traces the fit never saw: two prompt mixes, the probe's median prompt and 4x it, each at four
+   open-loop Poisson loads (0.25, 0.5, 0.75 of the mix's capacity, and 1.5x: saturated). The capacity of a
+   mix is estimated from the probe's ramp, scaled by tokens per request (prefill-heavy steps are compute-
+   bound, so tokens/s is about constant). Each trace is replayed with the fitted model and calibrated.
+
+Prints one row per trace: mix, load, TTFT MAPE, E2E MAPE, observed and predicted throughput (req/s, output
+tok/s) and whether calibrate found the window saturated. Targets (issue 12): TTFT MAPE <= 15 % at every
+unsaturated load; at saturation, the maximum throughput within 5 % (TTFT MAPE reported). Ends with wall
+time, peak RSS and the load average. The emulator runs in real time: ~3-5 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from blis_sim.calibrate import calibrate
+from blis_sim.emulator import EmulatorConfig, spawn_emulator
+from blis_sim.engine import EngineOptions, fit, replay_outcome
+from blis_sim.formats.workload import WorkloadSpec
+from blis_sim.observe.run import ObserveOptions, observe, write_result
+from blis_sim.probe import ProbeConfig, ProbeOptions, read_limits, run_probe
+
+PROFILE = "h100-14b-roofline"
+MAX_NUM_SEQS, MAX_BATCHED = 1024, 8192
+LOADS = (0.25, 0.5, 0.75, 1.5)
+OUTPUT = 64
+TTFT_TARGET, CAPACITY_TARGET = 0.15, 0.05
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def spec(prompt: int, rate: float, n: int, seed: int) -> WorkloadSpec:
+    client = {"id": "v", "rate_fraction": 1, "streaming": True, "arrival": {"process": "poisson"},
+              "input_distribution": {"type": "constant", "params": {"value": prompt}},
+              "output_distribution": {"type": "constant", "params": {"value": OUTPUT}}}
+    return WorkloadSpec.model_validate({"version": "2", "seed": seed, "aggregate_rate": rate, "num_requests": n,
+                                        "clients": [client]})
+
+
+def engine_options(limits: Any, latency: Any = None) -> EngineOptions:
+    extra = {"latency": latency.to_step_model(), "latency_source": "probe fit"} if latency is not None else {}
+    return EngineOptions(block_size=limits.block_size, num_gpu_blocks=limits.num_gpu_blocks,
+                         max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED, **extra)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=100, help="requests per validation trace (default 100)")
+    ap.add_argument("--budget", type=float, default=150.0, help="probe time budget, s (default 150)")
+    ap.add_argument("--out", default="", help="keep the traces and reports here (default: a temp dir)")
+    args = ap.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-fidelity-"))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    print(f"profile {PROFILE}; load average at start {load_average()}; artifacts in {out}", flush=True)
+    with spawn_emulator(EmulatorConfig(profile=PROFILE, max_num_seqs=MAX_NUM_SEQS,
+                                       max_num_batched_tokens=MAX_BATCHED)) as emu:
+        limits = read_limits(emu.url, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED)
+        probe = run_probe(emu.url, limits, ProbeConfig(max_prompt=4096, decode_max=256, ramp_max=256),
+                          ProbeOptions(model="tiny-llama", time_budget_s=args.budget, progress=False))
+        write_result(probe.observed, out / "probe.yaml", out / "probe.csv")
+        t_probe = time.perf_counter() - t0
+        prompts = [r.input_tokens for r in probe.observed.trace.records if not r.phase.startswith("warmup")]
+        median = int(statistics.median(prompts))
+        ramp_top = max(probe.ramp, key=lambda r: r.rps)
+        ramp_tokens = ramp_top.output_tps / ramp_top.rps * (1 + 512 / OUTPUT)  # prompt + output per request
+        print(f"probe: {len(probe.observed.trace.records)} requests in {t_probe:.0f} s; median prompt {median}; "
+              f"max throughput {probe.max_rps:.2f} req/s {probe.max_output_tps:.0f} output tok/s "
+              f"(ramp {ramp_top.level}); warnings: {probe.observed.warnings or 'none'}", flush=True)
+        t1 = time.perf_counter()
+        coeffs = fit(probe.observed.trace, engine_options(limits), name="probe")
+        (out / "latency.json").write_text(coeffs.model_dump_json(indent=2) + "\n")
+        s = coeffs.step
+        print(f"fit ({time.perf_counter() - t1:.1f} s): base {s.base_us:.0f} us, prefill {s.per_prefill_token_us:.2f} "
+              f"us/token, decode {s.per_decode_seq_us:.2f} us/seq, context {s.per_context_token_us:.4f} us/token, "
+              f"attention {s.per_prefill_attention_us:.5f} us/pair, frontend {coeffs.frontend.base_us:.0f} + "
+              f"{coeffs.frontend.per_inflight_us:.1f}/in-flight us; its own TTFT MAPE "
+              f"{coeffs.fit.ttft_mape * 100 if coeffs.fit else float('nan'):.1f} %", flush=True)
+        rows = []
+        for mix, prompt in (("probe median", median), ("4x median", 4 * median)):
+            capacity = ramp_top.rps * ramp_tokens / (prompt + OUTPUT)
+            for k, load in enumerate(LOADS):
+                rate = load * capacity
+                name = f"{prompt}-{load}"
+                result = observe(emu.url, spec(prompt, rate, args.requests, seed=100 + k),
+                                 ObserveOptions(model="tiny-llama", max_concurrency=MAX_NUM_SEQS, progress=False))
+                write_result(result, out / f"{name}.yaml", out / f"{name}.csv")
+                replay = replay_outcome(result.trace, engine_options(limits, coeffs))
+                report = calibrate(result.trace, replay.results, replay.metrics())
+                c = report.capacity
+                row = (mix, prompt, load, rate, report.metrics["ttft"].request_level.mape,
+                       report.metrics["e2e"].request_level.mape, c, load_average())
+                rows.append(row)
+                print(format_row(row), flush=True)
+    print()
+    print(header())
+    for row in rows:
+        print(format_row(row))
+    failures = check(rows)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\nwall {time.perf_counter() - t0:.0f} s, peak RSS {rss:.0f} MiB (this process), load average "
+          f"{load_average()}")
+    print("targets met" if not failures else "targets missed: " + "; ".join(failures))
+    return 0 if not failures else 1
+
+
+def header() -> str:
+    return (f"{'mix':<13} {'prompt':>6} {'load':>5} {'req/s in':>8} {'TTFT MAPE':>9} {'E2E MAPE':>8}  "
+            f"{'obs req/s':>9} {'sim req/s':>9} {'obs tok/s':>9} {'sim tok/s':>9} {'saturated':>9}  load avg")
+
+
+def format_row(row: tuple[Any, ...]) -> str:
+    mix, prompt, load, rate, ttft, e2e, c, la = row
+    cap = (f"{c.real_rps:>9.2f} {c.sim_rps:>9.2f} {c.real_output_tps:>9.0f} {c.sim_output_tps:>9.0f} "
+           f"{str(c.saturated):>9}") if c is not None else f"{'-':>9} " * 5
+    return f"{mix:<13} {prompt:>6} {load:>5} {rate:>8.2f} {ttft * 100:>8.1f}% {e2e * 100:>7.1f}%  {cap}  {la}"
+
+
+def check(rows: list[tuple[Any, ...]]) -> list[str]:
+    failures = []
+    for mix, prompt, load, _rate, ttft, _e2e, c, _la in rows:
+        where = f"{mix} at {load}"
+        if c is not None and c.saturated:
+            if c.rps_error > CAPACITY_TARGET or c.output_tps_error > CAPACITY_TARGET:
+                failures.append(f"{where}: throughput off by {c.rps_error * 100:.1f} % (req/s), "
+                                f"{c.output_tps_error * 100:.1f} % (tok/s)")
+        elif ttft > TTFT_TARGET:
+            failures.append(f"{where}: TTFT MAPE {ttft * 100:.1f} %")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
