@@ -7,10 +7,11 @@ Run:  python benchmarks/bench_latency_fidelity.py [--requests N] [--budget S] [-
    cannot recover what the emulator was given.
 2. Probe it with `blis probe` (blis_sim.probe: prompts 64..4096, decode batches 1..256, mixed steps, a ramp
    to 256 concurrent requests) and fit the simulator's linear model on the probe only (blis_sim.engine.fit).
-3. Validate on traces the fit never saw: two prompt mixes, the probe's median prompt and 4x it, each at four
-   open-loop Poisson loads (0.25, 0.5, 0.75 of the mix's capacity, and 1.5x: saturated). The capacity of a
-   mix is estimated from the probe's ramp, scaled by tokens per request (prefill-heavy steps are compute-
-   bound, so tokens/s is about constant). Each trace is replayed with the fitted model and calibrated.
+3. Validate on traces the fit never saw: two prompt mixes (64 output tokens), the probe's median prompt
+   length (the median of its single-request lengths, 64..4096: 512) and 4x it (2048). Per mix, first a
+   burst of ``--requests`` sent at once (saturated: it measures the mix's maximum throughput), then four
+   open-loop Poisson loads at 0.25, 0.5, 0.75 and 1.5x that throughput (the last saturated). Each trace is
+   replayed with the fitted model (the server's scheduler and KV settings) and calibrated.
 
 Prints one row per trace: mix, load, TTFT MAPE, E2E MAPE, observed and predicted throughput (req/s, output
 tok/s) and whether calibrate found the window saturated. Targets (issue 12): TTFT MAPE <= 15 % at every
@@ -55,6 +56,15 @@ def spec(prompt: int, rate: float, n: int, seed: int) -> WorkloadSpec:
                                         "clients": [client]})
 
 
+def burst(prompt: int, n: int, seed: int) -> WorkloadSpec:
+    """``n`` requests sent at once: a queue from the start, the mix's maximum throughput."""
+    client = {"id": "v", "rate_fraction": 1, "streaming": True, "arrival": {"process": "constant"},
+              "input_distribution": {"type": "constant", "params": {"value": prompt}},
+              "output_distribution": {"type": "constant", "params": {"value": OUTPUT}}}
+    return WorkloadSpec.model_validate({"version": "2", "seed": seed, "aggregate_rate": 1e6, "num_requests": n,
+                                        "clients": [client]})
+
+
 def engine_options(limits: Any, latency: Any = None) -> EngineOptions:
     extra = {"latency": latency.to_step_model(), "latency_source": "probe fit"} if latency is not None else {}
     return EngineOptions(block_size=limits.block_size, num_gpu_blocks=limits.num_gpu_blocks,
@@ -78,10 +88,10 @@ def main() -> int:
                           ProbeOptions(model="tiny-llama", time_budget_s=args.budget, progress=False))
         write_result(probe.observed, out / "probe.yaml", out / "probe.csv")
         t_probe = time.perf_counter() - t0
-        prompts = [r.input_tokens for r in probe.observed.trace.records if not r.phase.startswith("warmup")]
-        median = int(statistics.median(prompts))
+        lengths = {int(p.split("-")[1]) for p in {r.phase for r in probe.observed.trace.records}
+                   if p.startswith("cold-")}
+        median = int(statistics.median_low(sorted(lengths)))
         ramp_top = max(probe.ramp, key=lambda r: r.rps)
-        ramp_tokens = ramp_top.output_tps / ramp_top.rps * (1 + 512 / OUTPUT)  # prompt + output per request
         print(f"probe: {len(probe.observed.trace.records)} requests in {t_probe:.0f} s; median prompt {median}; "
               f"max throughput {probe.max_rps:.2f} req/s {probe.max_output_tps:.0f} output tok/s "
               f"(ramp {ramp_top.level}); warnings: {probe.observed.warnings or 'none'}", flush=True)
@@ -96,16 +106,20 @@ def main() -> int:
               f"{coeffs.fit.ttft_mape * 100 if coeffs.fit else float('nan'):.1f} %", flush=True)
         rows = []
         for mix, prompt in (("probe median", median), ("4x median", 4 * median)):
-            capacity = ramp_top.rps * ramp_tokens / (prompt + OUTPUT)
-            for k, load in enumerate(LOADS):
-                rate = load * capacity
+            capacity = 0.0
+            for k, load in enumerate(("burst", *LOADS)):
+                rate = 0.0 if load == "burst" else load * capacity  # type: ignore[operator]
                 name = f"{prompt}-{load}"
-                result = observe(emu.url, spec(prompt, rate, args.requests, seed=100 + k),
+                workload = burst(prompt, args.requests, 100 + k) if load == "burst" else \
+                    spec(prompt, rate, args.requests, seed=100 + k)
+                result = observe(emu.url, workload,
                                  ObserveOptions(model="tiny-llama", max_concurrency=MAX_NUM_SEQS, progress=False))
                 write_result(result, out / f"{name}.yaml", out / f"{name}.csv")
                 replay = replay_outcome(result.trace, engine_options(limits, coeffs))
                 report = calibrate(result.trace, replay.results, replay.metrics())
                 c = report.capacity
+                if load == "burst" and c is not None:
+                    capacity = c.real_rps
                 row = (mix, prompt, load, rate, report.metrics["ttft"].request_level.mape,
                        report.metrics["e2e"].request_level.mape, c, load_average())
                 rows.append(row)
@@ -131,7 +145,7 @@ def format_row(row: tuple[Any, ...]) -> str:
     mix, prompt, load, rate, ttft, e2e, c, la = row
     cap = (f"{c.real_rps:>9.2f} {c.sim_rps:>9.2f} {c.real_output_tps:>9.0f} {c.sim_output_tps:>9.0f} "
            f"{str(c.saturated):>9}") if c is not None else f"{'-':>9} " * 5
-    return f"{mix:<13} {prompt:>6} {load:>5} {rate:>8.2f} {ttft * 100:>8.1f}% {e2e * 100:>7.1f}%  {cap}  {la}"
+    return f"{mix:<13} {prompt:>6} {load:>5} {rate or float('inf'):>8.2f} {ttft * 100:>8.1f}% {e2e * 100:>7.1f}%  {cap}  {la}"
 
 
 def check(rows: list[tuple[Any, ...]]) -> list[str]:

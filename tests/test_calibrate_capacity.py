@@ -1,12 +1,11 @@
 """Capacity fidelity in calibrate: throughput against throughput, judged only where the window is saturated."""
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import pytest
 
-from blis_sim.calibrate.capacity import MIN_REQUESTS, capacity_comparison, is_saturated
+from blis_sim.calibrate.capacity import MIN_REQUESTS, backlog, capacity_comparison, is_saturated
 from blis_sim.calibrate.verdict import render_table
 from blis_sim.formats.report import CalibrationReport, TraceInfo
 
@@ -19,9 +18,11 @@ def pairs(n: int, *, gap_us: float, service_us: float, sim_service_us: float, bu
     real_free = sim_free = 1_000_000.0
     for i in range(n):
         send = 1_000_000.0 + (0 if burst else i * gap_us)
-        real_free = max(real_free, send) + service_us
+        start = max(real_free, send)  # one at a time: the first token comes when its service starts
+        real_free = start + service_us
         sim_free = max(sim_free, send) + sim_service_us
         rec = SimpleNamespace(request_id=i, status="ok", send_time_us=send, arrival_time_us=send,
+                              first_content_time_us=start + 1000, first_chunk_time_us=start + 1000,
                               last_chunk_time_us=real_free, output_tokens=output)
         out.append((rec, SimpleNamespace(request_id=i, e2e_us=sim_free - send, output_tokens=output)))
     return out
@@ -36,6 +37,7 @@ def report_with(capacity: object) -> CalibrationReport:
 def test_a_burst_is_saturated_and_a_faithful_model_passes() -> None:
     c = capacity_comparison(pairs(40, gap_us=0, service_us=50_000, sim_service_us=51_000, burst=True))
     assert c is not None and c.saturated and c.arrival_rps is None  # all sent at once
+    assert c.backlog == 40  # every request still waits for its first token when the last is sent
     assert c.real_rps == pytest.approx(20.0) and c.sim_rps == pytest.approx(20 / 1.02, rel=1e-6)
     assert c.real_output_tps == pytest.approx(200.0)
     assert c.rps_error < 0.05 and c.within is True
@@ -48,6 +50,7 @@ def test_a_slow_model_at_saturation_fails_the_verdict() -> None:
     # arrivals at 40 req/s into a 20 req/s server: the queue grows; the sim serves 15 % slower
     c = capacity_comparison(pairs(60, gap_us=25_000, service_us=50_000, sim_service_us=57_500))
     assert c is not None and c.saturated and c.arrival_rps == pytest.approx(40.0)
+    assert c.backlog >= 20  # the queue grew with the arrivals
     assert c.rps_error == pytest.approx(0.13, abs=0.01) and c.within is False
     report = report_with(c)
     assert not report.passed
@@ -59,18 +62,24 @@ def test_below_saturation_throughput_is_reported_not_judged() -> None:
     # 10 req/s into a 20 req/s server: both sides serve the arrivals; even a 2x slower model
     # (still faster than the arrivals) shows the same throughput, so there is nothing to judge
     c = capacity_comparison(pairs(60, gap_us=100_000, service_us=50_000, sim_service_us=90_000))
-    assert c is not None and not c.saturated and c.within is None
+    assert c is not None and not c.saturated and c.within is None and c.backlog == 1  # the last request itself
     assert c.rps_error < 0.05
     assert report_with(c).verdicts() == []
 
 
 def test_too_few_requests_are_never_saturated() -> None:
     few = pairs(MIN_REQUESTS - 1, gap_us=0, service_us=50_000, sim_service_us=50_000, burst=True)
-    sends = [r.send_time_us for r, _ in few]
-    done = [r.last_chunk_time_us for r, _ in few]
-    saturated, arrival, served = is_saturated(sends, done)
-    assert not saturated and math.isinf(arrival) and served == pytest.approx(20.0)
+    waiting = backlog([r.send_time_us for r, _ in few], [r.first_content_time_us for r, _ in few])
+    assert waiting == MIN_REQUESTS - 1 and not is_saturated(len(few), waiting)
+    assert is_saturated(MIN_REQUESTS, waiting)
+    c = capacity_comparison(few)
+    assert c is not None and not c.saturated and c.within is None
     assert capacity_comparison(few[:1]) is None
+
+
+def test_a_small_backlog_is_bunching_not_saturation() -> None:
+    # 100 requests, 4 still waiting at the last send: Poisson bunching below capacity, not a growing queue
+    assert not is_saturated(100, 4) and not is_saturated(100, 9) and is_saturated(100, 10)
 
 
 def test_failed_and_warm_up_rows_do_not_count() -> None:

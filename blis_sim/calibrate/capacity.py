@@ -4,7 +4,8 @@ API::
 
     capacity_comparison(matched_records, tolerance=0.05) -> CapacityComparison | None
     window_throughput(sends_us, completions_us, output_tokens) -> Throughput
-    is_saturated(sends_us, completions_us) -> (saturated, arrival_rps, served_rps)
+    backlog(sends_us, first_tokens_us) -> int       requests still waiting for a first token at the last send
+    is_saturated(n, backlog) -> bool
 
 At saturation a request's TTFT is queueing, so a model whose maximum throughput is a few per cent low
 predicts an unbounded queue. The comparison runs over the matched requests (warm-up excluded), both
@@ -14,13 +15,16 @@ sides from the same start (the first send):
   request's completion is its last chunk;
 * **predicted**: the same requests, each completing at its send time plus its *simulated* E2E.
 
-**Saturation** (when throughput is the server's maximum rather than the offered load): the requests
-arrived faster than the server served them, so a queue grew through the window. The arrival rate is
-``(n - 1) / (last send - first send)`` (infinite for a burst), the served rate ``n / (last completion -
-first send)``; the window is saturated when arrival >= ``SATURATION_RATIO`` x served and it holds at
-least ``MIN_REQUESTS`` requests. Only then is there a verdict: predicted request throughput *and*
-output-token throughput each within ``tolerance`` (relative) of the observed. Below saturation the
-throughput follows the arrivals on both sides whatever the model's speed, so it is reported, not judged.
+**Saturation** (when throughput is the server's maximum rather than the offered load): the server fell
+behind the arrivals, so requests queued through the window. When the window's last request was sent, its
+*backlog* (requests sent but still waiting for their first token) was at least ``SATURATION_BACKLOG`` of
+the window's requests (and at least ``MIN_BACKLOG``), and the window holds at least ``MIN_REQUESTS``
+requests. A burst is saturated (every request waits); an open-loop load past the capacity is (the queue
+grows with every arrival); a load below it is not, whatever the Poisson bunching (a queue of one or two
+drains between arrivals). Only then is there a verdict: predicted request throughput *and* output-token
+throughput each within ``tolerance`` (relative) of the observed. Below saturation the throughput follows
+the arrivals on both sides whatever the model's speed, so it is reported, not judged. The arrival rate
+``(n - 1) / send span`` and the served rate ``n / (last completion - first send)`` are reported beside it.
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ from typing import Any
 from blis_sim.formats.report import CapacityComparison
 
 DEFAULT_CAPACITY_TOLERANCE = 0.05
-SATURATION_RATIO = 1.1   # arrivals at least 10 % faster than completions: the queue grew
-MIN_REQUESTS = 20        # fewer is a few steps, not a throughput
+SATURATION_BACKLOG = 0.10  # of the window's requests, still waiting for a first token at the last send
+MIN_BACKLOG = 5
+MIN_REQUESTS = 20          # fewer is a few steps, not a throughput
 
 
 @dataclass(frozen=True)
@@ -59,15 +64,19 @@ def window_throughput(sends_us: Sequence[float], completions_us: Sequence[float]
     return Throughput(len(sends_us), int(sum(output_tokens)), (max(completions_us) - min(sends_us)) / 1e6)
 
 
-def is_saturated(sends_us: Sequence[float], completions_us: Sequence[float]) -> tuple[bool, float, float]:
-    """(saturated, arrival rate, served rate), rates in requests/s (see the module docstring)."""
-    n = len(sends_us)
-    if n < 2:
-        return False, math.nan, math.nan
-    send_span = (max(sends_us) - min(sends_us)) / 1e6
-    arrival = (n - 1) / send_span if send_span > 0 else math.inf
-    served = window_throughput(sends_us, completions_us, [0] * n).rps
-    return (n >= MIN_REQUESTS and arrival >= SATURATION_RATIO * served), arrival, served
+def backlog(sends_us: Sequence[float], first_tokens_us: Sequence[float]) -> int:
+    """Requests sent but still waiting for their first token when the last one was sent."""
+    last = max(sends_us, default=0.0)
+    return sum(1 for first in first_tokens_us if first > last)
+
+
+def is_saturated(requests: int, waiting: int) -> bool:
+    """The module docstring's rule: enough requests, and a backlog that grew with the arrivals."""
+    return requests >= MIN_REQUESTS and waiting >= max(MIN_BACKLOG, SATURATION_BACKLOG * requests)
+
+
+def _rate(count: int, span_s: float) -> float:
+    return count / span_s if span_s > 0 else math.inf
 
 
 def _send_us(rec: Any) -> float:
@@ -86,12 +95,16 @@ def capacity_comparison(matched_records: Sequence[tuple[Any, Any]],
     sim_done = [s + float(sr.e2e_us) for s, (_, sr) in zip(sends, pairs)]
     real = window_throughput(sends, real_done, [rec.output_tokens for rec, _ in pairs])
     sim = window_throughput(sends, sim_done, [sr.output_tokens for _, sr in pairs])
-    saturated, arrival, served = is_saturated(sends, real_done)
+    first = [float(rec.first_content_time_us or rec.first_chunk_time_us or rec.last_chunk_time_us)
+             for rec, _ in pairs]
+    waiting = backlog(sends, first)
+    saturated = is_saturated(len(pairs), waiting)
+    arrival = _rate(len(sends) - 1, (max(sends) - min(sends)) / 1e6)
     rps_error = abs(sim.rps - real.rps) / real.rps if real.rps > 0 else math.inf
     tps_error = abs(sim.output_tps - real.output_tps) / real.output_tps if real.output_tps > 0 else math.inf
     within = (rps_error <= tolerance and tps_error <= tolerance) if saturated else None
     return CapacityComparison(
-        requests=real.requests, window_s=real.seconds, arrival_rps=arrival if math.isfinite(arrival) else None, served_rps=served,
-        saturated=saturated, real_rps=real.rps, sim_rps=sim.rps, rps_error=rps_error,
+        requests=real.requests, window_s=real.seconds, arrival_rps=arrival if math.isfinite(arrival) else None,
+        served_rps=real.rps, backlog=waiting, saturated=saturated, real_rps=real.rps, sim_rps=sim.rps, rps_error=rps_error,
         real_output_tps=real.output_tps, sim_output_tps=sim.output_tps, output_tps_error=tps_error,
         tolerance=tolerance, within=within)

@@ -172,8 +172,9 @@ class CapacityComparison(_Model):
     requests: int
     window_s: float  # last completion - first send, observed
     arrival_rps: float | None  # (n - 1) / send span; None for a burst (all sent at once)
-    served_rps: float
-    saturated: bool  # arrival_rps >= 1.1 x served_rps and requests >= 20
+    served_rps: float  # requests / window_s
+    backlog: int  # requests still waiting for their first token when the last one was sent
+    saturated: bool  # requests >= 20 and backlog >= max(5, 10 % of requests)
     real_rps: float
     sim_rps: float
     rps_error: float  # |sim - real| / real
