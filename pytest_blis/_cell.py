@@ -200,7 +200,9 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
                        (ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim")):
         _allure.attach_file(request.config, path, name)
 
-    rows: list[VerdictRow] = [r for r in report.verdicts() if spec.expect.check_ttft or r.unit != "mape"]
+    # the capacity verdicts (unit "rate") are latency verdicts too: judged only with check_ttft
+    rows: list[VerdictRow] = [r for r in report.verdicts()
+                              if spec.expect.check_ttft or r.unit not in ("mape", "rate")]
     problem = path_problem(spec.expect.path, trace)
     notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
