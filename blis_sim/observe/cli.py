@@ -40,6 +40,23 @@ def parse_duration(text: str) -> float:
     return total
 
 
+TARGET_FLAGS = ("server_url", "model", "trace_header", "trace_data")
+
+
+def add_target_flags(p: argparse.ArgumentParser) -> None:
+    """The four required flags `blis observe` and `blis probe` share: where to send, what to write."""
+    p.add_argument("--server-url", default="", help="server base URL, e.g. http://127.0.0.1:8000 (required)")
+    p.add_argument("--model", default="", help="model name sent in every request (required)")
+    p.add_argument("--trace-header", default="", help="where to write the TraceV2 header YAML (required)")
+    p.add_argument("--trace-data", default="", help="where to write the TraceV2 data CSV (required)")
+
+
+def require(args: argparse.Namespace, names: tuple[str, ...] = TARGET_FLAGS) -> None:
+    for name in names:
+        if not getattr(args, name):
+            raise UsageError(f"--{name.replace('_', '-')} is required")
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "observe", help="dispatch a workload to a vLLM server and record a TraceV2 (+ KV counter window)",
@@ -47,11 +64,8 @@ def register(subparsers: Any) -> None:
                     "TraceV2 (header YAML + data CSV) and, with --scrape-kv-metrics, the server's KV hit-rates "
                     "over the measured window. Exit 0 written, 2 bad input, 3 no request succeeded, 130 "
                     "interrupted (partial trace written).")
+    add_target_flags(p)
     a = p.add_argument
-    a("--server-url", default="", help="server base URL, e.g. http://127.0.0.1:8000 (required)")
-    a("--model", default="", help="model name sent in every request (required)")
-    a("--trace-header", default="", help="where to write the TraceV2 header YAML (required)")
-    a("--trace-data", default="", help="where to write the TraceV2 data CSV (required)")
     a("--workload-spec", default="", help="workload spec YAML (reference v2, plus our phases)")
     a("--workload", default="", help="a reference preset name (not supported: use --workload-spec)")
     a("--rate", type=float, default=0.0, help="synthesise one client at this rate, req/s (reference §2.3)")
@@ -94,9 +108,7 @@ def register(subparsers: Any) -> None:
 
 
 def _check_required(args: argparse.Namespace) -> None:
-    for name in ("server_url", "model", "trace_header", "trace_data"):
-        if not getattr(args, name):
-            raise UsageError(f"--{name.replace('_', '-')} is required")
+    require(args)
     if args.workload:
         if args.workload_spec:
             raise UsageError("--workload and --workload-spec are mutually exclusive")

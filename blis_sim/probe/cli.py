@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError
+from blis_sim.observe.cli import add_target_flags, require
 
 
 def register(subparsers: Any) -> None:
@@ -22,11 +23,8 @@ def register(subparsers: Any) -> None:
                     "prompt lengths, closed-loop decode batches up to max-num-seqs, mixed prefill+decode steps "
                     "and a ramp to saturation (maximum req/s and output tok/s). Writes a TraceV2 for "
                     "`blis fit`. Exit 0 written, 2 bad input, 3 server error, 130 interrupted.")
+    add_target_flags(p)
     a = p.add_argument
-    a("--server-url", default="", help="server base URL (required)")
-    a("--model", default="", help="model name sent in every request (required)")
-    a("--trace-header", default="", help="where to write the TraceV2 header YAML (required)")
-    a("--trace-data", default="", help="where to write the TraceV2 data CSV (required)")
     a("--time-budget", default="300s", help="stop starting phases after this long, a Go duration (default 300s)")
     a("--max-num-seqs", type=int, default=256, help="the server's --max-num-seqs (vLLM does not publish it; "
                                                     "default 256, vLLM's)")
@@ -47,9 +45,7 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("server_url", "model", "trace_header", "trace_data"):
-        if not getattr(args, name):
-            raise UsageError(f"--{name.replace('_', '-')} is required")
+    require(args)
     for name in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
