@@ -10,8 +10,9 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
 
 ``warmup-<k>``        two short requests outside the fitted window (a fresh server's first request pays
                       one-off costs: connections, lazy imports, allocator growth);
-``cold-<L>-<k>``      unique prompts of each length ``L`` (64, 128, 256, ... doubling, then the longest the
-                      server takes), sent alone: per-step base, per-prefill-token and attention terms;
+``cold-<L>-<k>``      unique prompts of an ``L``-token prefix + 32 tokens, ``L`` = 64, 128, 256, ... doubling,
+                      then the longest the server takes, sent alone: per-step base, per-prefill-token and
+                      attention terms;
 ``seed-<L>``, ``cached-<L>-<k>``  one prompt whose prefix the next two repeat with new suffixes: what a
                       cached prefix saves against the per-request (frontend) time that stays;
 ``decode-<B>``        ``B`` concurrent short prompts with long outputs, ``B`` = 1, 2, 4, ... up to
@@ -79,8 +80,9 @@ class ServerLimits:
 class ProbeConfig:
     """How big a probe to plan. ``max_prompt`` caps the longest prompt (0: the server's limit);
     ``ramp_max`` the largest ramp level (0: ``2 x max_num_seqs``, at most 256; below ``ramp_min``: no
-    ramp, so ``ramp_max=1`` plans none); ``decode_max`` the largest decode batch (0: ``max_num_seqs``; the long-context batches stay
-    within it); ``mixed`` the mixed phases; ``seed``/``tag`` make every prompt unique to this probe."""
+    ramp, so ``ramp_max=1`` plans none); ``decode_max`` the largest decode batch (0: ``max_num_seqs``;
+    the long-context and mixed batches stay within it); ``mixed`` the mixed phases; ``seed``/``tag``
+    make every prompt unique to this probe."""
 
     seed: int = 7
     tag: str = "probe"
@@ -180,10 +182,10 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
         b.add(f"seed-{length}", [group])
         for k in range(CACHED_REPEATS):
             b.add(f"cached-{length}-{k}", [group])
-    for batch in decode_batches(limits, config):
+    batches = decode_batches(limits, config)
+    for batch in batches:
         b.add(f"decode-{batch}", [unique(DECODE_PROMPT, DECODE_OUTPUT) for _ in range(batch)])
     context = min(2048, lengths[-1])
-    batches = decode_batches(limits, config)
     for batch in CONTEXT_BATCHES:
         if batch <= batches[-1] and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
             b.add(f"decode-{batch}-ctx{context}", [unique(context, DECODE_OUTPUT) for _ in range(batch)])
