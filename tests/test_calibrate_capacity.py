@@ -1,7 +1,9 @@
 """Capacity fidelity in calibrate: throughput against throughput, judged only where the window is saturated."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -94,3 +96,59 @@ def test_the_blis_compatible_view_drops_the_capacity_block() -> None:
 
     c = capacity_comparison(pairs(40, gap_us=0, service_us=50_000, sim_service_us=50_000, burst=True))
     assert report_with(c).capacity is not None and reference_view(report_with(c)).capacity is None
+
+
+@pytest.fixture(scope="module")
+def burst_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Any]]:
+    """30 requests sent at once to the real emulator (h100-14b: steps of >= 10 ms, so every request is
+    still waiting for its first token when the last is sent)."""
+    from blis_sim.emulator import EmulatorConfig, start_emulator
+    from blis_sim.formats.workload import WorkloadSpec
+    from blis_sim.observe.run import ObserveOptions, observe, write_result
+
+    client = {"id": "b", "rate_fraction": 1, "streaming": True, "arrival": {"process": "constant"},
+              "input_distribution": {"type": "constant", "params": {"value": 256}},
+              "output_distribution": {"type": "constant", "params": {"value": 8}}}
+    spec = WorkloadSpec.model_validate({"version": "2", "seed": 3, "aggregate_rate": 1e6, "num_requests": 30,
+                                        "clients": [client]})
+    with start_emulator(EmulatorConfig(profile="h100-14b", block_size=16, num_gpu_blocks=2048)) as emu:
+        result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=64, progress=False))
+    d = tmp_path_factory.mktemp("burst")
+    write_result(result, d / "t.yaml", d / "t.csv")
+    return d / "t.yaml", d / "t.csv", result.trace.records
+
+
+def _sim_file(path: Path, records: list[Any], slowdown: float) -> Path:
+    """Simulated results that reproduce the observed latencies, stretched by ``slowdown``."""
+    from blis_sim.formats.results import SimResult, write_sim_results
+
+    results = [SimResult(request_id=r.request_id, ttft_us=(r.first_content_time_us - r.send_time_us) * slowdown,
+                         e2e_us=(r.last_chunk_time_us - r.send_time_us) * slowdown, input_tokens=r.input_tokens,
+                         output_tokens=r.output_tokens) for r in records]
+    write_sim_results(results, path)
+    return path
+
+
+@pytest.mark.parametrize("slowdown,code", [(1.0, 0), (1.3, 1)])
+def test_cli_judges_the_capacity_of_a_saturated_window(burst_trace: tuple[Path, Path, list[Any]], tmp_path: Path,
+                                                      slowdown: float, code: int,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from blis_sim.cli import main as blis_main
+
+    header, data, records = burst_trace
+    sim = _sim_file(tmp_path / "sim.json", records, slowdown)
+    argv = ["calibrate", "--trace-header", str(header), "--trace-data", str(data), "--sim-results", str(sim),
+            "--report", str(tmp_path / "r.json"), "--ttft-mape-threshold", "1"]  # judge capacity alone
+    assert blis_main(argv) == code
+    err = capsys.readouterr().err
+    report = json.loads((tmp_path / "r.json").read_text())
+    c = report["capacity"]
+    assert c["saturated"] and c["backlog"] >= 20 and c["requests"] == 30
+    assert "Throughput (saturated, 30 requests" in err
+    if code:
+        assert c["within"] is False and c["rps_error"] > 0.2
+        assert {"capacity[req/s]", "capacity[output tok/s]"} <= set(report["verdict"]["failed"])
+    else:
+        assert c["within"] is True and c["rps_error"] < 1e-9 and report["verdict"]["passed"]
