@@ -97,6 +97,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=100, help="requests per validation trace (default 100)")
     ap.add_argument("--budget", type=float, default=150.0, help="probe time budget, s (default 150)")
+    ap.add_argument("--max-prompt", type=int, default=4096, help="the probe's longest prompt (default 4096)")
     ap.add_argument("--out", default="", help="keep the traces and reports here (default: a temp dir)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-fidelity-"))
@@ -106,7 +107,7 @@ def main() -> int:
     with spawn_emulator(EmulatorConfig(profile=PROFILE, max_num_seqs=MAX_NUM_SEQS,
                                        max_num_batched_tokens=MAX_BATCHED)) as emu:
         limits = read_limits(emu.url, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED)
-        probe = run_probe(emu.url, limits, ProbeConfig(max_prompt=4096, decode_max=256, ramp_max=256),
+        probe = run_probe(emu.url, limits, ProbeConfig(max_prompt=args.max_prompt, decode_max=256, ramp_max=256),
                           ProbeOptions(model="tiny-llama", time_budget_s=args.budget, progress=False))
         write_result(probe.observed, out / "probe.yaml", out / "probe.csv")
         t_probe = time.perf_counter() - t0
