@@ -7,9 +7,7 @@ its probe once per worker, before its first cell, and the fitted coefficients ar
 The phases are blis_sim.probe's (docs/probe.md), sized to what the cells need:
 
 * prompts up to 4096 tokens (the scenarios' longest prefix; at most a quarter of the GPU cache);
-* decode batches 1, 2, 4, 8, ... up to the cells' highest ``concurrency`` (at least 8, also for
-  sequential cells: a decode step's base and its per-sequence cost are told apart only by batches of
-  more than one, which `blis fit` otherwise reports as not identified);
+* decode batches up to the cells' highest ``concurrency`` (one sequential decode for sequential cells);
 * mixed prefill+decode phases and a ramp ``2, 4, ... concurrency`` only when cells send concurrently:
   sequential cells (concurrency 1) get neither, so the load terms are not fitted, which is right for
   them (nothing else is in flight when they arrive).
@@ -26,14 +24,13 @@ from pytest_blis._session import worker_id
 from pytest_blis._steps import CellPaths, observe_step
 
 MAX_PROMPT = 4096  # the scenarios' longest prefix
-MIN_DECODE_BATCH = 8  # decode batches up to at least this, whatever the cells' concurrency
 
 
 def probe_config(target: ServerTarget, concurrency: int = 1) -> ProbeConfig:
     # Per worker and run: two workers' probes on one external server must not hit each other's prefixes.
     seed = cell_seed(7, f"probe::{target.url}::{worker_id()}::{target.namespace}")
     sequential = concurrency <= 1
-    return ProbeConfig(seed=seed, max_prompt=MAX_PROMPT, decode_max=max(concurrency, MIN_DECODE_BATCH),
+    return ProbeConfig(seed=seed, max_prompt=MAX_PROMPT, decode_max=max(concurrency, 1),
                        ramp_max=1 if sequential else concurrency, mixed=not sequential)
 
 

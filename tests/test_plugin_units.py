@@ -25,9 +25,9 @@ def _plan(target: ServerTarget, concurrency: int = 1, max_model_len: int = 40960
 def test_probe_separates_the_terms() -> None:
     plan = _plan(_target())
     names = [p.name for p in plan.phases]
-    # Warm-up first and outside the fit; every TTFT phase holds one request (alone on the server).
+    # Warm-up first and outside the fit; every phase of a sequential cell's probe holds one request.
     assert names[:2] == ["warmup-0", "warmup-1"] and fitted_phases(plan) == tuple(names[2:])
-    assert all(len(p.requests) == 1 for p in plan.phases if not p.name.startswith("decode-"))
+    assert all(len(p.requests) == 1 for p in plan.phases)
     # 16384 GPU tokens: prefixes up to a quarter (4096), two cold samples, then seed + two cached.
     for length in (64, 128, 256, 512, 1024, 2048, 4096):
         cold = [p.requests[0] for p in plan.phases if p.name.startswith(f"cold-{length}-")]
@@ -39,11 +39,9 @@ def test_probe_separates_the_terms() -> None:
         assert all(r.prefix_length == length for r in cached)
     decode = [p.requests[0] for p in plan.phases if p.name.startswith("decode-")]
     assert decode and all(r.output_tokens >= 64 for r in decode)
-    # sequential cells: no load terms (no ramp, no mixed steps); decode batches up to 8 all the same,
-    # so the step base and the per-sequence cost can be told apart
+    # sequential cells: no load terms (no ramp, no mixed steps, decode alone)
     assert not any(n.startswith(("ramp", "mixed")) for n in names)
-    assert [n for n in names if n.startswith("decode")] == ["decode-1", "decode-2", "decode-4", "decode-8",
-                                                            "decode-1-ctx2048"]
+    assert [n for n in names if n.startswith("decode")] == ["decode-1", "decode-1-ctx2048"]
 
 
 def test_probe_ramp_follows_the_cells_concurrency_and_fits_the_cache() -> None:
