@@ -16,7 +16,7 @@ stops it at the end (a server that was already up is used and left running). Ste
    completions over the makespan).
 4. **Traces** observed against the server and replayed with the probe's fit, never refitted:
    two prompt mixes (``short``: 64-512 tokens, ``long``: 1024-4096, up to 4x the probe's median prompt),
-   each at four open-loop Poisson loads (0.25, 0.5, 0.8 and 1.4 x the predicted capacity; the last keeps a
+   each at four open-loop Poisson loads (0.25, 0.5, 0.8 and 2 x the predicted capacity; the last keeps a
    growing queue), and a multi-turn chat (sessions sharing a system prompt, context accumulated).
    Per trace: TTFT MAPE and E2E MAPE (``blis calibrate``), and observed vs predicted throughput
    (completions over first send to last completion, the same requests on both sides). A trace is
@@ -53,7 +53,7 @@ from blis_sim.observe.run import ObserveOptions, observe, write_result
 from blis_sim.workload import generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-LOADS = (0.25, 0.5, 0.8, 1.4)  # x the predicted capacity; 1.4: past it, the queue grows
+LOADS = (0.25, 0.5, 0.8, 2.0)  # x the predicted capacity; 2.0: past it, the queue grows
 SATURATED_RATIO = 1.1          # arrival rate >= 1.1 x completion rate over the trace: the queue grew
 MIXES: dict[str, dict[str, Any]] = {
     # prompt / output lengths of each mix (the probe's median prompt is ~1k tokens)
