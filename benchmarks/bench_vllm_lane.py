@@ -3,6 +3,7 @@
 Run (the lane installed and built: ``python tools/vllm_cpu.py install && python tools/vllm_cpu.py build-model``)::
 
     python benchmarks/bench_vllm_lane.py [--url URL] [--out DIR] [--json FILE] [--quick]
+    python benchmarks/bench_vllm_lane.py --from DIR [--json FILE]     # refit + replay DIR's traces, no server
 
 Without ``--url`` it starts the lane's compute-bound server (``tools/vllm_cpu.py start --model lane``) and
 stops it at the end (a server that was already up is used and left running). Steps:
@@ -24,6 +25,8 @@ stops it at the end (a server that was already up is used and left running). Ste
 
 Prints one table (markdown) with the load average before and after each trace; ``--json`` writes every
 figure; ``--out`` keeps each trace, its replay and its calibration report. ``--quick`` halves the traces.
+``--from DIR`` takes the traces an earlier run kept in DIR (``--out``) and redoes the fit on its probe and every
+replay and comparison, without a server: a changed simulator or fit judged on the same observations.
 Targets (issue 13): TTFT MAPE <= 15 % on every unsaturated trace; throughput within 5 % at saturation.
 """
 from __future__ import annotations
@@ -47,7 +50,7 @@ import numpy as np
 
 from blis_sim.calibrate import CalibrateOptions, calibrate
 from blis_sim.engine import EngineOptions, LatencyCoefficients, fit, replay_outcome, run_outcome
-from blis_sim.formats.trace import Trace
+from blis_sim.formats.trace import Trace, load_trace
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
 from blis_sim.workload import generate_workload
@@ -264,15 +267,42 @@ def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
     return capacity
 
 
+def from_saved(lane: Lane) -> None:
+    """Refit on the saved probe, then replay and compare every saved trace (``--from``)."""
+    probe_trace = load_trace(lane.out / "probe" / "trace.yaml", lane.out / "probe" / "trace.csv")
+    lane.coeffs = fit(probe_trace, lane.engine(), name="probe")
+    print(f"probe fit: {lane.coeffs.model_dump_json()}", flush=True)
+    print(HEADER, flush=True)
+    names = sorted((d.name for d in lane.out.iterdir() if (d / "trace.csv").exists() and d.name != "probe"),
+                   key=lambda n: (n.split("-")[0], float(n.split("-")[1]) if "-" in n else 0.0))
+    for name in ["probe", *names]:
+        trace = load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
+        mix, _, load = name.partition("-")
+        row = evaluate(lane, name, trace, {"mix": {"session": "chat"}.get(mix, mix), "load": load or "-"})
+        row["load_avg"] = "(saved trace)"
+        lane.rows.append(row)
+        print(fmt_row(row), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running lane server (default: start `tools/vllm_cpu.py start --model lane`)")
     parser.add_argument("--out", type=Path, help="keep traces, replays and reports here (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--quick", action="store_true", help="half the requests per trace, 2 samples per length")
+    parser.add_argument("--from", dest="saved", type=Path, help="refit and replay the traces kept in this --out dir")
     args = parser.parse_args()
     vllm_cpu = load_tool("vllm_cpu")
     spec = vllm_cpu.MODELS["lane"]
+    if args.saved is not None:
+        lane = Lane(url="", model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
+                    num_gpu_blocks=spec.num_gpu_blocks, max_num_seqs=spec.max_num_seqs or 128,
+                    max_num_batched_tokens=spec.max_num_batched_tokens, out=args.saved)
+        from_saved(lane)
+        if args.json:
+            args.json.write_text(json.dumps({"from": str(args.saved), "fit": lane.coeffs.model_dump(),
+                                             "rows": lane.rows}, indent=2) + "\n")
+        return 0
     started = False
     url = args.url
     if url is None:
