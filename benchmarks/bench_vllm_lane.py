@@ -49,7 +49,13 @@ from typing import Any
 import numpy as np
 
 from blis_sim.calibrate import CalibrateOptions, calibrate
-from blis_sim.engine import EngineOptions, LatencyCoefficients, fit, replay_outcome, run_outcome
+from blis_sim.engine import (
+    EngineOptions,
+    LatencyCoefficients,
+    fit,
+    replay_outcome,
+    run_outcome,
+)
 from blis_sim.formats.trace import Trace, load_trace
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result

@@ -119,7 +119,10 @@ def test_verdict_rows_follow_the_cells_expectations() -> None:
     from pytest_blis._scenario import Expect
 
     report = _sample_report()
-    names = lambda rows: [r.metric for r in rows]  # noqa: E731
+
+    def names(rows: list) -> list[str]:
+        return [r.metric for r in rows]
+
     assert "ttft_mape" in names(verdict_rows(report, Expect()))
     assert "ttft_mape" not in names(verdict_rows(report, Expect(check_ttft=False)))
     assert "e2e_mape" not in names(verdict_rows(report, Expect()))  # reported only unless a threshold is set
