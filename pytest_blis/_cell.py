@@ -200,13 +200,12 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
                        (ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim")):
         _allure.attach_file(request.config, path, name)
 
-    # the capacity verdicts (unit "rate") are latency verdicts too: judged only with check_ttft
-    rows: list[VerdictRow] = [r for r in report.verdicts()
-                              if spec.expect.check_ttft or r.unit not in ("mape", "rate")]
-    problem = path_problem(spec.expect.path, trace)
+    timing = not opts.timing_report_only
+    rows = verdict_rows(report, spec.expect, timing=timing)
+    problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
     notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
-    summary.ttft_checked = spec.expect.check_ttft
+    summary.ttft_checked = spec.expect.check_ttft and timing
     item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
     if report.hit_rate is not None:
         item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))
@@ -226,3 +225,30 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         _allure.attach_text(request.config, str(failure), "calibration failure")
         raise failure
     return report
+
+
+def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True) -> list[VerdictRow]:
+    """The report's verdicts the cell judges: TTFT MAPE unless ``check_ttft`` is off, plus E2E MAPE when the
+    cell sets ``e2e_mape_threshold``. The capacity rows (unit "rate", judged by calibrate only where the window
+    is saturated) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell.
+    ``timing=False`` (``--blis-timing-report-only``): the hit-rate rows only."""
+    rows = [r for r in report.verdicts()
+            if (r.metric != "ttft_mape" or expect.check_ttft)
+            and (r.unit != "rate" or expect.check_ttft or expect.saturated)]
+    if not timing:
+        return [r for r in rows if r.unit == "pp"]
+    e2e = report.metrics.get("e2e")
+    if expect.e2e_mape_threshold is not None and e2e is not None:
+        mape = e2e.request_level.mape
+        rows.append(VerdictRow("e2e_mape", e2e.workload_level.real_mean, e2e.workload_level.sim_mean, mape,
+                               expect.e2e_mape_threshold, mape <= expect.e2e_mape_threshold, "mape"))
+    return rows
+
+
+def saturation_problem(report: CalibrationReport, expect: Any) -> str | None:
+    """Why a cell that must saturate the server did not (None when it did, or when the report cannot say)."""
+    capacity = report.capacity
+    if not expect.saturated or capacity is None or capacity.saturated:
+        return None
+    return (f"the window did not saturate the server (arrivals {capacity.arrival_rps or 0:.2f} req/s, served "
+            f"{capacity.served_rps:.2f} req/s): the saturation path was not elicited")

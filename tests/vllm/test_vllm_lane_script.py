@@ -2,6 +2,7 @@
 arithmetic, parsing the real vLLM exposition. These run everywhere (no vLLM needed, no ``vllm`` marker)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -119,3 +120,53 @@ def test_expected_hits_never_include_the_last_token() -> None:
     assert client.expected_hits(1024, 21 * 32) == 672
     assert client.expected_hits(1025, 1025) == 1024
     assert client.expected_hits(32, 32) == 0
+
+
+def test_the_two_models_live_side_by_side(cache: Path) -> None:
+    paths = lane.cache_paths()
+    assert paths.model_dir("tiny") == cache / "tiny-llama" == paths.model
+    assert paths.model_dir("lane") == cache / "lane-llama"
+    for name in lane.MODELS:
+        assert not lane.model_built(paths, name)
+    out = script("start", "--model", "lane")
+    assert out.returncode == 2 and "not installed" in out.stderr  # the install is checked first, for either model
+
+
+def test_the_lane_model_is_served_with_its_own_limits(cache: Path) -> None:
+    paths = lane.cache_paths()
+    tiny = lane.server_argv(paths, 8000)
+    argv = lane.server_argv(paths, 8000, model="lane")
+    assert argv[2] == str(cache / "lane-llama") and tiny[2] == str(cache / "tiny-llama")
+
+    def flag(a: list[str], name: str) -> str | None:
+        return a[a.index(name) + 1] if name in a else None
+
+    assert flag(argv, "--served-model-name") == "lane-llama" and flag(tiny, "--served-model-name") == "tiny-llama"
+    assert flag(argv, "--num-gpu-blocks-override") == "4096" and flag(tiny, "--num-gpu-blocks-override") == "512"
+    assert (flag(argv, "--max-num-seqs"), flag(argv, "--max-num-batched-tokens")) == ("32", "2048")
+    assert flag(tiny, "--max-num-seqs") is None  # the counter tests' server keeps vLLM's defaults
+
+
+def test_a_server_of_the_other_model_is_not_reused(cache: Path) -> None:
+    # A process whose command line says vllm, recorded as the tiny model's server.
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "vllm"], start_new_session=True)
+    try:
+        state = lane.ServerState(pid=fake.pid, port=1, url="http://127.0.0.1:1", log="", started_at=0.0,
+                                 startup_seconds=0.0, num_gpu_blocks=512, block_size=32, owner="cli", argv=())
+        recorded = dataclasses.asdict(state)
+        del recorded["model"]  # a state file written before there were two models
+        lane.cache_paths().state_file.write_text(json.dumps(recorded))
+        assert lane.ServerState.load(lane.cache_paths().state_file) == state  # read as the tiny model's
+        out = script("start", "--model", "lane")
+        assert out.returncode == 2 and "'tiny' model is recorded" in out.stderr and "stop" in out.stderr
+        assert fake.poll() is None
+    finally:
+        fake.terminate()
+        fake.wait(10)
+
+
+def test_an_unknown_model_is_a_usage_error(cache: Path) -> None:
+    out = script("build-model", "--model", "huge")
+    assert out.returncode == 2 and "invalid choice: 'huge'" in out.stderr
+    with pytest.raises(lane.VllmCpuError, match="unknown model 'huge'"):
+        lane.cache_paths().model_dir("huge")

