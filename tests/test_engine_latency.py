@@ -117,6 +117,14 @@ def test_default_model_is_linear_and_records_itself() -> None:
     assert isinstance(LatencyCoefficients.model_json_schema(), dict)
 
 
+def test_default_step_model_is_the_default_coefficients_without_pydantic() -> None:
+    # the replay path's default (no model built) must describe itself as the model would
+    from blis_sim.engine.latency import default_step_model
+    plain, model = default_step_model(), DEFAULT_COEFFICIENTS.to_step_model()
+    assert plain == model and plain.describe() == model.describe()
+    assert list(plain.describe()["step"]) == list(model.describe()["step"])  # key order is written
+
+
 def test_roofline_prices_a_whole_mixed_batch_at_one_gemm_efficiency() -> None:
     qwen, h100 = KNOWN_MODELS["qwen/qwen3-14b"], get_hardware("H100")
     model = roofline(qwen, h100)

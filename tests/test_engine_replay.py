@@ -397,3 +397,34 @@ def test_a_trace_read_as_columns_and_a_prepared_trace_replay_like_the_records(sa
             assert (metrics_output_text(got.metrics()), sim_results_text(got.results)) == want
         assert [r.__dict__ for r in replay_outcome(prepared, o).trace().records] == \
             [r.__dict__ for r in expected.trace().records]
+
+
+def test_content_plan_prefix_spec_shares_what_the_hashed_prefix_holds() -> None:
+    # prefix_spec's shared block count is precomputed for all requests at once; it must be the
+    # per-request rule: min(shared prefix, prompt, the group's hashed prefix) in full blocks
+    from blis_sim.engine.content import ContentPlan
+
+    rng = np.random.default_rng(7)
+    n, bs = 400, 16
+    group = rng.integers(-1, 5, n).astype(np.int32)
+    group[group == 4] = 3                                # group 4 named but never used
+    shared = np.where(group >= 0, rng.integers(0, 300, n), 0).astype(np.int64)
+    shared[rng.random(n) < 0.1] = 0                      # grouped requests sharing nothing
+    prompt = rng.integers(1, 400, n).astype(np.int64)
+    session = np.where(rng.random(n) < 0.1, 0, -1).astype(np.int32)
+    plan = ContentPlan(seed=3, block_size=bs, prompt_len=prompt, output_len=np.ones(n, np.int64),
+                       group=group, shared_prefix=shared, session=session,
+                       prev_round=np.full(n, -1, np.int64), new_input=prompt.copy(),
+                       keys=[str(i) for i in range(n)], group_names=["a", "b", "c", "d", "e"],
+                       session_names=["s"])
+    for i in range(n):
+        spec = plan.prefix_spec(i)
+        if session[i] >= 0:
+            assert spec is None
+            continue
+        prefix, blocks, _, _ = spec
+        if group[i] < 0:
+            assert (len(prefix), blocks) == (0, 0)
+            continue
+        assert len(prefix) == shared[group == group[i]].max() // bs
+        assert blocks == min(shared[i] // bs, prompt[i] // bs, len(prefix))

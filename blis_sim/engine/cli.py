@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blis_sim.engine.latency import (DEFAULT_COEFFICIENTS, dump_coefficients, get_hardware,
+from blis_sim.engine.latency import (default_step_model, dump_coefficients, get_hardware,
                                      load_coefficients, roofline)
 from blis_sim.engine.models import geometry_for
 from blis_sim.engine.simulate import EngineOptions
@@ -154,7 +154,7 @@ def _latency(args: argparse.Namespace) -> tuple[Any, str]:
     if args.latency_coefficients:
         return load_coefficients(args.latency_coefficients).to_step_model(), \
             str(args.latency_coefficients)
-    return DEFAULT_COEFFICIENTS.to_step_model(), "default"
+    return default_step_model(), "default"
 
 
 def _offload(args: argparse.Namespace, header: Any = None) -> Any:

@@ -81,7 +81,7 @@ class ContentPlan:
     _prompt_of: Sequence[int] = field(default_factory=list)
     _session_of: Sequence[int] = field(default_factory=list)
     _group_of: Sequence[int] = field(default_factory=list)
-    _shared_of: Sequence[int] = field(default_factory=list)
+    _blocks_of: Sequence[int] = field(default_factory=list)  # group prefix blocks shared
     _no_prefix: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def __post_init__(self) -> None:
@@ -101,12 +101,26 @@ class ContentPlan:
         self._prompt_of = int_array(self.prompt_len)
         self._session_of = int_array(self.session)
         self._group_of = int_array(self.group)
-        self._shared_of = int_array(self.shared_prefix)
+        self._blocks_of = int_array(self._shared_blocks())
 
     @property
     def prompt_of(self) -> Sequence[int]:
         """Each request's prompt length (a machine-int array: plain ints when indexed)."""
         return self._prompt_of
+
+    def _shared_blocks(self) -> np.ndarray:
+        """Per request: how many of its group prefix's blocks it shares (``prefix_spec``), computed
+        for all requests at once: its shared prefix and its prompt in full blocks, and the group's
+        hashed prefix (its longest shared prefix, in full blocks), whichever is least; 0 outside
+        a group."""
+        bs = self.block_size
+        grouped = self.group >= 0
+        longest = np.zeros(max(len(self.group_names), 1), dtype=np.int64)
+        if grouped.any():
+            np.maximum.at(longest, self.group[grouped], self.shared_prefix[grouped])
+        blocks = np.minimum(np.minimum(self.shared_prefix // bs, self.prompt_len // bs),
+                            longest[np.where(grouped, self.group, 0)] // bs)
+        return np.where(grouped, blocks, 0)
 
     # -- groups -------------------------------------------------------------------------------
     def _group_prefix_hashes(self, g: int) -> np.ndarray:
@@ -163,10 +177,10 @@ class ContentPlan:
         g = self._group_of[i]
         if g < 0:
             return self._no_prefix, 0, self._root, self._seeds[i]
-        prefix = self._group_prefix_hashes(g)
-        need = self._prompt_of[i] // self.block_size
-        return prefix, min(self._shared_of[i] // self.block_size, need, prefix.shape[0]), \
-            self._root, self._seeds[i]
+        prefix = self._group_hashes.get(g)
+        if prefix is None:
+            prefix = self._group_prefix_hashes(g)
+        return prefix, self._blocks_of[i], self._root, self._seeds[i]
 
     def _session_hashes(self, i: int) -> np.ndarray:
         stream = self._round_stream(i)

@@ -52,7 +52,8 @@ class KVPort:
             if spec is None:
                 self.kv.add_request(i, self.content.block_hashes(i), self._prompt_of[i])
             else:
-                self.kv.add_prefixed(i, *spec, self._prompt_of[i])
+                prefix, shared, root, seed = spec
+                self.kv.add_prefixed(i, prefix, shared, root, seed, self._prompt_of[i])
             self._registered[i] = 1
         return self.kv.lookup(i, now)
 
@@ -60,7 +61,8 @@ class KVPort:
         res = self.kv.admit(i, num_new_tokens, now)
         if res is not None and not self._admitted[i]:
             self._admitted[i] = 1
-            self._first[3 * i:3 * i + 3] = array("q", (res.gpu_tokens, res.host_tokens, res.disk_tokens))
+            first = self._first
+            first[3 * i], first[3 * i + 1], first[3 * i + 2] = res.gpu_tokens, res.host_tokens, res.disk_tokens
         return res
 
     @property

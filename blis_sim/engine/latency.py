@@ -45,7 +45,9 @@ FEATURES = ("one", "prefill_tokens", "decode_seqs", "decode_context", "prefill_c
             "prefill_attention")
 N_FEATURES = len(FEATURES)
 
-_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+# defer_build: a schema is built on first validation only (the replay path never validates one)
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
+_PLAIN = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class StepCoefficients(BaseModel):
@@ -73,7 +75,7 @@ class CoefficientEstimate(BaseModel):
     """One fitted coefficient with its bootstrap interval, its physics prior and plausible range
     (``None`` without a prior), and whether the data pin it down."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _PLAIN
     name: str
     value: float
     ci_low: float
@@ -87,7 +89,7 @@ class CoefficientEstimate(BaseModel):
 class FitIteration(BaseModel):
     """The fit's objective (in-sample TTFT MAPE + ITL MAPE) of one iterate."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _PLAIN
     iteration: int
     kind: Literal["start", "iterate", "median"] = "iterate"
     ttft_mape: float
@@ -100,7 +102,7 @@ class FitReport(BaseModel):
     """How well a fitted model reproduces the trace it was fitted on (written by ``blis fit``),
     how the fit converged, and how far its coefficients can be trusted."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _PLAIN
     trace: str
     requests: int
     iterations: int
@@ -156,30 +158,34 @@ class FitReport(BaseModel):
 class LatencyCoefficients(BaseModel):
     """A coefficient file: ``model: linear``, ``step:``, ``frontend:``, and ``fit:`` if fitted."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _PLAIN
     model: Literal["linear"] = "linear"
     step: StepCoefficients
-    frontend: FrontendCoefficients = FrontendCoefficients()
+    frontend: FrontendCoefficients = Field(default_factory=FrontendCoefficients)
     fit: FitReport | None = None
 
     def to_step_model(self) -> StepModel:
-        s = self.step
-        compute = (s.base_us, s.per_prefill_token_us, s.per_decode_seq_us, s.per_context_token_us,
-                   s.per_context_token_us, s.per_prefill_attention_us)
-        return StepModel(kind="linear", compute=compute, memory=(0.0,) * N_FEATURES,
-                         frontend_base_us=self.frontend.base_us,
-                         frontend_per_inflight_us=self.frontend.per_inflight_us,
-                         details={"step": s.model_dump()})
+        return _linear_step_model(self.step.model_dump(), self.frontend.base_us,
+                                  self.frontend.per_inflight_us)
 
 
 #: The default when no coefficient file is given: a linear fit to the reference's bundled
 #: trained-physics step times for Qwen3-14B on one H100 (blis-kv-model.md §5.2 worked table), with
 #: its 15.6 ms per-request queueing constant as the frontend base. A starting point, not a calibration.
-DEFAULT_COEFFICIENTS = LatencyCoefficients(
-    step=StepCoefficients(base_us=12000.0, per_prefill_token_us=4.6, per_decode_seq_us=4.5,
-                          per_context_token_us=0.095),
-    frontend=FrontendCoefficients(base_us=15563.0, per_inflight_us=0.0),
-)
+#: Plain values here; :data:`DEFAULT_COEFFICIENTS` (the model, built on first use) and
+#: :func:`default_step_model` (no pydantic model built: the replay path) both come from them.
+_DEFAULT_STEP = {"base_us": 12000.0, "per_prefill_token_us": 4.6, "per_decode_seq_us": 4.5,
+                 "per_context_token_us": 0.095, "per_prefill_attention_us": 0.0}
+_DEFAULT_FRONTEND = {"base_us": 15563.0, "per_inflight_us": 0.0}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULT_COEFFICIENTS":
+        value = LatencyCoefficients(step=StepCoefficients(**_DEFAULT_STEP),
+                                    frontend=FrontendCoefficients(**_DEFAULT_FRONTEND))
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,22 @@ class StepModel:
         out["frontend"] = {"base_us": self.frontend_base_us,
                            "per_inflight_us": self.frontend_per_inflight_us}
         return out
+
+
+def _linear_step_model(step: dict[str, float], frontend_base_us: float,
+                       frontend_per_inflight_us: float) -> StepModel:
+    compute = (step["base_us"], step["per_prefill_token_us"], step["per_decode_seq_us"],
+               step["per_context_token_us"], step["per_context_token_us"],
+               step["per_prefill_attention_us"])
+    return StepModel(kind="linear", compute=compute, memory=(0.0,) * N_FEATURES,
+                     frontend_base_us=frontend_base_us,
+                     frontend_per_inflight_us=frontend_per_inflight_us, details={"step": dict(step)})
+
+
+def default_step_model() -> StepModel:
+    """``DEFAULT_COEFFICIENTS.to_step_model()``, without building a pydantic model."""
+    return _linear_step_model(_DEFAULT_STEP, _DEFAULT_FRONTEND["base_us"],
+                              _DEFAULT_FRONTEND["per_inflight_us"])
 
 
 def load_coefficients(path: str | Path) -> LatencyCoefficients:

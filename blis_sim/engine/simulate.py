@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from blis_sim.engine.kvport import KVPort
-from blis_sim.engine.latency import DEFAULT_COEFFICIENTS, StepModel
+from blis_sim.engine.latency import StepModel, default_step_model
 from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
@@ -36,7 +36,7 @@ class EngineOptions:
     long_prefill_token_threshold: int = 0
     seed: int = 42
     horizon_us: float | None = None
-    latency: StepModel = field(default_factory=DEFAULT_COEFFICIENTS.to_step_model)
+    latency: StepModel = field(default_factory=default_step_model)
     latency_source: str = "default"
     kv_offload: Any = None              # OffloadConfig given on the command line (replay/run)
     kv_bytes_per_token: float | None = None
