@@ -140,6 +140,12 @@ class AxisKind:
         return self.target in ("offload", "tier")
 
     @property
+    def numeric(self) -> bool:
+        """Whether values may be numbers (a capacity search needs a numeric axis)."""
+        return self.target != "latency" and self.field not in (
+            "eviction_policy", "offload_prompt_only", "device_class")
+
+    @property
     def integer(self) -> bool:
         """Whether values are integers (a capacity search then rounds its probes)."""
         return self.read in (parse_size,) or self.target in ("engine", "num_requests") or (

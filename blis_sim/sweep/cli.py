@@ -140,7 +140,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base = base_from_args(args)
     sweep = load_sweep_file(args.sweep, base_kind=base.kind)
     result = run_sweep(base, sweep, args.output_dir, backend=backend_from_args(args), force=args.force,
-                       plots=not args.no_plots)
+                       plots=not args.no_plots, progress=sys.stderr)
     for path in result.files:
         print(f"sweep: wrote {path}", file=sys.stderr)
     return 0
@@ -156,6 +156,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.max_rounds < 1:
         raise UsageError(f"--max-rounds must be ≥ 1, got {args.max_rounds}")
     answer = run_plan(base, question, args.output_dir, backend=backend_from_args(args), force=args.force,
-                      max_rounds=args.max_rounds)
+                      max_rounds=args.max_rounds, progress=sys.stderr)
     sys.stdout.write(answer.text() + "\n")
     return 0 if answer.value is not None else 1

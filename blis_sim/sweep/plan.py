@@ -70,6 +70,8 @@ class PlanQuestion:
     def from_flags(cls, *, axis: str, low: str, high: str, target: str, find: str,
                    resolution: str | None, fixed: Sequence[str], base_kind: str) -> PlanQuestion:
         kind = _kind(axis, base_kind, "--axis")
+        if not kind.numeric:
+            raise UsageError(f"--axis {axis} is not numeric; a search needs a numeric axis")
         lo, hi = _number(kind, low, "--range LOW"), _number(kind, high, "--range HIGH")
         if not lo < hi:
             raise UsageError(f"--range: LOW ({low}) must be below HIGH ({high})")
@@ -117,9 +119,10 @@ def _number(kind: AxisKind, text: str, flag: str) -> float:
     return value
 
 
-def _show(kind: AxisKind, x: float) -> str:
+def _show(kind: AxisKind, x: float, *, exact: bool = True) -> str:
     if kind.read is parse_size:
-        return f"{x / 2**30:.3g} GiB ({int(x)} bytes)"
+        human = f"{x / 2**20:.4g} MiB" if x < 2**30 else f"{x / 2**30:.4g} GiB"
+        return f"{human} ({int(x)} bytes)" if exact else human
     return f"{int(x)}" if kind.integer else f"{x:.6g}"
 
 
@@ -135,6 +138,7 @@ class Evaluation:
 class PlanAnswer:
     question: str
     axis: str
+    kind: AxisKind = field(repr=False)
     metric: str
     value: float | None
     shown: str
@@ -149,7 +153,8 @@ class PlanAnswer:
         w = max(len(self.axis), 12)
         lines.append(f"  {self.axis:>{w}}  {self.metric:>16}  meets")
         for e in sorted(self.evaluations, key=lambda e: e.x):
-            lines.append(f"  {e.x:>{w}.6g}  {e.metric:>16.6g}  {'yes' if e.meets else 'no'}")
+            x = _show(self.kind, e.x, exact=False)
+            lines.append(f"  {x:>{w}}  {e.metric:>16.6g}  {'yes' if e.meets else 'no'}")
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  wrote {f}" for f in self.files]
         return "\n".join(lines)
@@ -192,7 +197,7 @@ def monotonicity(evals: Sequence[Evaluation], find: str) -> tuple[bool, list[str
 
 
 def run_plan(base: SweepBase, q: PlanQuestion, out_dir: str | Path, *, backend: Backend = Backend(),
-             force: bool = False, max_rounds: int = 30, progress: TextIO | None = sys.stderr) -> PlanAnswer:
+             force: bool = False, max_rounds: int = 30, progress: TextIO | None = None) -> PlanAnswer:
     out = Path(out_dir)
     store = PointStore(out, force=force)
     spec = SweepSpec(mode="grid", axes=(Axis(q.axis, (), ()), *(Axis(k, (v,), (r,)) for k, v, r in q.fixed)),
@@ -229,7 +234,7 @@ def run_plan(base: SweepBase, q: PlanQuestion, out_dir: str | Path, *, backend: 
     monotone, more = monotonicity(list(evals.values()), q.find)
     notes += more
     shown = _show(q.axis, value) if value is not None else "none in range"
-    answer = PlanAnswer(question=q.describe(), axis=q.axis.name, metric=q.metric, value=value, shown=shown,
+    answer = PlanAnswer(question=q.describe(), axis=q.axis.name, kind=q.axis, metric=q.metric, value=value, shown=shown,
                         bracket=bracket, evaluations=sorted(evals.values(), key=lambda e: e.x),
                         monotone=monotone, notes=notes)
     answer.files = [str(p) for p in _write(answer, q, tasks, store, out)]
@@ -291,7 +296,7 @@ def _write(answer: PlanAnswer, q: PlanQuestion, tasks: dict[float, Any], store: 
     rows = [{"point": t.index, **t.values, **store.get(t.key)} for _, t in sorted(tasks.items())]
     cols = columns(rows, [q.axis.name, *(k.name for k, _, _ in q.fixed)])
     files = write_table(rows, cols, out / "plan.csv", out / "plan.parquet")
-    doc = {k: v for k, v in asdict(answer).items() if k != "files"}
+    doc = {k: v for k, v in asdict(answer).items() if k not in ("files", "kind")}
     atomic_write(out / "plan.json", json.dumps(doc, indent=2) + "\n")
     files.append(out / "plan.json")
     from blis_sim.sweep.plots import have_matplotlib

@@ -40,7 +40,7 @@ def table_rows(tasks: list[Task], store: PointStore) -> list[dict[str, Any]]:
 
 
 def run_sweep(base: SweepBase, sweep: SweepSpec, out_dir: str | Path, *, backend: Backend = Backend(),
-              force: bool = False, plots: bool = True, progress: TextIO | None = sys.stderr) -> SweepResult:
+              force: bool = False, plots: bool = True, progress: TextIO | None = None) -> SweepResult:
     out = Path(out_dir)
     tasks = plan_tasks(base, sweep)
     store = PointStore(out, force=force)

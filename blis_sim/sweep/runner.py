@@ -131,7 +131,7 @@ def _ray(payload: Payload, todo: Sequence[Task], backend: Backend) -> Iterator[R
 
 
 def run_tasks(payload: Payload, tasks: Sequence[Task], store: PointStore, backend: Backend, *,
-              progress: TextIO | None = sys.stderr, label: str = "sweep") -> dict[str, dict[str, Any]]:
+              progress: TextIO | None = None, label: str = "sweep") -> dict[str, dict[str, Any]]:
     """Every task's figures, by key: from ``store`` when it holds them, else computed (and added
     to it as each finishes). A point whose simulation fails stops the run with its error (the
     finished points are kept)."""

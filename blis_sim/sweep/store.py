@@ -51,14 +51,23 @@ class PointStore:
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
+    """The whole entries of ``path``. A torn line (an interrupted write) is dropped from the file
+    too, so the next appended point starts on a line of its own; that point runs again."""
     done: dict[str, dict[str, Any]] = {}
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                entry = json.loads(line)
-                done[entry["key"]] = entry["figures"]
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn line from an interrupted write: that point runs again
+    kept: list[str] = []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for line in text.splitlines(keepends=True):
+        try:
+            entry = json.loads(line)
+            done[entry["key"]] = entry["figures"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if line.endswith("\n"):
+            kept.append(line)
+        else:
+            kept.append(line + "\n")
+    if "".join(kept) != text:
+        atomic_write(path, "".join(kept))
     return done
 
 
