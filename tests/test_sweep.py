@@ -231,3 +231,13 @@ def test_search_helpers() -> None:
     assert monotonicity(pts[:2], "smallest") == (True, [])
     with pytest.raises(FormatError, match="unknown key"):
         parse_sweep_file("axes: {max_num_seqs: [1]}\nextra: 1\n", base_kind="trace")
+
+
+def test_the_parquet_table_holds_the_csv_rows(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (the [parquet] extra) is not installed")
+    assert _sweep(tmp_path, GRID, "out", "--workers", "1", "--no-plots") == 0
+    table = pq.read_table(tmp_path / "out" / "sweep.parquet").to_pylist()
+    rows = _rows(tmp_path / "out" / "sweep.csv")
+    assert [r["key"] for r in table] == [r["key"] for r in rows]
+    assert [r["kv_offload.cpu_bytes_to_use"] for r in table] == ["64MiB", "64MiB", "256MiB", "256MiB", "1GiB", "1GiB"]
+    assert [str(r["ttft_p99_ms"]) for r in table] == [r["ttft_p99_ms"] for r in rows]

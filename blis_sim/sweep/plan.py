@@ -169,9 +169,11 @@ def interior(a: float, b: float, k: int, integer: bool) -> list[float]:
     return xs
 
 
-def monotonicity(evals: Sequence[Evaluation], find: str) -> tuple[bool, list[str]]:
+def monotonicity(evals: Sequence[Evaluation], find: str,
+                 fmt: Callable[[float], str] = "{:g}".format) -> tuple[bool, list[str]]:
     """Whether the condition switches once along the axis (the search's assumption) on the
-    evaluated points, and notes on what does not hold (the metric moving both ways too)."""
+    evaluated points, and notes on what does not hold (the metric moving both ways too);
+    ``fmt`` shows an axis value."""
     pts = sorted(evals, key=lambda e: e.x)
     notes = []
     want_first = find == "smallest"   # smallest: fails ... fails, meets ... meets
@@ -185,14 +187,15 @@ def monotonicity(evals: Sequence[Evaluation], find: str) -> tuple[bool, list[str
     if bad:
         ok = "meets" if want_first else "fails"
         notes.append(f"not monotone: the target {'fails' if want_first else 'is met'} again at "
-                     + ", ".join(f"{e.x:g} ({e.metric:g})" for e in bad)
+                     + ", ".join(f"{fmt(e.x)} ({e.metric:g})" for e in bad)
                      + f" after it {ok} at a lower value; the answer is the first switch found")
     ups = [(a, b) for a, b in zip(pts, pts[1:]) if b.metric > a.metric]
     downs = [(a, b) for a, b in zip(pts, pts[1:]) if b.metric < a.metric]
     if ups and downs:
         notes.append(f"the metric is not monotone along the axis on the evaluated points: it rises "
-                     f"from {ups[0][0].x:g} to {ups[0][1].x:g} and falls from {downs[0][0].x:g} to "
-                     f"{downs[0][1].x:g}")
+                     f"from {fmt(ups[0][0].x)} to {fmt(ups[0][1].x)} and falls from {fmt(downs[0][0].x)} "
+                     f"to {fmt(downs[0][1].x)}"
+                     + (" (the target still switches once)" if not bad else ""))
     return not bad, notes
 
 
@@ -231,7 +234,7 @@ def run_plan(base: SweepBase, q: PlanQuestion, out_dir: str | Path, *, backend: 
 
     with _ray_session(backend):
         value, bracket, notes = _search(q, evaluate, evals, per_round, max_rounds)
-    monotone, more = monotonicity(list(evals.values()), q.find)
+    monotone, more = monotonicity(list(evals.values()), q.find, lambda x: _show(q.axis, x, exact=False))
     notes += more
     shown = _show(q.axis, value) if value is not None else "none in range"
     answer = PlanAnswer(question=q.describe(), axis=q.axis.name, kind=q.axis, metric=q.metric, value=value, shown=shown,

@@ -23,6 +23,8 @@ def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: smaller SVGs
+    matplotlib.rcParams["svg.hashsalt"] = "blis"   # stable ids: the same sweep, the same file
     import matplotlib.pyplot as plt
 
     return plt
