@@ -29,6 +29,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from blis_sim.errors import InputError
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -268,5 +270,42 @@ def set_path(data: Any, path: str, value: Any) -> Any:
     return out
 
 
-def with_engine(options: Any, changes: Mapping[str, Any]) -> Any:
-    return replace(options, **changes) if changes else options
+class SettingError(ValueError):
+    """A value that cannot apply; ``axis`` names it."""
+
+    def __init__(self, axis: str, reason: str) -> None:
+        super().__init__(reason)
+        self.axis = axis
+
+
+def apply_settings(options: Any, settings: Mapping[str, Any], kinds: Mapping[str, AxisKind], *,
+                   load_latency: Callable[[str], Any],
+                   device_classes: Mapping[str, Any] | None = None) -> Any:
+    """``options`` (EngineOptions) with the simulator settings of one point: engine fields, a
+    latency coefficient file (``load_latency(path) -> StepModel``), offload fields (applied to the
+    options' resolved offload config). Settings of other targets are left to the caller.
+    :class:`SettingError` names the axis of a value that cannot apply."""
+    engine: dict[str, Any] = {}
+    offload: dict[tuple[int, str], Any] = {}
+    for name, value in settings.items():
+        kind = kinds[name]
+        if kind.target == "engine":
+            engine[kind.field] = value
+        elif kind.target == "latency":
+            try:
+                engine.update(latency=load_latency(value), latency_source=str(value))
+            except (InputError, OSError) as exc:  # names the file (and line and field)
+                raise SettingError(name, str(exc)) from None
+        elif kind.target in ("offload", "tier"):
+            offload[(kind.tier, kind.field)] = value
+    options = replace(options, **engine) if engine else options
+    if offload:
+        first = next(n for n in settings if kinds[n].target in ("offload", "tier"))
+        if options.kv_offload is None:
+            raise SettingError(first, "kv_offload axes need a base offload config (--kv-offload-config, "
+                                      "or the trace header's kv_offload block)")
+        try:
+            options = replace(options, kv_offload=override_offload(options.kv_offload, offload, device_classes))
+        except ValueError as exc:
+            raise SettingError(first, str(exc)) from None
+    return options

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blis_sim import __version__
-from blis_sim.errors import ConfigError, FormatError, InputError
+from blis_sim.errors import ConfigError, FormatError
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,12 @@ class SweepBase:
              raw: Mapping[str, Any] | None = None) -> Task:
         """Point ``index`` (``{axis: value}``, values as read) resolved against the base; a value
         that cannot apply is a FormatError at its line of the sweep file."""
-        engine: dict[str, Any] = {}
-        offload: dict[tuple[int, str], Any] = {}
+        from blis_sim.sweep.axes import SettingError, apply_settings
+
         workload: list[tuple[str, Any]] = []
         rate, num_requests = 1.0, self.payload.num_requests
         kinds = {a.name: a.kind for a in sweep.axes}
         positions = {a.name: {repr(v): i for i, v in enumerate(a.values)} for a in sweep.axes}
-        options = self.options
 
         def fail(name: str, reason: str) -> FormatError:
             shown = ", ".join(f"{k}={v}" for k, v in (raw or point).items())
@@ -73,36 +72,18 @@ class SweepBase:
                               positions[name].get(repr(point[name]), 0))
 
         for name, value in point.items():
-            kind = kinds[name]
-            if kind.target == "engine":
-                engine[kind.field] = value
-            elif kind.target == "latency":
-                try:
-                    options = replace(options, latency=self._latency(value, sweep),
-                                      latency_source=str(value))
-                except InputError as exc:
-                    raise fail(name, str(exc)) from None
-            elif kind.target in ("offload", "tier"):
-                offload[(kind.tier, kind.field)] = value
-            elif kind.target == "rate":
+            target = kinds[name].target
+            if target == "rate":
                 rate = float(value)
-            elif kind.target == "num_requests":
+            elif target == "num_requests":
                 num_requests = int(value)
-            else:
+            elif target == "workload":
                 workload.append((name, value))
-        options = replace(options, **engine)
-        if offload:
-            names = [n for n in point if kinds[n].target in ("offload", "tier")]
-            if options.kv_offload is None:
-                raise fail(names[0], "kv_offload axes need a base offload config (--kv-offload-config, "
-                                     "or the trace header's kv_offload block)")
-            from blis_sim.sweep.axes import override_offload
-
-            try:
-                cfg = override_offload(options.kv_offload, offload, self.device_classes)
-            except ValueError as exc:
-                raise fail(names[0], str(exc)) from None
-            options = replace(options, kv_offload=cfg)
+        try:
+            options = apply_settings(self.options, point, kinds, device_classes=self.device_classes,
+                                     load_latency=lambda path: self._latency(path, sweep))
+        except SettingError as exc:
+            raise fail(exc.axis, str(exc)) from None
         spec = self.spec
         if workload:
             spec = self._spec_with(workload, fail)
