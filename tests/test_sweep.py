@@ -241,3 +241,19 @@ def test_the_parquet_table_holds_the_csv_rows(tmp_path: Path) -> None:
     assert [r["key"] for r in table] == [r["key"] for r in rows]
     assert [r["kv_offload.cpu_bytes_to_use"] for r in table] == ["64MiB", "64MiB", "256MiB", "256MiB", "1GiB", "1GiB"]
     assert [str(r["ttft_p99_ms"]) for r in table] == [r["ttft_p99_ms"] for r in rows]
+
+
+def test_rate_scale_compresses_a_trace_and_a_latency_file_is_an_axis(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("model: linear\nstep: {base_us: 24000, per_prefill_token_us: 9.2, per_decode_seq_us: 9,"
+                    " per_context_token_us: 0.19}\nfrontend: {base_us: 15563}\n")
+    text = "axes:\n  rate_scale: [1, 4]\n  latency_coefficients: [slow.yaml]\n"
+    assert _sweep(tmp_path, text, "out", "--workers", "1", "--no-plots",
+                  base=[*TRACE[:-1], "1000"]) == 0
+    one, four = _rows(tmp_path / "out" / "sweep.csv")
+    assert float(four["duration_s"]) < float(one["duration_s"])
+    assert float(four["ttft_p99_ms"]) > float(one["ttft_p99_ms"])
+    assert json.loads(one["provenance"])["latency_model"]["source"] == "slow.yaml"
+    assert _sweep(tmp_path, "axes:\n  latency_coefficients: [missing.yaml]\n", "bad", base=TRACE) == 2
+    assert "sweep.yaml:2: field 'axes.latency_coefficients.0'" in capsys.readouterr().err

@@ -47,10 +47,13 @@ def run_sweep(base: SweepBase, sweep: SweepSpec, out_dir: str | Path, *, backend
     axes = [a.name for a in sweep.axes]
     try:
         run_tasks(base.payload, tasks, store, backend, progress=progress)
-    except BaseException:
+    except BaseException as exc:
         rows = table_rows(tasks, store)
         if rows:  # what finished is in the table too, not only in points.jsonl
             write_table(rows, columns(rows, axes), out / "sweep.csv", out / "sweep.parquet")
+        if progress and isinstance(exc, KeyboardInterrupt):
+            print(f"sweep: interrupted: {len(rows)} of {len(tasks)} point(s) kept in {out}; the same "
+                  "command resumes", file=progress)
         raise
     rows = table_rows(tasks, store)
     cols = columns(rows, axes)

@@ -125,6 +125,10 @@ def _ray(payload: Payload, todo: Sequence[Task], backend: Backend) -> Iterator[R
         actor = ray.remote(num_cpus=1)(_Evaluator)
         pool = ActorPool([actor.remote(ref) for _ in range(min(n, len(todo)))])
         yield from pool.map_unordered(lambda a, t: a.run.remote(t), list(todo))
+    except ray.exceptions.RayError as exc:  # a worker that died or could not import blis_sim
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SimulationError(f"a Ray worker failed ({type(exc).__name__}: {first}); the workers need "
+                              "pytest-blis installed (docs/sweep.md)") from None
     finally:
         if started:
             ray.shutdown()
