@@ -257,3 +257,13 @@ def test_rate_scale_compresses_a_trace_and_a_latency_file_is_an_axis(tmp_path: P
     assert json.loads(one["provenance"])["latency_model"]["source"] == "slow.yaml"
     assert _sweep(tmp_path, "axes:\n  latency_coefficients: [missing.yaml]\n", "bad", base=TRACE) == 2
     assert "sweep.yaml:2: field 'axes.latency_coefficients.0'" in capsys.readouterr().err
+
+
+def test_plan_finds_the_fewest_gpu_blocks_to_the_block(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    assert main(["plan", *TRACE[:-2], "--axis", "total_kv_blocks", "--range", "100", "2000", "--resolution", "1",
+                 "--target", "hit_rate.prefix_cache>=0.4", "--output-dir", str(out), "--workers", "2"]) == 0
+    answer = json.loads((out / "plan.json").read_text())
+    meets = {int(e["x"]): e["meets"] for e in answer["evaluations"]}
+    n = answer["value"]
+    assert n == int(n) and meets[n] and meets[n - 1] is False  # the block below was evaluated and fails

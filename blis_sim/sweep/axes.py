@@ -65,7 +65,7 @@ def _int(lo: int) -> Callable[[Any], int]:
     return read
 
 
-def _positive_float(value: Any) -> float:
+def positive_float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"expected a number, got {value!r}")
     if not (math.isfinite(value) and value > 0):
@@ -118,7 +118,7 @@ OFFLOAD_AXES: dict[str, Callable[[Any], Any]] = {
     "store_threshold": _int(0), "offload_prompt_only": _bool, "blocks_per_chunk": _int(1),
 }
 TIER_AXES: dict[str, Callable[[Any], Any]] = {
-    "max_bytes": parse_size, "read_bandwidth": _positive_float, "write_bandwidth": _positive_float,
+    "max_bytes": parse_size, "read_bandwidth": positive_float, "write_bandwidth": positive_float,
     "base_latency": _nonneg_float, "n_read_threads": _int(1), "n_write_threads": _int(1),
     "device_class": _string,
 }
@@ -176,7 +176,7 @@ def axis_kind(name: str, *, base_kind: str) -> AxisKind:
         if base_kind != "trace":
             raise ValueError("'rate_scale' scales a trace's arrivals; for a workload spec sweep "
                              "'workload.aggregate_rate'")
-        return AxisKind(name, "rate", _positive_float)
+        return AxisKind(name, "rate", positive_float)
     if name == "num_requests" or name.startswith("workload."):
         if base_kind != "spec":
             raise ValueError(f"axis '{name}' changes the workload spec: it needs a --workload-spec base")

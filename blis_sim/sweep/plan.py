@@ -34,7 +34,7 @@ import yaml
 from blis_sim.errors import FormatError, UsageError
 from blis_sim.formats._io import atomic_write
 from blis_sim.formats._strict import YamlDoc
-from blis_sim.sweep.axes import AxisKind, axis_kind, parse_size
+from blis_sim.sweep.axes import AxisKind, positive_float, axis_kind, parse_size
 from blis_sim.sweep.base import SweepBase
 from blis_sim.sweep.rows import columns
 from blis_sim.sweep.runner import Backend, run_tasks
@@ -79,7 +79,7 @@ class PlanQuestion:
         if m is None:
             raise UsageError(f"--target {target!r}: expected METRIC OP NUMBER, e.g. "
                              "'hit_rate.external>=0.9' or 'ttft_p99_ms<=500'")
-        res = _number(kind, resolution, "--resolution") if resolution is not None else (hi - lo) / 100
+        res = _resolution(kind, resolution) if resolution is not None else (hi - lo) / 100
         if kind.integer:
             res = max(1, math.ceil(res))
         if not res > 0:
@@ -117,6 +117,15 @@ def _number(kind: AxisKind, text: str, flag: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"{flag}: axis {kind.name} is not numeric; a search needs a numeric axis")
     return value
+
+
+def _resolution(kind: AxisKind, text: str) -> float:
+    """A bracket width in the axis's units (a byte size for a size axis), not bound by its range."""
+    raw = yaml.safe_load(text)
+    try:
+        return parse_size(raw) if kind.read is parse_size else positive_float(raw)
+    except ValueError as exc:
+        raise UsageError(f"--resolution {text!r}: {exc}") from None
 
 
 def _show(kind: AxisKind, x: float, *, exact: bool = True) -> str:
