@@ -173,11 +173,10 @@ def test_plan_rejects_bad_questions(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_local_pool_and_ray_give_identical_tables(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
-    from blis_sim.sweep import Backend, run_sweep
-    from blis_sim.sweep.cli import base_from_args
     import argparse
 
-    from blis_sim.sweep.cli import register
+    from blis_sim.sweep import Backend, run_sweep
+    from blis_sim.sweep.cli import base_from_args, register
 
     sub = argparse.ArgumentParser().add_subparsers()
     register(sub)

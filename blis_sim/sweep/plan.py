@@ -23,7 +23,6 @@ import math
 import operator
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import yaml
 from blis_sim.errors import FormatError, UsageError
 from blis_sim.formats._io import atomic_write
 from blis_sim.formats._strict import YamlDoc
-from blis_sim.sweep.axes import AxisKind, positive_float, axis_kind, parse_size
+from blis_sim.sweep.axes import AxisKind, axis_kind, parse_size, positive_float
 from blis_sim.sweep.base import SweepBase
 from blis_sim.sweep.rows import columns
 from blis_sim.sweep.runner import Backend, run_tasks
@@ -208,9 +207,10 @@ def monotonicity(evals: Sequence[Evaluation], find: str,
     return not bad, notes
 
 
-def run_plan(base: SweepBase, q: PlanQuestion, out_dir: str | Path, *, backend: Backend = Backend(),
+def run_plan(base: SweepBase, q: PlanQuestion, out_dir: str | Path, *, backend: Backend | None = None,
              force: bool = False, max_rounds: int = 30, progress: TextIO | None = None) -> PlanAnswer:
     out = Path(out_dir)
+    backend = backend or Backend()
     store = PointStore(out, force=force)
     spec = SweepSpec(mode="grid", axes=(Axis(q.axis, (), ()), *(Axis(k, (v,), (r,)) for k, v, r in q.fixed)),
                      plot=None, doc=YamlDoc(data=None, file="<plan>"))  # type: ignore[arg-type]

@@ -7,7 +7,6 @@ with the points finished so far.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,9 +38,10 @@ def table_rows(tasks: list[Task], store: PointStore) -> list[dict[str, Any]]:
     return [{"point": t.index, **t.values, **fig} for t in tasks if (fig := store.get(t.key)) is not None]
 
 
-def run_sweep(base: SweepBase, sweep: SweepSpec, out_dir: str | Path, *, backend: Backend = Backend(),
+def run_sweep(base: SweepBase, sweep: SweepSpec, out_dir: str | Path, *, backend: Backend | None = None,
               force: bool = False, plots: bool = True, progress: TextIO | None = None) -> SweepResult:
     out = Path(out_dir)
+    backend = backend or Backend()
     tasks = plan_tasks(base, sweep)
     store = PointStore(out, force=force)
     axes = [a.name for a in sweep.axes]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
