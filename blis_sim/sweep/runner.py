@@ -3,7 +3,8 @@ address; the same rows either way (every point is a deterministic function of it
 
 * **local** — :class:`concurrent.futures.ProcessPoolExecutor` with one worker per core (or
   ``workers``); the payload (the trace) reaches each worker once, through the pool's
-  ``initializer`` (with the ``fork`` start method it is inherited, not even pickled). ``workers=1``
+  ``initializer`` (with the ``fork`` start method, used when this process runs no other thread, it
+  is inherited, not even pickled; otherwise ``spawn`` pickles it once per worker). ``workers=1``
   runs in this process.
 * **Ray** — ``ray.init(address=...)`` (``auto``: the cluster this node belongs to; ``ray://…``:
   Ray Client), or the Ray instance this process already initialised. The payload is put into the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -74,8 +76,10 @@ def _local(payload: Payload, todo: Sequence[Task], workers: int) -> Iterator[Res
         return
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    # fork shares the payload without pickling it, but forking a process that runs other threads
+    # (a pytest-xdist worker, an embedding application) copies their state mid-flight: spawn there
+    fork = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    ctx = multiprocessing.get_context("fork" if fork else "spawn")
     pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx,
                                initializer=_init_worker, initargs=(payload,))
     try:
