@@ -18,7 +18,6 @@ import pytest
 import blis_sim.emulator  # noqa: F401,E402
 from blis_sim.engine import fit, replay  # noqa: F401,E402
 import blis_sim.kv  # noqa: F401,E402
-import scipy.optimize  # noqa: F401,E402  (the probe's fit imports it on first use)
 import blis_sim.observe.metrics  # noqa: F401,E402
 import pytest_blis._cell  # noqa: F401,E402
 import pytest_blis._plots  # noqa: F401,E402

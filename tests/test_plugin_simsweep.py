@@ -9,7 +9,6 @@ import pytest
 import blis_sim.emulator  # noqa: F401  (imported outside the inner runs: numpy loads once)
 from blis_sim.engine import fit, replay  # noqa: F401
 import blis_sim.kv  # noqa: F401
-import scipy.optimize  # noqa: F401  (the probe's fit imports it on first use)
 import blis_sim.observe.metrics  # noqa: F401
 import blis_sim.sweep.axes  # noqa: F401
 import pytest_blis._cell  # noqa: F401
