@@ -1,4 +1,4 @@
-"""`blis observe | probe | replay | calibrate | run | fit | emulate`: argument parsing and exit codes only.
+"""`blis observe | probe | replay | calibrate | run | fit | emulate | sweep | plan`: argument parsing and exit codes only.
 
 Each subcommand lives with the code it drives, in a module that exposes
 ``register(subparsers) -> None``; the parser it adds sets ``func=`` to a callable taking the parsed
@@ -22,12 +22,14 @@ SUBCOMMAND_MODULES = (
     "blis_sim.engine.cli",
     "blis_sim.calibrate.cli",
     "blis_sim.emulator.cli",
+    "blis_sim.sweep.cli",
 )
 # which module registers each subcommand: `blis replay` imports the engine's CLI only (importing
 # all four costs about a second: aiohttp, the emulator, the calibration report models)
 MODULE_OF = {"observe": "blis_sim.observe.cli", "probe": "blis_sim.probe.cli", "run": "blis_sim.engine.cli",
              "replay": "blis_sim.engine.cli", "fit": "blis_sim.engine.cli",
-             "calibrate": "blis_sim.calibrate.cli", "emulate": "blis_sim.emulator.cli"}
+             "calibrate": "blis_sim.calibrate.cli", "emulate": "blis_sim.emulator.cli",
+             "sweep": "blis_sim.sweep.cli", "plan": "blis_sim.sweep.cli"}
 
 
 def _command_of(argv: Sequence[str]) -> str | None:

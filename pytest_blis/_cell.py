@@ -202,10 +202,20 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
 
     timing = not opts.timing_report_only
     rows = verdict_rows(report, spec.expect, timing=timing)
+    setting_notes: list[str] = []
+    if spec.simulator_sweep:  # the same observation, replayed at every simulator setting
+        from pytest_blis._simsweep import sweep_verdicts
+
+        with _allure.step("simulator sweep"):
+            more, setting_notes = sweep_verdicts(point, trace, replay_options, cal_opts, ctx.paths.root,
+                                                 lambda r: verdict_rows(r, spec.expect, timing=timing))
+        rows += more
     problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
-    notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
+    notes = [f"artifacts: {ctx.paths.root}"] + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
+    if setting_notes:  # the worst error over every simulator setting too
+        summary.max_error_pp = max([summary.max_error_pp or 0.0] + [r.error for r in rows if r.unit == "pp"])
     item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
     if report.hit_rate is not None:
         item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from blis_sim.errors import FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
@@ -173,6 +174,16 @@ class Phase(_Strict):
 
 
 
+def _simulator_axis(name: str) -> str:
+    """A ``simulator_sweep`` axis: one of blis sweep's axes for a trace, but not ``rate_scale``."""
+    from blis_sim.sweep.axes import axis_kind
+
+    if axis_kind(name, base_kind="trace").target == "rate":  # ValueError names an unknown axis
+        raise ValueError("'rate_scale' changes the traffic, so the observation no longer applies; "
+                         "simulator_sweep varies simulator settings only")
+    return name
+
+
 CachePath = Literal["gpu", "cpu", "storage", "miss", "any"]
 
 
@@ -200,6 +211,30 @@ class Scenario(_Strict):
     concurrency: int = Field(1, ge=1, le=1024, description="requests in flight at once (1: one by one)")
     phases: list[Phase] = Field(min_length=1)
     expect: Expect = Field(default_factory=Expect)
+    simulator_sweep: dict[Annotated[str, AfterValidator(_simulator_axis)], list[Any]] = Field(
+        default_factory=dict, description="simulator settings the cell's trace is also replayed with "
+                                          "(blis sweep's axes; a grid), each judged like the cell")
+
+    @field_validator("simulator_sweep")
+    @classmethod
+    def _simulator_axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        from blis_sim.sweep.axes import axis_kind
+
+        for axis, values in v.items():
+            kind = axis_kind(axis, base_kind="trace")
+            if not values:
+                raise ValueError(f"simulator_sweep axis '{axis}' has no values")
+            for value in values:
+                try:
+                    kind.read(value)
+                except ValueError as exc:
+                    raise ValueError(f"simulator_sweep axis '{axis}': {exc}") from None
+        return v
+
+    def simulator_settings(self) -> list[dict[str, Any]]:
+        """Every combination of ``simulator_sweep`` (first axis slowest), values as written."""
+        axes = list(self.simulator_sweep)
+        return [dict(zip(axes, combo)) for combo in itertools.product(*self.simulator_sweep.values())]
 
     @field_validator("sweep")
     @classmethod
