@@ -144,6 +144,22 @@ def ttft_pairs(trace: Trace, sim_results: list[Any]) -> tuple[list[float], list[
     return real_out, sim_out
 
 
+def ttft_noise_floor(trace: Trace) -> float | None:
+    """How much of a TTFT MAPE the host's own timing noise explains, as a fraction: the mean over
+    requests of |first-byte delay - its median| / real TTFT. The server sends the response head
+    when it accepts a request, before any engine step, so the spread of that delay is request
+    delivery and scheduling on the shared machine, not the model; a MAPE near this floor is noise."""
+    import statistics
+
+    ok = [r for r in trace.records if r.status == "ok" and r.first_chunk_time_us > r.send_time_us > 0
+          and r.first_byte_time_us >= r.send_time_us]
+    if not ok:
+        return None
+    delays = [r.first_byte_time_us - r.send_time_us for r in ok]
+    mid = statistics.median(delays)
+    return sum(abs(d - mid) / (r.first_chunk_time_us - r.send_time_us) for d, r in zip(delays, ok)) / len(ok)
+
+
 def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
                 report: CalibrationReport) -> None:
     """The cell's two plots as SVG files beside its other artifacts."""
@@ -206,6 +222,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
+    summary.ttft_noise_floor = ttft_noise_floor(trace)
     item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
     if report.hit_rate is not None:
         item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))

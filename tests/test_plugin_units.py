@@ -63,12 +63,13 @@ def test_probe_content_differs_per_server() -> None:
 def test_summary_lines_show_headline_worst_error_and_notes() -> None:
     cells = [CellSummary(nodeid="f::gpu-hit::p", outcome="failed", path="gpu", headline="by_source/device",
                          real_hit_rate=0.9412, sim_hit_rate=0.1176, abs_error_pp=82.35, max_error_pp=82.35,
-                         ttft_mape=0.25, ttft_checked=False, note="why"),
+                         ttft_mape=0.25, ttft_noise_floor=0.031, ttft_checked=False, note="why"),
              CellSummary(nodeid="f::cpu-hit::p", outcome="skipped", note="skipped: no tier")]
     lines = summary_lines(cells)
-    assert lines[0].split()[:4] == ["cell", "outcome", "hit-rate", "real"]
+    assert lines[0].split()[:4] == ["cell", "outcome", "hit-rate", "real"] and lines[0].split()[-2:] == [
+        "ttft-mape", "noise"]
     assert lines[1].split() == ["f::gpu-hit::p", "failed", "by_source/device", "94.12%", "11.76%", "82.35",
-                                "82.35", "25.0%", "(not", "checked)"]
+                                "82.35", "25.0%", "3.1%", "(not", "checked)"]
     assert lines[2].strip() == "why" and lines[4].strip() == "skipped: no tier"
 
 
