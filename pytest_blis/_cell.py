@@ -16,7 +16,7 @@ import pytest
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, VerdictRow
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions
-from pytest_blis import _allure
+from pytest_blis import _allure, _html
 from pytest_blis._options import BlisOptions
 from pytest_blis._phases import build_plan, measured_phase_names
 from pytest_blis._render import CellFailure
@@ -161,18 +161,25 @@ def ttft_noise_floor(trace: Trace) -> float | None:
 
 
 def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
-                report: CalibrationReport) -> None:
-    """The cell's two plots as SVG files beside its other artifacts."""
-    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg
+                report: CalibrationReport) -> list[tuple[Path, str]]:
+    """The cell's three plots as SVG files beside its other artifacts: (path, caption) each."""
+    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg, ttft_scatter_svg
 
     real, sim = ttft_pairs(trace, sim_results)
-    mape = f", MAPE {report.ttft_tolerance.mape * 100:.1f}%" if report.ttft_tolerance is not None else ""
-    ctx.paths.ttft_plot.write_text(ttft_cdf_svg(real, sim, f"{point.scenario_name} / {point.name}: TTFT{mape}"))
+    name = f"{point.scenario_name} / {point.name}"
+    tol = report.ttft_tolerance
+    mape = f", MAPE {tol.mape * 100:.1f}%" if tol is not None else ""
+    ctx.paths.ttft_plot.write_text(ttft_cdf_svg(real, sim, f"{name}: TTFT{mape}"))
+    ctx.paths.ttft_scatter_plot.write_text(
+        ttft_scatter_svg(real, sim, f"{name}: TTFT per request", band=tol.threshold if tol is not None else None))
     rows = [(e.definition + (f"/{e.tier}" if e.tier else ""), e.real_hit_rate, e.sim_hit_rate)
             for e in report.kv_hit_rates or []]
     if report.hit_rate is not None and not rows:
         rows = [(f"hit_rate[{report.hit_rate.source}]", report.hit_rate.real_hit_rate, report.hit_rate.sim_hit_rate)]
-    ctx.paths.hit_rate_plot.write_text(hit_rates_svg(rows, f"{point.scenario_name} / {point.name}: KV hit-rates"))
+    ctx.paths.hit_rate_plot.write_text(hit_rates_svg(rows, f"{name}: KV hit-rates"))
+    return [(ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim"),
+            (ctx.paths.ttft_plot, "TTFT CDF, real vs sim"),
+            (ctx.paths.ttft_scatter_plot, "TTFT per request, real vs sim")]
 
 
 def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: Any) -> CalibrationReport:
@@ -209,15 +216,15 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         ttft_mape_threshold=opts.ttft_mape_threshold if thr is None else thr)
     with _allure.step("calibrate"):
         report = calibrate_step(trace, sim_results, sim_metrics, cal_opts, ctx.paths)
-    write_plots(ctx, point, trace, sim_results, report)
+    plots = write_plots(ctx, point, trace, sim_results, report)
     for path, name in ((ctx.paths.trace_header, "trace header"), (ctx.paths.trace_data, "trace data"),
                        (ctx.paths.sim_results, "sim results"), (ctx.paths.sim_metrics, "sim metrics"),
-                       (ctx.paths.report, "calibration report"), (ctx.paths.ttft_plot, "TTFT CDF, real vs sim"),
-                       (ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim")):
+                       (ctx.paths.report, "calibration report"), *plots):
         _allure.attach_file(request.config, path, name)
 
     timing = not opts.timing_report_only
     rows = verdict_rows(report, spec.expect, timing=timing)
+    _html.remember(item, rows, plots)
     problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
     notes = [f"artifacts: {ctx.paths.root}"] + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
