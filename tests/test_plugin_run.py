@@ -93,7 +93,7 @@ def test_pass_fail_skip_summary_and_compact_failure(pytester: pytest.Pytester) -
     # Artifacts of a passing cell: trace, sim results, report, plots, and the probe's fit.
     cell_dir = pytester.path / "out" / "cells.blis.yaml_gpu-hit_prefix-512"
     for name in ("trace.yaml", "trace.csv", "sim.json", "simagg.json", "calibration.json", "ttft-cdf.svg",
-                 "hit-rates.svg"):
+                 "hit-rates.svg", "ttft-scatter.svg"):
         assert (cell_dir / name).is_file(), name
     ET.fromstring((cell_dir / "ttft-cdf.svg").read_text())  # well-formed SVG
     latency = json.loads(next((pytester.path / "out").glob("probe-*/latency.json")).read_text())
