@@ -79,7 +79,7 @@ def test_pass_fail_skip_summary_and_compact_failure(pytester: pytest.Pytester) -
     # One summary line per cell with its own hit-rate, the worst error and TTFT MAPE.
     result.stdout.fnmatch_lines([
         "*blis calibration summary*",
-        "cell*outcome*hit-rate*real*sim*err(pp)*max-err(pp)*ttft-mape",
+        "cell*outcome*hit-rate*real*sim*err(pp)*max-err(pp)*ttft-mape*noise",
         "cells.blis.yaml::gpu-hit::prefix-256 *passed*by_source/device*  0.00 *  0.00 *% (not checked)",
     ])
     cells = _summary(pytester, "out")
