@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -84,6 +85,10 @@ def main() -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
+    # SIGTERM (and SIGINT, ignored in background jobs) end the loop through `finally`: the running
+    # pytest and the burners are stopped, by PID, with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
     burners = start_burners(args.burners)
     results = []
     try:
