@@ -16,7 +16,7 @@ import pytest
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, VerdictRow
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions
-from pytest_blis import _allure
+from pytest_blis import _allure, _html
 from pytest_blis._options import BlisOptions
 from pytest_blis._phases import build_plan, measured_phase_names
 from pytest_blis._render import CellFailure
@@ -144,19 +144,42 @@ def ttft_pairs(trace: Trace, sim_results: list[Any]) -> tuple[list[float], list[
     return real_out, sim_out
 
 
+def ttft_noise_floor(trace: Trace) -> float | None:
+    """How much of a TTFT MAPE the host's own timing noise explains, as a fraction: the mean over
+    requests of |first-byte delay - its median| / real TTFT. The server sends the response head
+    when it accepts a request, before any engine step, so the spread of that delay is request
+    delivery and scheduling on the shared machine, not the model; a MAPE near this floor is noise."""
+    import statistics
+
+    ok = [r for r in trace.records if r.status == "ok" and r.first_chunk_time_us > r.send_time_us > 0
+          and r.first_byte_time_us >= r.send_time_us]
+    if not ok:
+        return None
+    delays = [r.first_byte_time_us - r.send_time_us for r in ok]
+    mid = statistics.median(delays)
+    return sum(abs(d - mid) / (r.first_chunk_time_us - r.send_time_us) for d, r in zip(delays, ok)) / len(ok)
+
+
 def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
-                report: CalibrationReport) -> None:
-    """The cell's two plots as SVG files beside its other artifacts."""
-    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg
+                report: CalibrationReport) -> list[tuple[Path, str]]:
+    """The cell's three plots as SVG files beside its other artifacts: (path, caption) each."""
+    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg, ttft_scatter_svg
 
     real, sim = ttft_pairs(trace, sim_results)
-    mape = f", MAPE {report.ttft_tolerance.mape * 100:.1f}%" if report.ttft_tolerance is not None else ""
-    ctx.paths.ttft_plot.write_text(ttft_cdf_svg(real, sim, f"{point.scenario_name} / {point.name}: TTFT{mape}"))
+    name = f"{point.scenario_name} / {point.name}"
+    tol = report.ttft_tolerance
+    mape = f", MAPE {tol.mape * 100:.1f}%" if tol is not None else ""
+    ctx.paths.ttft_plot.write_text(ttft_cdf_svg(real, sim, f"{name}: TTFT{mape}"))
+    ctx.paths.ttft_scatter_plot.write_text(
+        ttft_scatter_svg(real, sim, f"{name}: TTFT per request", band=tol.threshold if tol is not None else None))
     rows = [(e.definition + (f"/{e.tier}" if e.tier else ""), e.real_hit_rate, e.sim_hit_rate)
             for e in report.kv_hit_rates or []]
     if report.hit_rate is not None and not rows:
         rows = [(f"hit_rate[{report.hit_rate.source}]", report.hit_rate.real_hit_rate, report.hit_rate.sim_hit_rate)]
-    ctx.paths.hit_rate_plot.write_text(hit_rates_svg(rows, f"{point.scenario_name} / {point.name}: KV hit-rates"))
+    ctx.paths.hit_rate_plot.write_text(hit_rates_svg(rows, f"{name}: KV hit-rates"))
+    return [(ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim"),
+            (ctx.paths.ttft_plot, "TTFT CDF, real vs sim"),
+            (ctx.paths.ttft_scatter_plot, "TTFT per request, real vs sim")]
 
 
 def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: Any) -> CalibrationReport:
@@ -193,11 +216,10 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         ttft_mape_threshold=opts.ttft_mape_threshold if thr is None else thr)
     with _allure.step("calibrate"):
         report = calibrate_step(trace, sim_results, sim_metrics, cal_opts, ctx.paths)
-    write_plots(ctx, point, trace, sim_results, report)
+    plots = write_plots(ctx, point, trace, sim_results, report)
     for path, name in ((ctx.paths.trace_header, "trace header"), (ctx.paths.trace_data, "trace data"),
                        (ctx.paths.sim_results, "sim results"), (ctx.paths.sim_metrics, "sim metrics"),
-                       (ctx.paths.report, "calibration report"), (ctx.paths.ttft_plot, "TTFT CDF, real vs sim"),
-                       (ctx.paths.hit_rate_plot, "hit-rate by definition and tier, real vs sim")):
+                       (ctx.paths.report, "calibration report"), *plots):
         _allure.attach_file(request.config, path, name)
 
     timing = not opts.timing_report_only
@@ -210,12 +232,14 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
             more, setting_notes = sweep_verdicts(point, trace, replay_options, cal_opts, ctx.paths.root,
                                                  lambda r: verdict_rows(r, spec.expect, timing=timing))
         rows += more
+    _html.remember(item, rows, plots)
     problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
     notes = [f"artifacts: {ctx.paths.root}"] + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
     if setting_notes:  # the worst error over every simulator setting too
         summary.max_error_pp = max([summary.max_error_pp or 0.0] + [r.error for r in rows if r.unit == "pp"])
+    summary.ttft_noise_floor = ttft_noise_floor(trace)
     item.user_properties.append((SUMMARY_PROPERTY, json.dumps(asdict(summary))))
     if report.hit_rate is not None:
         item.user_properties.append(("hit_rate_abs_error_pp", report.hit_rate.abs_error_pp))

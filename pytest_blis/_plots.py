@@ -4,8 +4,9 @@ API::
 
     ttft_cdf_svg(real_us, sim_us, title) -> str      # two empirical CDFs, TTFT in ms on x
     hit_rates_svg(rows, title) -> str                # rows: (label, real, sim) as fractions; paired bars
+    ttft_scatter_svg(real_us, sim_us, title, band)   # per request: real TTFT (x) vs simulated (y), ms
 
-Both return a complete, self-contained SVG document (Allure shows it inline; a browser opens it as a
+Each returns a complete, self-contained SVG document (Allure shows it inline; a browser opens it as a
 file). Values are drawn as given: an empty input draws the axes and a "no data" note.
 """
 from __future__ import annotations
@@ -108,4 +109,46 @@ def hit_rates_svg(rows: Sequence[tuple[str, float, float]], title: str) -> str:
             body.append(f'<rect x="{label_w}" y="{yy}" width="{bar_w * v:.1f}" height="11" fill="{colour}"/>')
             body.append(f'<text x="{label_w + bar_w * v + 4:.1f}" y="{yy + 10}" {_FONT}>{value * 100:.1f}%</text>')
     body += _legend(10, 16)
+    return _doc(width, height, title, body)
+
+
+def ttft_scatter_svg(real_us: Sequence[float], sim_us: Sequence[float], title: str,
+                     band: float | None = None) -> str:
+    """Per-request TTFT, real (x) against simulated (y), in ms: the diagonal is a perfect model;
+    ``band`` (a fraction, e.g. the cell's MAPE threshold) draws the ±band lines around it."""
+    width, height, left, right, top, bottom = 420, 400, 60, 20, 36, 50
+    pw, ph = width - left - right, height - top - bottom
+    pairs = [(r / 1000, s / 1000) for r, s in zip(real_us, sim_us) if math.isfinite(r) and math.isfinite(s)]
+    body = [f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>']
+    if not pairs:
+        body.append(f'<text x="{left + pw / 2}" y="{top + ph / 2}" text-anchor="middle" {_FONT}>no data</text>')
+        return _doc(width, height, title, body)
+    hi = max(max(p) for p in pairs) * 1.05 or 1.0
+    step = _nice_step(hi)
+    hi = math.ceil(hi / step) * step
+
+    def px(ms: float) -> float:
+        return left + pw * ms / hi
+
+    def py(ms: float) -> float:
+        return top + ph * (1 - ms / hi)
+
+    tick = 0.0
+    while tick <= hi + 1e-9:
+        body.append(f'<text x="{px(tick):.1f}" y="{top + ph + 17}" text-anchor="middle" {_FONT}>{tick:g}</text>')
+        body.append(f'<text x="{left - 6}" y="{py(tick) + 4:.1f}" text-anchor="end" {_FONT}>{tick:g}</text>')
+        body.append(f'<line x1="{left}" y1="{py(tick):.1f}" x2="{left + pw}" y2="{py(tick):.1f}" stroke="#eee"/>')
+        tick += step
+    body.append(f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(hi):.1f}" y2="{py(hi):.1f}" stroke="#999"/>')
+    for factor in ((1 - band, 1 + band) if band else ()):
+        end = min(hi, hi * factor)  # the line y = factor * x, clipped to the plot
+        body.append(f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(end / factor):.1f}" y2="{py(end):.1f}" '
+                    f'stroke="#bbb" stroke-dasharray="4 3"/>')
+    for r, s in pairs:
+        body.append(f'<circle cx="{px(r):.1f}" cy="{py(s):.1f}" r="3.5" fill="{SIM_COLOUR}" fill-opacity="0.7"/>')
+    body.append(f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle" {_FONT}>real TTFT (ms)</text>')
+    body.append(f'<text x="14" y="{top + ph / 2}" text-anchor="middle" {_FONT} '
+                f'transform="rotate(-90 14 {top + ph / 2})">simulated TTFT (ms)</text>')
+    if band:
+        body.append(f'<text x="{left + 8}" y="{top + 16}" {_FONT}>dashed: ±{band * 100:g} %</text>')
     return _doc(width, height, title, body)

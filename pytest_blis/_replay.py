@@ -12,8 +12,10 @@ if TYPE_CHECKING:
 
 
 def engine_options(target: ServerTarget, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                   latency: Any = None, total_kv_blocks: int | None = None) -> EngineOptions:
-    """The simulator's options for replaying ``target``'s traces (``latency``: fitted coefficients)."""
+                   latency: Any = None, total_kv_blocks: int | None = None,
+                   sequential: bool = False) -> EngineOptions:
+    """The simulator's options for replaying ``target``'s traces (``latency``: fitted coefficients;
+    ``sequential``: the trace was observed one request at a time)."""
     from blis_sim.engine import EngineOptions
 
     extra: dict[str, Any] = {}
@@ -25,14 +27,18 @@ def engine_options(target: ServerTarget, *, max_num_seqs: int = 256, max_num_bat
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         kv_offload=target.offload,
         kv_bytes_per_token=target.offload.kv_bytes_per_token if target.offload is not None else None,
-        **extra)
+        sequential=sequential, **extra)
 
 
 def replay_options(ctx: CellContext) -> EngineOptions:
     server = ctx.point.spec.server
     return engine_options(ctx.target, max_num_seqs=server.max_num_seqs,
                           max_num_batched_tokens=server.max_num_batched_tokens, latency=ctx.latency,
-                          total_kv_blocks=ctx.options.sim_total_kv_blocks)
+                          total_kv_blocks=ctx.options.sim_total_kv_blocks,
+                          # A cell at concurrency 1 sent each request when the previous had finished;
+                          # replayed open loop, a simulator a few % slower per request would queue
+                          # them and the lag would grow along the cell (docs/plugin.md).
+                          sequential=ctx.point.spec.concurrency == 1)
 
 
 def fit_latency_model(trace: Any, target: ServerTarget, out: Path, **limits: int) -> Any:

@@ -52,6 +52,7 @@ class CellSummary:
     ttft_mape: float | None = None
     ttft_checked: bool = True
     ttft_threshold: float | None = None
+    ttft_noise_floor: float | None = None  # the MAPE the host's timing noise alone explains
     hit_rate_tolerance_pp: float | None = None
     note: str = ""
 
@@ -156,11 +157,13 @@ def _pp(v: float | None) -> str:
 
 def summary_lines(cells: list[CellSummary]) -> list[str]:
     """The table: one line per cell (hit-rate the cell is about, worst error over all definitions,
-    TTFT MAPE), then a note line under any cell that has one."""
+    TTFT MAPE and beside it the host's noise floor), then a note line under any cell that has one."""
     width = max([len(c.nodeid) for c in cells] + [4])
-    lines = [f"{'cell'.ljust(width)}  outcome  hit-rate            real     sim   err(pp)  max-err(pp)  ttft-mape"]
+    lines = [f"{'cell'.ljust(width)}  outcome  hit-rate            real     sim   err(pp)  max-err(pp)  "
+             f"ttft-mape  noise"]
     for c in cells:
         mape = "      -  " if c.ttft_mape is None else f"{c.ttft_mape * 100:8.1f}%"
+        mape += "      -" if c.ttft_noise_floor is None else f"  {c.ttft_noise_floor * 100:4.1f}%"
         mape += "" if c.ttft_checked or c.ttft_mape is None else " (not checked)"
         lines.append(f"{c.nodeid.ljust(width)}  {c.outcome:7}  {(c.headline or '-'):17} {_pct(c.real_hit_rate)} "
                      f"{_pct(c.sim_hit_rate)}  {_pp(c.abs_error_pp)}  {_pp(c.max_error_pp)}      {mape}")

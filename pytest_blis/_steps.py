@@ -7,7 +7,7 @@ cell's directory, so a failing cell leaves everything needed to reproduce it wit
     <artifacts>/<cell>/trace.yaml, trace.csv      observe
     <artifacts>/<cell>/sim.json, simagg.json      replay
     <artifacts>/<cell>/calibration.json           calibrate
-    <artifacts>/<cell>/ttft-cdf.svg, hit-rates.svg   plots (also attached to Allure)
+    <artifacts>/<cell>/ttft-cdf.svg, hit-rates.svg, ttft-scatter.svg   plots (Allure, pytest-html)
 """
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ class CellPaths:
     @property
     def hit_rate_plot(self) -> Path:
         return self.root / "hit-rates.svg"
+
+    @property
+    def ttft_scatter_plot(self) -> Path:
+        return self.root / "ttft-scatter.svg"
 
 
 def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: CellPaths) -> ObserveResult:

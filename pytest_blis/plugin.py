@@ -3,7 +3,8 @@
 Hooks, in the order pytest calls them:
 - ``pytest_addoption``: the ``--blis-*`` options and ini keys (:mod:`pytest_blis._options`);
 - ``pytest_configure``: markers, resolved options in ``config.stash``, the session state
-  (server targets, results) and, under xdist, the hand-out of external servers to workers;
+  (server targets, results), under xdist the hand-out of external servers to workers, and with
+  pytest-html the cells' report columns and embedded plots (:mod:`pytest_blis._html`);
 - ``pytest_collect_file``: ``*.blis.yaml`` files become scenario collectors (:mod:`._collect`);
 - ``pytest_collection_finish``: the highest concurrency of the cells that will run (sizes the probe);
 - ``pytest_report_header``: server target, simulator backend, tolerances;
@@ -41,6 +42,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_session.STATE] = _session.new_state(config)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_session.XdistHooks(), "blis-xdist")
+    if config.pluginmanager.hasplugin("html"):
+        from pytest_blis._html import HtmlHooks
+
+        config.pluginmanager.register(HtmlHooks(), "blis-html")
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:

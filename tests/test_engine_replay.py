@@ -428,3 +428,30 @@ def test_content_plan_prefix_spec_shares_what_the_hashed_prefix_holds() -> None:
             continue
         assert len(prefix) == shared[group == group[i]].max() // bs
         assert blocks == min(shared[i] // bs, prompt[i] // bs, len(prefix))
+
+
+def test_a_sequential_trace_replays_request_by_request() -> None:
+    """A client with one request in flight sent each request 1 ms after the last was sent (the
+    server was that fast); the simulated requests take longer. Open loop, each arrives while the
+    last is still running and the lag grows along the trace; sequential, each is alone in its
+    first step, as on the server, and starts when the simulated previous one has finished."""
+    from blis_sim.engine.latency import LatencyCoefficients, StepCoefficients
+
+    model = LatencyCoefficients(step=StepCoefficients(
+        base_us=1000.0, per_prefill_token_us=1.0, per_decode_seq_us=10.0,
+        per_context_token_us=0.0)).to_step_model()
+    t0 = 1_700_000_000_000_000
+    rows = [rec(i, arrival_time_us=t0 + 1000 * i, input_tokens=100, output_tokens=3, phase="p") for i in range(6)]
+    trace = Trace(header=TraceHeader(mode="real"), records=rows)
+    seq = replay_outcome(trace, opts(latency=model, num_gpu_blocks=100, sequential=True)).outcome.loop
+    assert seq.ttft_us.tolist() == [1100.0] * 6
+    assert all(seq.arrival_us[i] == max(1000.0 * i, seq.finish_us[i - 1]) for i in range(1, 6))
+    open_loop = replay_outcome(trace, opts(latency=model, num_gpu_blocks=100)).outcome.loop
+    assert open_loop.arrival_us.tolist() == [1000.0 * i for i in range(6)]
+    assert np.all(np.diff(open_loop.ttft_us) > 0) and open_loop.ttft_us[-1] > 1.5 * 1100.0  # the lag grows
+
+
+def test_sequential_replay_keeps_session_rounds_together() -> None:
+    a = replay_outcome(_session_trace(True), opts()).outcome
+    b = replay_outcome(_session_trace(True), opts(sequential=True)).outcome
+    assert a.cached.tolist() == b.cached.tolist()

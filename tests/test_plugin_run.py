@@ -16,6 +16,7 @@ import pytest
 # pytester's in-process runs drop the modules first imported inside them, and numpy cannot be
 # imported twice in one process: import what the cells load here, outside the inner runs.
 import blis_sim.emulator  # noqa: F401,E402
+import scipy.optimize  # noqa: F401,E402  (the probe's fit solves with it)
 from blis_sim.engine import fit, replay  # noqa: F401,E402
 import blis_sim.kv  # noqa: F401,E402
 import blis_sim.observe.metrics  # noqa: F401,E402
@@ -79,7 +80,7 @@ def test_pass_fail_skip_summary_and_compact_failure(pytester: pytest.Pytester) -
     # One summary line per cell with its own hit-rate, the worst error and TTFT MAPE.
     result.stdout.fnmatch_lines([
         "*blis calibration summary*",
-        "cell*outcome*hit-rate*real*sim*err(pp)*max-err(pp)*ttft-mape",
+        "cell*outcome*hit-rate*real*sim*err(pp)*max-err(pp)*ttft-mape*noise",
         "cells.blis.yaml::gpu-hit::prefix-256 *passed*by_source/device*  0.00 *  0.00 *% (not checked)",
     ])
     cells = _summary(pytester, "out")
@@ -93,7 +94,7 @@ def test_pass_fail_skip_summary_and_compact_failure(pytester: pytest.Pytester) -
     # Artifacts of a passing cell: trace, sim results, report, plots, and the probe's fit.
     cell_dir = pytester.path / "out" / "cells.blis.yaml_gpu-hit_prefix-512"
     for name in ("trace.yaml", "trace.csv", "sim.json", "simagg.json", "calibration.json", "ttft-cdf.svg",
-                 "hit-rates.svg"):
+                 "hit-rates.svg", "ttft-scatter.svg"):
         assert (cell_dir / name).is_file(), name
     ET.fromstring((cell_dir / "ttft-cdf.svg").read_text())  # well-formed SVG
     latency = json.loads(next((pytester.path / "out").glob("probe-*/latency.json")).read_text())
@@ -170,6 +171,7 @@ def test_allure_results_with_plots_titles_and_parameters(pytester: pytest.Pytest
     kinds = {a["name"]: a["type"] for a in passed["attachments"]}
     assert kinds["TTFT CDF, real vs sim"] == "image/svg+xml"
     assert kinds["hit-rate by definition and tier, real vs sim"] == "image/svg+xml"
+    assert kinds["TTFT per request, real vs sim"] == "image/svg+xml"
     assert {"trace header", "trace data", "sim results", "calibration report"} <= set(kinds)
     params = {p["name"]: p for p in passed["parameters"]}
     assert params["prefix_length"]["value"] == "256" and params["server"].get("excluded") is True
@@ -181,6 +183,42 @@ def test_allure_results_with_plots_titles_and_parameters(pytester: pytest.Pytest
     assert "calibration failure" in {a["name"] for a in failed["attachments"]}
     svg = next(a["source"] for a in passed["attachments"] if a["name"] == "TTFT CDF, real vs sim")
     ET.fromstring((pytester.path / "allure" / svg).read_text())
+
+
+def _html_tests(report: Path) -> dict[str, dict]:
+    """pytest-html 4's per-test data: the JSON blob its page renders from, by node id."""
+    import html
+    import re
+
+    blob = re.search(r'data-jsonblob="([^"]*)"', report.read_text()).group(1)
+    return {nodeid: runs[-1] for nodeid, runs in json.loads(html.unescape(blob))["tests"].items()}
+
+
+def test_html_report_embeds_each_cells_verdicts_and_plots(pytester: pytest.Pytester) -> None:
+    import base64
+
+    pytest.importorskip("pytest_html")
+    pytester.makefile(".blis.yaml", cells=CELLS)
+    result = _run(pytester, "-k", "prefix-256 or not-elicited", "--html", "report.html", "--self-contained-html")
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*blis calibration summary*"])  # the terminal summary stays
+    tests = _html_tests(pytester.path / "report.html")
+    passed = next(t for n, t in tests.items() if n.endswith("gpu-hit::prefix-256"))
+    failed = next(t for n, t in tests.items() if n.endswith("not-elicited::default"))
+    assert passed["result"] == "Passed" and failed["result"] == "Failed"
+    row = " ".join(passed["resultsTableRow"])
+    assert "by_source/device:" in row and "0.00 pp" in row and "not checked" in row
+    images = {e["name"]: e for e in passed["extras"] if e["format_type"] == "image"}
+    assert set(images) == {"hit-rate by definition and tier, real vs sim", "TTFT CDF, real vs sim",
+                           "TTFT per request, real vs sim"}
+    for extra in images.values():  # embedded in the one file, each a whole SVG document
+        head, _, data = extra["content"].partition(";base64,")
+        assert head.startswith("data:image/svg+xml")
+        root = ET.fromstring(base64.b64decode(data))
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and "prefix-256" in "".join(root.itertext())
+    tables = [e["content"] for e in passed["extras"] if e["format_type"] == "html"]
+    assert len(tables) == 1 and "kv_hit_rate[by_source/device]" in tables[0] and "WITHIN" in tables[0]
+    assert any("the gpu-hit path was not elicited" in line for line in failed["resultsTableRow"] + [failed["log"]])
 
 
 def _window(trace_yaml: Path) -> tuple[int, int, str]:

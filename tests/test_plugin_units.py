@@ -63,12 +63,13 @@ def test_probe_content_differs_per_server() -> None:
 def test_summary_lines_show_headline_worst_error_and_notes() -> None:
     cells = [CellSummary(nodeid="f::gpu-hit::p", outcome="failed", path="gpu", headline="by_source/device",
                          real_hit_rate=0.9412, sim_hit_rate=0.1176, abs_error_pp=82.35, max_error_pp=82.35,
-                         ttft_mape=0.25, ttft_checked=False, note="why"),
+                         ttft_mape=0.25, ttft_noise_floor=0.031, ttft_checked=False, note="why"),
              CellSummary(nodeid="f::cpu-hit::p", outcome="skipped", note="skipped: no tier")]
     lines = summary_lines(cells)
-    assert lines[0].split()[:4] == ["cell", "outcome", "hit-rate", "real"]
+    assert lines[0].split()[:4] == ["cell", "outcome", "hit-rate", "real"] and lines[0].split()[-2:] == [
+        "ttft-mape", "noise"]
     assert lines[1].split() == ["f::gpu-hit::p", "failed", "by_source/device", "94.12%", "11.76%", "82.35",
-                                "82.35", "25.0%", "(not", "checked)"]
+                                "82.35", "25.0%", "3.1%", "(not", "checked)"]
     assert lines[2].strip() == "why" and lines[4].strip() == "skipped: no tier"
 
 
@@ -151,3 +152,41 @@ def test_saturation_is_required_only_where_asked() -> None:
 
     report = _sample_report()
     assert saturation_problem(report, Expect()) is None
+
+
+def test_noise_floor_is_the_first_byte_spread_relative_to_ttft() -> None:
+    from blis_sim.formats import Trace, TraceHeader, TraceRecord
+    from pytest_blis._cell import ttft_noise_floor
+
+    t0 = 1_700_000_000_000_000
+
+    def rec(i: int, first_byte_us: int, ttft_us: int, status: str = "ok") -> TraceRecord:
+        send = t0 + 1_000_000 * i
+        return TraceRecord(request_id=i, arrival_time_us=send, send_time_us=send, status=status,
+                           first_byte_time_us=send + first_byte_us, first_chunk_time_us=send + ttft_us)
+
+    # first-byte delays 1, 1, 5 ms (median 1): deviations 0, 0, 4 ms over TTFTs of 40 ms -> 1/30
+    rows = [rec(0, 1000, 40_000), rec(1, 1000, 40_000), rec(2, 5000, 40_000), rec(3, 90_000, 0, "error")]
+    assert ttft_noise_floor(Trace(header=TraceHeader(mode="real"), records=rows)) == pytest.approx(4 / 40 / 3)
+    assert ttft_noise_floor(Trace(header=TraceHeader(mode="real"), records=rows[3:])) is None
+
+
+def test_ttft_scatter_draws_a_point_per_request_and_the_band() -> None:
+    from pytest_blis._plots import ttft_scatter_svg
+
+    root = ET.fromstring(ttft_scatter_svg([10_000, 20_000, 30_000], [11_000, 18_000, 45_000], "t", band=0.15))
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(root.findall(f"{ns}circle")) == 3
+    assert len([ln for ln in root.findall(f"{ns}line") if ln.get("stroke-dasharray")]) == 2
+    assert "±15 %" in "".join(root.itertext())
+    assert not ET.fromstring(ttft_scatter_svg([], [], "t")).findall(f"{ns}circle")
+
+
+def test_html_row_cells_show_the_cells_verdicts() -> None:
+    from pytest_blis._html import COLUMNS, row_cells
+
+    cell = {"headline": "by_source/disk", "real_hit_rate": 0.8889, "sim_hit_rate": 0.8889, "abs_error_pp": 0.0,
+            "max_error_pp": 0.0, "ttft_mape": 0.052, "ttft_noise_floor": 0.021, "ttft_checked": True}
+    assert row_cells(cell) == ['<td class="col-blis">by_source/disk: 88.89 % / 88.89 % (0.00 pp)</td>',
+                               '<td class="col-blis">0.00 pp</td>', '<td class="col-blis">5.2 % (2.1 %)</td>']
+    assert row_cells(None) == ["<td></td>"] * len(COLUMNS)

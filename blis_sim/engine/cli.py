@@ -90,6 +90,10 @@ def register(subparsers: Any) -> None:
                               description="Replay a TraceV2 (header + CSV) through the simulator.")
     p.add_argument("--trace-header", default=None, help="TraceV2 header YAML (required)")
     p.add_argument("--trace-data", default=None, help="TraceV2 data CSV (required)")
+    p.add_argument("--sequential", action="store_true",
+                   help="the trace's client sent one request at a time (observe --max-concurrency 1): "
+                        "each request starts when the simulated previous one has finished, or at its "
+                        "recorded send if later")
     _sim_flags(p)
     _output_flags(p)
     p.set_defaults(func=cmd_replay)
@@ -239,7 +243,8 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
             max_num_seqs=seqs, max_num_batched_tokens=tokens,
             long_prefill_token_threshold=args.long_prefill_token_threshold, seed=args.seed,
             horizon_us=args.horizon, latency=latency, latency_source=source,
-            kv_offload=_offload(args, header), kv_bytes_per_token=_kv_bytes_per_token(args, header))
+            kv_offload=_offload(args, header), kv_bytes_per_token=_kv_bytes_per_token(args, header),
+            sequential=getattr(args, "sequential", False))
     except ConfigError:
         raise
     except ValueError as exc:

@@ -23,6 +23,11 @@ Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs 
 * **Phases** (the ``phase`` column, two or more names) are replayed one after the other, each
   starting at its recorded first send or when the simulated previous phase has drained, whichever
   is later — on the server each phase started once the previous had drained.
+* **Sequential clients** (``EngineOptions.sequential``, ``--sequential``): a trace observed with
+  one request in flight at a time is replayed request by request, each starting at its recorded
+  send or when the simulated previous request has finished, whichever is later (session rounds
+  stay together). Replayed open loop, a simulator only slightly slower per request than the server
+  would queue every request behind the previous one, and the lag would grow along the trace.
 * **Time origin:** observe traces are replayed from their first send (relative µs). Without
   ``--horizon`` the replay runs until every request has finished (the reference stops at twice the
   last arrival, which drops requests still running then from the comparison).
@@ -182,6 +187,8 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
     block_size, num_blocks = geometry(header, options, offload)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     phases = table.phases()
+    if options.sequential:
+        phases = sequential_groups(table, phases)
     if len(phases) == 1:
         outcome = simulate_table(table, kv, options, block_size=block_size,
                                  num_gpu_blocks=num_blocks, offload=offload,
@@ -190,6 +197,21 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
         outcome = _replay_phases(table, phases, kv, options, block_size, num_blocks, offload,
                                  log_steps)
     return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
+
+
+def sequential_groups(table: Any, phases: list[Any]) -> list[Any]:
+    """Each phase split into its requests, in arrival order; a phase with session rounds stays
+    whole (a round's content is built from the round before, and the rounds are already chained)."""
+    import numpy as np
+
+    groups: list[Any] = []
+    for idx in phases:
+        linked = (table.session[idx] >= 0) | (table.prev_round[idx] >= 0) | (table.next_round[idx] >= 0)
+        if linked.any():
+            groups.append(idx)
+        else:
+            groups.extend(np.array([i], dtype=np.int64) for i in idx)
+    return groups
 
 
 def _replay_phases(table: Any, phases: list[Any], kv: Any, options: EngineOptions,

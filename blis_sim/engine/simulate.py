@@ -41,6 +41,9 @@ class EngineOptions:
     kv_offload: Any = None              # OffloadConfig given on the command line (replay/run)
     kv_bytes_per_token: float | None = None
     kv_backend: str | None = None       # "cython" | "python" | None (tests)
+    # Replay only: the trace's client had one request in flight at a time (observe
+    # --max-concurrency 1), so each request waits for the simulated previous one to finish.
+    sequential: bool = False
     loop_backend: Any = None            # a loop module (tests)
 
     def scheduler(self, horizon_us: float | None = None) -> SchedulerConfig:
