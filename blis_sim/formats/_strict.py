@@ -91,12 +91,28 @@ def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         raise FormatError(f"invalid YAML: {exc.problem or exc}", file=file, line=line) from None
+    except yaml.reader.ReaderError as exc:
+        # PyYAML reports a character it refuses by offset in "<unicode string>", on a second line
+        line, column = _line_column(text, exc.position)
+        raise FormatError(f"invalid YAML: unacceptable character {_char(exc.character)} at column {column} "
+                          f"({exc.reason})", file=file, line=line) from None
     except yaml.YAMLError as exc:
         raise FormatError(f"invalid YAML: {exc}", file=file) from None
     lines: dict[Path_, int] = {}
     raw: dict[Path_, str] = {}
     data = None if node is None else _construct(node, (), lines, file, raw)
     return YamlDoc(data=data, file=file, lines=lines, raw=raw)
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of character ``offset`` of ``text``."""
+    start = text.rfind("\n", 0, offset) + 1
+    return text.count("\n", 0, offset) + 1, offset - start + 1
+
+
+def _char(character: int | str) -> str:
+    code = character if isinstance(character, int) else ord(character[:1] or "\0")
+    return f"#x{code:04x}"
 
 
 def read_text(path: str | Path) -> str:
