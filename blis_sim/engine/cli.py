@@ -189,6 +189,15 @@ def _validate_sim_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--horizon must be > 0, got {args.horizon}")
     if args.tp < 1:
         raise UsageError(f"--tp must be ≥ 1, got {args.tp}")
+    from blis_sim import limits
+
+    for name, maximum in (("total_kv_blocks", limits.MAX_GPU_BLOCKS), ("block_size_in_tokens", limits.MAX_BLOCK_TOKENS),
+                          ("max_num_seqs", limits.MAX_NUM_SEQS), ("max_num_batched_tokens", limits.MAX_REQUEST_TOKENS),
+                          ("long_prefill_token_threshold", limits.MAX_REQUEST_TOKENS),
+                          ("num_requests", limits.MAX_REQUESTS), ("tp", limits.MAX_THREADS)):
+        v = getattr(args, name, None)
+        if v is not None and v > maximum:
+            raise UsageError(f"--{name.replace('_', '-')} {limits.over(v, maximum)}")
 
 
 def _scheduler_limits(args: argparse.Namespace, header: Any) -> tuple[int, int, list[str]]:

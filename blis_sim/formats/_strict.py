@@ -82,6 +82,34 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
 
 _LOADER_SINGLETON = _Loader("")
 
+#: Values a document may hold with its aliases expanded: no input of ours comes near it, and it stops a
+#: few lines of nested aliases (a "billion laughs") from taking exponential time and memory.
+MAX_YAML_NODES = 1_000_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], active: set[int]) -> int:
+    """Values under ``node`` with aliases expanded (an alias cycle counts as unbounded)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        return MAX_YAML_NODES + 1
+    active.add(key)
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            size += _expanded_size(k, memo, active) + _expanded_size(v, memo, active)
+            if size > MAX_YAML_NODES:
+                break
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            size += _expanded_size(item, memo, active)
+            if size > MAX_YAML_NODES:
+                break
+    active.discard(key)
+    memo[key] = size
+    return size
+
 
 def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
     """Parse one YAML document strictly. Empty input gives ``data=None``."""
@@ -98,9 +126,17 @@ def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
                           f"({exc.reason})", file=file, line=line) from None
     except yaml.YAMLError as exc:
         raise FormatError(f"invalid YAML: {exc}", file=file) from None
+    except RecursionError:
+        raise FormatError("invalid YAML: nested too deeply", file=file) from None
     lines: dict[Path_, int] = {}
     raw: dict[Path_, str] = {}
-    data = None if node is None else _construct(node, (), lines, file, raw)
+    try:
+        if node is not None and _expanded_size(node, {}, set()) > MAX_YAML_NODES:
+            raise FormatError(f"invalid YAML: more than {MAX_YAML_NODES} values once aliases are expanded",
+                              file=file, line=1)
+        data = None if node is None else _construct(node, (), lines, file, raw)
+    except RecursionError:
+        raise FormatError("invalid YAML: nested too deeply", file=file) from None
     return YamlDoc(data=data, file=file, lines=lines, raw=raw)
 
 
