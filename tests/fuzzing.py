@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,14 @@ def _json_head(path: Path, n: int) -> bytes:
     elif isinstance(data.get("requests"), list):
         data["requests"] = data["requests"][:n]
     return json.dumps(data, indent=2).encode()
+
+
+def _workload_sample() -> bytes:
+    """The BLIS sample spec with 3 of its 17 clients (the same shapes: prefix groups and unique traffic)."""
+    lines = (BLIS / "workload.yaml").read_bytes().splitlines(keepends=True)
+    clients = [i for i, line in enumerate(lines) if line.lstrip().startswith(b"- {id:")]
+    keep = set(clients[:2] + clients[-1:])
+    return b"".join(line for i, line in enumerate(lines) if i not in clients or i in keep)
 
 
 def _itl_sample() -> bytes:
@@ -165,11 +174,18 @@ def _load_scenario(path: Path) -> None:
     load_scenario_file(path)
 
 
+@lru_cache(maxsize=4)
+def _before_snapshot(url: str) -> Any:
+    from blis_sim.observe.metrics import parse_exposition
+
+    return parse_exposition((VLLM / "metrics-before.txt").read_text(), url=url)
+
+
 def _load_exposition(path: Path) -> None:
     """What observe does with two scrapes: parse each, then the counter window between them."""
     from blis_sim.observe.metrics import derive_window, kv_geometry, parse_exposition
 
-    before = parse_exposition((VLLM / "metrics-before.txt").read_text(), url=str(path))
+    before = _before_snapshot(str(path))
     after = parse_exposition(path.read_bytes().decode("utf-8", errors="replace"), url=str(path))
     derive_window(before, after, model="tiny-llama")
     kv_geometry(after)
@@ -197,8 +213,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            _load_trace_header),
     Target("trace-data", "replay", "trace.csv", "csv", lambda: _head_lines(VLLM / "trace.csv", ROWS),
            _load_trace_data),
-    Target("workload-spec", "run", "workload.yaml", "yaml", lambda: (BLIS / "workload.yaml").read_bytes(),
-           _load_workload),
+    Target("workload-spec", "run", "workload.yaml", "yaml", _workload_sample, _load_workload),
     Target("workload-phases", "run", "spec.yaml", "yaml", lambda: PHASED_SPEC.encode(), _load_workload),
     Target("offload-config", "replay", "offload.yaml", "yaml", lambda: (BLIS / "offload.yaml").read_bytes(),
            _load_offload),
@@ -396,19 +411,27 @@ def message_problem(line: str, path: Path, command: str) -> str | None:
     return None
 
 
-def check(target: Target, data: bytes, workdir: Path, *, timeout_s: float = 10.0) -> Failure | None:
-    """Write ``data`` as the target's file in ``workdir``, load it; a :class:`Failure` if the property breaks."""
+def run(target: Target, data: bytes, workdir: Path, *, timeout_s: float = 10.0) -> tuple[str, Failure | None]:
+    """Write ``data`` as the target's file in ``workdir`` and load it: ``("loaded" | "input-error", None)``, or
+    the kind of failure (``traceback`` | ``hang`` | ``bad-message``) and the :class:`Failure`."""
     path = workdir / target.filename
     path.write_bytes(data)
     try:
         with time_limit(timeout_s):
             target.load(path)
     except BlisError as exc:
-        problem = message_problem(error_line(target.command, exc), path, target.command)
+        line = error_line(target.command, exc)
+        problem = message_problem(line, path, target.command)
         if problem:
-            return Failure(target.name, "bad-message", f"{problem}: {error_line(target.command, exc)!r}", data)
+            return "bad-message", Failure(target.name, "bad-message", f"{problem}: {line!r}", data)
+        return "input-error", None
     except _Hang:
-        return Failure(target.name, "hang", f"no answer within {timeout_s} s", data)
+        return "hang", Failure(target.name, "hang", f"no answer within {timeout_s} s", data)
     except Exception:  # noqa: BLE001 - the property: nothing else escapes
-        return Failure(target.name, "traceback", traceback.format_exc(limit=-4), data)
-    return None
+        return "traceback", Failure(target.name, "traceback", traceback.format_exc(limit=-4), data)
+    return "loaded", None
+
+
+def check(target: Target, data: bytes, workdir: Path, *, timeout_s: float = 10.0) -> Failure | None:
+    """:func:`run`'s failure, or None when the property holds."""
+    return run(target, data, workdir, timeout_s=timeout_s)[1]

@@ -58,13 +58,25 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _object(node: yaml.Node, file: str) -> Any:
+    """The value of a node; a tagged scalar that does not convert (``!!int x``) is a located FormatError."""
+    try:
+        return _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise FormatError(f"invalid YAML: {node.tag.rsplit(':', 1)[-1]} value {node.value!r} does not convert "
+                          f"({exc})", file=file, line=node.start_mark.line + 1) from None
+
+
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
                raw: dict[Path_, str] | None = None) -> Any:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _Loader.construct_object(_LOADER_SINGLETON, key_node, deep=True)  # type: ignore[arg-type]
+            key = _object(key_node, file)
+            if isinstance(key, (list, dict, set)):
+                raise FormatError("invalid YAML: a mapping key must be a scalar", file=file,
+                                  line=key_node.start_mark.line + 1, field=_dotted(path) or None)
             if key in out:
                 raise FormatError(f"duplicate key '{key}'", file=file, line=key_node.start_mark.line + 1,
                                   field=_dotted(path + (key,)))
@@ -74,7 +86,7 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), lines, file, raw) for i, item in enumerate(node.value)]
-    value = _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
+    value = _object(node, file)
     if raw is not None and node.style is None and value is not None and not isinstance(value, str):
         raw[path] = node.value
     return value
@@ -135,6 +147,10 @@ def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
             raise FormatError(f"invalid YAML: more than {MAX_YAML_NODES} values once aliases are expanded",
                               file=file, line=1)
         data = None if node is None else _construct(node, (), lines, file, raw)
+    except yaml.MarkedYAMLError as exc:  # a tag the safe loader refuses (``!!python/object``), a bad timestamp
+        mark = exc.problem_mark or exc.context_mark
+        raise FormatError(f"invalid YAML: {exc.problem or exc.context}", file=file,
+                          line=mark.line + 1 if mark else None) from None
     except RecursionError:
         raise FormatError("invalid YAML: nested too deeply", file=file) from None
     return YamlDoc(data=data, file=file, lines=lines, raw=raw)
