@@ -51,13 +51,14 @@ version: "2"
 seed: 7
 category: language
 aggregate_rate: 4
-clients:
-  - {id: g0, rate_fraction: 1.0, prefix_group: sys-0, prefix_length: 64, arrival: {process: poisson},
-     input_distribution: {type: gaussian, params: {mean: 32, std_dev: 8, min: 8, max: 64}},
-     output_distribution: {type: exponential, params: {mean: 8}}}
 phases:
-  - {name: seed, num_requests: 4}
-  - {name: repeat, num_requests: 6, aggregate_rate: 8}
+  - name: seed
+    num_requests: 4
+    clients:
+      - {id: g0, rate_fraction: 1.0, prefix_group: sys-0, prefix_length: 64, arrival: {process: poisson},
+         input_distribution: {type: gaussian, params: {mean: 32, std_dev: 8, min: 8, max: 64}},
+         output_distribution: {type: exponential, params: {mean: 8}}}
+  - {name: repeat, repeat: seed, num_requests: 6, aggregate_rate: 8, gap_us: 1000}
 """
 
 
