@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"blis {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except OSError as exc:  # a missing input, an unwritable output, a full disk
         print(one_line(f"blis {args.command}: error: {exc.filename}: {exc.strerror}"), file=sys.stderr)
         return EXIT_INPUT_ERROR
 

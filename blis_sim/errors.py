@@ -76,6 +76,11 @@ class UsageError(InputError):
     """Bad or conflicting command-line flags."""
 
 
+class OutputError(BlisError):
+    """An output file could not be written (a full disk, no permission). Writes are atomic: nothing is left
+    under the output's name."""
+
+
 class ServerError(BlisError):
     """The server under observation misbehaved: unreachable, stalled, reset, or answered garbage."""
 
