@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", default="soak")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds before an input counts as a hang")
+    ap.add_argument("--progress", action="store_true", help=f"a line every {SLICE} inputs")
     args = ap.parse_args(argv)
     names = [n for n in args.formats.split(",") if n]
     unknown = set(names) - set(fuzzing.TARGETS)
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                 c.update(res["counts"])
                 for k, v in res["failures"].items():
                     failures[n].setdefault(k, v)
+                if args.progress:
+                    print(f"  {n}: {sum(c.values())} inputs, {c['traceback'] + c['bad-message'] + c['hang']} "
+                          f"failures, {time.perf_counter() - t_format:.0f}s", flush=True)
             print(f"{n:<20} {sum(c.values()):>8} {c['loaded']:>8} {c['input-error']:>8} {c['traceback']:>9} "
                   f"{c['bad-message']:>8} {c['hang']:>5} {time.perf_counter() - t_format:>5.0f}s", flush=True)
             bad += c["traceback"] + c["bad-message"] + c["hang"]
