@@ -32,7 +32,10 @@ from blis_sim.formats.trace import load_trace
 from blis_sim.formats.workload import parse_workload_spec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
 from blis_sim.observe.scrape import CounterWindow
-from test_observe_run import FakeVllm, fake  # noqa: F401  (the fixture: a vLLM-like server on 127.0.0.1)
+import test_observe_run
+from test_observe_run import FakeVllm
+
+fake = test_observe_run.fake  # the fixture: a vLLM-like aiohttp server on 127.0.0.1
 
 TWO_PHASES = """
 version: "2"
