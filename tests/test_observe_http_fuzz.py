@@ -20,6 +20,7 @@ import pytest
 
 from blis_sim.formats.workload import parse_workload_spec
 from blis_sim.observe.run import ObserveOptions, observe
+from test_observe_run import SPEC
 
 
 def _frame(obj: Any) -> bytes:
@@ -182,21 +183,6 @@ def fuzz_server() -> Iterator[tuple[FuzzServer, str]]:
     thread.join(10)
 
 
-SPEC = """
-version: "2"
-seed: 3
-aggregate_rate: 400
-num_requests: {n}
-clients:
-  - id: g
-    rate_fraction: 1
-    streaming: true
-    arrival: {{process: constant}}
-    input_distribution: {{type: constant, params: {{value: 8}}}}
-    output_distribution: {{type: constant, params: {{value: 3}}}}
-"""
-
-
 @pytest.mark.parametrize("client", ["lean", "aiohttp"])
 def test_every_broken_response_is_an_error_row_and_the_window_survives(
         fuzz_server: tuple[FuzzServer, str], client: str) -> None:
@@ -204,7 +190,8 @@ def test_every_broken_response_is_an_error_row_and_the_window_survives(
     n = len(server.turns)
     opts = ObserveOptions(model="m", max_concurrency=4, scrape_kv_metrics=True, settle_s=0.0, progress=False,
                           timeout_s=1.5, use_tokenize=False, http_client=client)
-    result = observe(url, parse_workload_spec(SPEC.format(n=n)), opts)
+    spec = SPEC.replace("num_requests: 4", f"num_requests: {n}")  # test_observe_run's spec, n requests
+    result = observe(url, parse_workload_spec(spec), opts)
     rows = result.trace.records
     # one more request than rows: without /tokenize, observe calibrates tokens per word on one request first
     extra = [server.by_request_id[i] for i in set(server.by_request_id) - {r.x_request_id for r in rows}]
