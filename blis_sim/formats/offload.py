@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from blis_sim import limits
 from blis_sim.errors import ConfigError
@@ -443,12 +443,27 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
             where.fail(f"secondary_tiers.{i}.max_bytes",
                        f"kv_offload: secondary_tiers[{i}].max_bytes ({t['max_bytes']}) is smaller than one offload "
                        f"chunk ({bytes_per_chunk} bytes); omit it for an unbounded tier")
-    return OffloadConfig(cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
-                         blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,  # type: ignore[arg-type]
-                         offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
-                         store_threshold=store_threshold if store_threshold >= 2 else 0,
-                         secondary_tiers=tuple(TierConfig(**t) for t in tiers),
-                         kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+    resolved = []
+    for i, t in enumerate(tiers):  # what the checks above do not cover (a header's empty root_dir, ...)
+        try:
+            resolved.append(TierConfig(**t))
+        except ValidationError as exc:
+            _fail_validation(where, exc, f"secondary_tiers.{i}.", f"secondary_tiers[{i}].")
+    try:
+        return OffloadConfig(cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
+                             blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,  # type: ignore[arg-type]
+                             offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
+                             store_threshold=store_threshold if store_threshold >= 2 else 0,
+                             secondary_tiers=tuple(resolved),
+                             kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+    except ValidationError as exc:
+        _fail_validation(where, exc, "", "")
+
+
+def _fail_validation(where: _Where, exc: ValidationError, field: str, label: str) -> NoReturn:
+    err = exc.errors(include_url=False)[0]
+    name = ".".join(str(p) for p in err["loc"])
+    where.fail(field + name, f"kv_offload: {label}{name}: {err['msg']} (got {err.get('input')!r})")
 
 
 _MAXIMA = {"cpu_bytes_to_use": limits.MAX_BYTES, "block_size": limits.MAX_BLOCK_TOKENS,
