@@ -190,3 +190,18 @@ def test_no_control_character_reaches_the_terminal() -> None:
     line = error_line("calibrate", exc)
     assert line == "blis calibrate: error: x.json:3: field 'a\\nb': duplicate key 'a\\x1b[2Jb'"
     assert json.dumps(line).count("\\u") == 0
+
+
+def test_a_header_tier_the_resolver_refuses_is_located(tmp_path: Path) -> None:
+    """Found by the soak: an empty ``root_dir`` in a header's ``kv_offload`` tier escaped as a pydantic error."""
+    target = fuzzing.TARGETS["trace-header"]
+    text = target.sample().decode()
+    text = text.replace("root_dir: /mnt/kv-cache", 'root_dir: ""')
+    assert 'root_dir: ""' in text
+    path = tmp_path / target.filename
+    path.write_text(text)
+    with pytest.raises(Exception) as exc:
+        target.load(path)
+    assert error_line("replay", exc.value) == (
+        f"blis replay: error: {path}: field 'kv_offload.secondary_tiers.0.root_dir': kv_offload: "
+        "secondary_tiers[0].root_dir: String should have at least 1 character (got '')")
