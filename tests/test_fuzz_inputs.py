@@ -205,3 +205,17 @@ def test_a_header_tier_the_resolver_refuses_is_located(tmp_path: Path) -> None:
     assert error_line("replay", exc.value) == (
         f"blis replay: error: {path}: field 'kv_offload.secondary_tiers.0.root_dir': kv_offload: "
         "secondary_tiers[0].root_dir: String should have at least 1 character (got '')")
+
+
+def test_a_replay_error_about_the_trace_names_the_trace(tmp_path: Path) -> None:
+    """Found by the in-process command fuzz: INV-13 (an offload flag on a trace recorded without one) named no
+    file. Errors about what the trace holds now name its two files."""
+    lines = (SAMPLES / "trace.yaml").read_text().splitlines(keepends=True)
+    start = lines.index("kv_offload:\n")
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    (tmp_path / "trace.yaml").write_text("".join(lines[:start] + lines[end:]))
+    (tmp_path / "offload.yaml").write_bytes((SAMPLES / "offload.yaml").read_bytes())
+    rc, err = _run_inprocess(COMMANDS["replay"][1](tmp_path))
+    assert rc == 2
+    assert err.startswith(f"blis replay: error: {tmp_path / 'trace.yaml'} / {SAMPLES / 'trace.csv'}: the trace was "
+                          "captured without a kv_offload config"), err

@@ -26,7 +26,7 @@ from blis_sim.engine.latency import (default_step_model, dump_coefficients, get_
                                      load_coefficients, roofline)
 from blis_sim.engine.models import geometry_for
 from blis_sim.engine.simulate import EngineOptions
-from blis_sim.errors import ConfigError, UsageError
+from blis_sim.errors import ConfigError, InputError, UsageError
 
 DEFAULT_HARDWARE = "H100"
 DEFAULT_MAX_NUM_SEQS = 256
@@ -298,7 +298,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not args.model:
         raise UsageError("LLM name not provided (--model). Exiting simulation.")
     options = options_from_args(args, trace.header)
-    out = replay_outcome(trace, options)
+    try:
+        out = replay_outcome(trace, options)
+    except InputError as exc:  # what the trace holds (INV-13, BC-10, no usable row): name the trace
+        if exc.location.file is not None:
+            raise
+        raise type(exc)(exc.reason, file=f"{args.trace_header} / {args.trace_data}", line=exc.location.line,
+                        field=exc.location.field) from None
     _write_outputs(args, out, out.trace() if args.trace_output else None)
     return 0
 
