@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from blis_sim import __version__
-from blis_sim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, BlisError
+from blis_sim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, BlisError, error_line, one_line
 
 # (subcommand module) in the order they appear in `blis --help`.
 SUBCOMMAND_MODULES = (
@@ -71,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except BlisError as exc:
-        print(f"blis {args.command}: error: {exc}", file=sys.stderr)
+        print(error_line(args.command, exc), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"blis {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        print(f"blis {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+    except OSError as exc:  # a missing input, an unwritable output, a full disk
+        print(one_line(f"blis {args.command}: error: {exc.filename}: {exc.strerror}"), file=sys.stderr)
         return EXIT_INPUT_ERROR
 
 

@@ -6,6 +6,7 @@ pytest plugin can print it on one line instead of a traceback.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import re
 
 # Exit codes of the `blis` CLI (documented in README).
 EXIT_OK = 0
@@ -13,6 +14,21 @@ EXIT_VERDICT_FAILED = 1  # ran fine, but at least one calibration verdict is out
 EXIT_INPUT_ERROR = 2  # bad flags or bad input files (argparse uses 2 for usage errors too)
 EXIT_SERVER_ERROR = 3  # the server could not be reached or answered garbage
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; whatever was collected has been written
+
+
+# C0 controls, DEL and the C1 / Unicode line breaks: a message printed with one of these raw would not
+# be one readable line (a field name or value quoted from a fuzzed file can carry any of them).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(message: str) -> str:
+    """``message`` with every control character or line break escaped (``\\n``, ``\\x01``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
+
+def error_line(command: str, exc: BaseException) -> str:
+    """The one line the CLI prints for an error of ``blis <command>``."""
+    return f"blis {command}: error: {one_line(str(exc))}"
 
 
 class BlisError(Exception):
@@ -58,6 +74,11 @@ class ConfigError(InputError):
 
 class UsageError(InputError):
     """Bad or conflicting command-line flags."""
+
+
+class OutputError(BlisError):
+    """An output file could not be written (a full disk, no permission). Writes are atomic: nothing is left
+    under the output's name."""
 
 
 class ServerError(BlisError):

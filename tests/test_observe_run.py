@@ -39,6 +39,7 @@ class FakeVllm:
     tokenize: bool = True
     metrics_status: int = 200
     metrics_body: str | None = None  # fixed body instead of the counters
+    metrics_delay_s: float = 0.0  # /metrics answers this late
     reset_after: int = -1  # after this many requests the counters restart from zero (a server restart)
     delay_s: float = 0.0  # before the first token of every request
     api_key: str = ""  # when set, every route answers 401 without "Authorization: Bearer <key>"
@@ -152,6 +153,8 @@ class FakeVllm:
         return web.json_response({"version": self.version})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_delay_s:
+            await asyncio.sleep(self.metrics_delay_s)
         return web.Response(status=self.metrics_status, text=self.exposition())
 
 

@@ -192,7 +192,7 @@ def register(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m blis_sim.emulator``: the same command without the other subcommands' imports."""
-    from blis_sim.errors import BlisError
+    from blis_sim.errors import BlisError, error_line
 
     parser = argparse.ArgumentParser(prog="blis emulate")
     add_arguments(parser)
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except BlisError as exc:
-        print(f"blis emulate: error: {exc}", file=sys.stderr)
+        print(error_line("emulate", exc), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,6 +44,8 @@ _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 40
             411: "Length Required", 413: "Request Entity Too Large", 429: "Too Many Requests",
             500: "Internal Server Error", 503: "Service Unavailable"}
 _MAX_HEAD = 64 * 1024
+_DECIMAL = re.compile(r"[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 
 
 class Headers(dict[str, str]):
@@ -211,11 +214,11 @@ class _Connection(asyncio.Protocol):
                     self._fail(400, "malformed chunked body")
                 return
         else:
-            try:
-                length = int(headers.get("content-length", "0"))
-            except ValueError:
+            length_text = headers.get("content-length", "0")
+            if not _DECIMAL.fullmatch(length_text):  # int() would take "-1", "+5", "1_0", " 5"
                 self._fail(400, "bad content-length")
                 return
+            length = int(length_text)
             if length > self.server.max_body:
                 self._fail(413, f"request body over {self.server.max_body} bytes")
                 return
@@ -289,10 +292,10 @@ def _dechunk(buf: bytes, pos: int) -> tuple[int, bytes]:
         eol = buf.find(b"\r\n", pos)
         if eol < 0:
             return -1, b""
-        try:
-            size = int(buf[pos:eol].split(b";", 1)[0].strip(), 16)
-        except ValueError:
+        size_text = buf[pos:eol].split(b";", 1)[0].strip()
+        if not _HEX.fullmatch(size_text):  # int(x, 16) would take "-2" (and loop here), "0x5", "1_0"
             return -2, b""
+        size = int(size_text, 16)
         pos = eol + 2
         if size == 0:
             end = buf.find(b"\r\n\r\n", pos - 2)  # no trailers: the terminator's own CRLF

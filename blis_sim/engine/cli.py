@@ -26,7 +26,7 @@ from blis_sim.engine.latency import (default_step_model, dump_coefficients, get_
                                      load_coefficients, roofline)
 from blis_sim.engine.models import geometry_for
 from blis_sim.engine.simulate import EngineOptions
-from blis_sim.errors import ConfigError, UsageError
+from blis_sim.errors import ConfigError, InputError, UsageError
 
 DEFAULT_HARDWARE = "H100"
 DEFAULT_MAX_NUM_SEQS = 256
@@ -193,6 +193,15 @@ def _validate_sim_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--horizon must be > 0, got {args.horizon}")
     if args.tp < 1:
         raise UsageError(f"--tp must be ≥ 1, got {args.tp}")
+    from blis_sim import limits
+
+    for name, maximum in (("total_kv_blocks", limits.MAX_GPU_BLOCKS), ("block_size_in_tokens", limits.MAX_BLOCK_TOKENS),
+                          ("max_num_seqs", limits.MAX_NUM_SEQS), ("max_num_batched_tokens", limits.MAX_REQUEST_TOKENS),
+                          ("long_prefill_token_threshold", limits.MAX_REQUEST_TOKENS),
+                          ("num_requests", limits.MAX_REQUESTS), ("tp", limits.MAX_THREADS)):
+        v = getattr(args, name, None)
+        if v is not None and v > maximum:
+            raise UsageError(f"--{name.replace('_', '-')} {limits.over(v, maximum)}")
 
 
 def _scheduler_limits(args: argparse.Namespace, header: Any) -> tuple[int, int, list[str]]:
@@ -294,7 +303,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not args.model:
         raise UsageError("LLM name not provided (--model). Exiting simulation.")
     options = options_from_args(args, trace.header)
-    out = replay_outcome(trace, options)
+    try:
+        out = replay_outcome(trace, options)
+    except InputError as exc:  # what the trace holds (INV-13, BC-10, no usable row): name the trace
+        if exc.location.file is not None:
+            raise
+        raise type(exc)(exc.reason, file=f"{args.trace_header} / {args.trace_data}", line=exc.location.line,
+                        field=exc.location.field) from None
     _write_outputs(args, out, out.trace() if args.trace_output else None)
     return 0
 

@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blis_sim.errors import ConfigError, FormatError
-from blis_sim.formats._strict import describe, load_yaml, validate
+from blis_sim.formats._strict import load_yaml, read_text, validate
 
 #: Per-step features, in the order of the weight vectors. Tp: prompt tokens computed this step;
 #: Td: decode sequences; Cd: context tokens the decodes attend to; Cp: context already computed
@@ -242,14 +242,13 @@ def load_coefficients(path: str | Path) -> LatencyCoefficients:
     """Read a coefficient file (YAML, or JSON by its ``.json`` suffix); errors name file/line/field."""
     p = Path(path)
     if p.suffix.lower() == ".json":
+        from blis_sim.formats._json import located, parse_json
+
+        text = read_text(p)
         try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"invalid JSON: {exc.msg}", file=str(p), line=exc.lineno) from None
-        try:
-            return LatencyCoefficients.model_validate(data)
+            return LatencyCoefficients.model_validate(parse_json(text, str(p)))
         except ValidationError as exc:
-            raise describe(exc, file=str(p)) from None
+            raise located(exc, (), text, str(p)) from None
     return validate(LatencyCoefficients, load_yaml(p))
 
 
@@ -303,7 +302,9 @@ def load_model_config(path: str | Path) -> ModelGeometry:
     """Parse a local HF ``config.json``; a missing or bad field is a ConfigError naming it."""
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text())
+        cfg = json.loads(read_text(p))
+    except RecursionError:
+        raise FormatError("invalid JSON: nested too deeply", file=str(p)) from None
     except json.JSONDecodeError as exc:
         raise FormatError(f"invalid JSON: {exc.msg}", file=str(p), line=exc.lineno) from None
     if not isinstance(cfg, dict):

@@ -5,6 +5,7 @@
   ``OSError``: the caller knows which flag named it and wraps it in an InputError (the writers of every
   format, ``write_trace`` etc., behave the same).
 - :func:`atomic_write_chunks` — the same for text produced piece by piece (a big file never held whole).
+- :func:`atomic_write_files` — several files that belong together: all written to temp files, then renamed.
 - :func:`csv_rows` — ``(first line number, fields)`` per CSV row, blank lines skipped as Go's csv.Reader does,
   any read/decode/quoting problem a located :class:`~blis_sim.errors.FormatError`.
 - :func:`gc_paused` — a context without the cyclic garbage collector, for readers that build many
@@ -17,7 +18,7 @@ import csv
 import gc
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,6 +50,27 @@ def atomic_write_chunks(path: str | Path, chunks: Iterable[str]) -> None:
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_files(files: Sequence[tuple[str | Path, str]]) -> None:
+    """Write several files that belong together (a trace's header and data): every one to its temp file
+    first, then the renames. A failure while writing (a full disk) leaves none of them under its final
+    name changed, and no temp file behind."""
+    temps: list[tuple[str, Path]] = []
+    try:
+        for path, text in files:
+            p = Path(path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or Path("."))
+            temps.append((tmp, p))
+            os.fchmod(fd, 0o666 & ~_umask())
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+        for tmp, p in temps:
+            os.replace(tmp, p)
+    except BaseException:
+        for tmp, _ in temps:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

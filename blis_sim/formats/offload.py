@@ -44,8 +44,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from blis_sim import limits
 from blis_sim.errors import ConfigError
 from blis_sim.formats._model import StrictModel
 from blis_sim.formats._strict import YamlDoc, load_yaml, parse_yaml, validate
@@ -408,7 +409,10 @@ def _resolve_tier(i: int, t: _TierSpec, classes: Mapping[str, DeviceClass], wher
 def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, policy: str, prompt_only: bool,
            self_desc: bool, store_threshold: int, tiers: list[dict[str, Any]], kv_bytes_per_token: float,
            where: _Where) -> OffloadConfig:
-    """The reference's ``Validate()`` plus our refusal of a CPU budget under one chunk."""
+    """The reference's ``Validate()`` plus our refusal of a CPU budget under one chunk, and the maxima of
+    :mod:`blis_sim.limits` on every size that reaches the compiled core."""
+    _check_bounds(where, cpu_bytes_to_use=cpu_bytes, block_size=block_size, blocks_per_chunk=bpc,
+                  tokens_per_hash=tph, store_threshold=store_threshold)
     if cpu_bytes <= 0:
         where.fail("cpu_bytes_to_use", f"kv_offload: cpu_bytes_to_use must be > 0 when offload is enabled, "
                                        f"got {cpu_bytes}")
@@ -422,6 +426,9 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
         where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
                                       f"{kv_bytes_per_token})")
     bytes_per_chunk = int(kv_bytes_per_token * block_size)
+    if bytes_per_chunk > limits.MAX_BYTES:
+        where.fail("per_block_bytes",
+                   f"kv_offload: derived per_block_bytes {limits.over(bytes_per_chunk, limits.MAX_BYTES)}")
     if bytes_per_chunk <= 0:
         where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
                                       f"{kv_bytes_per_token} × block_size {block_size})")
@@ -436,16 +443,50 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
             where.fail(f"secondary_tiers.{i}.max_bytes",
                        f"kv_offload: secondary_tiers[{i}].max_bytes ({t['max_bytes']}) is smaller than one offload "
                        f"chunk ({bytes_per_chunk} bytes); omit it for an unbounded tier")
-    return OffloadConfig(cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
-                         blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,  # type: ignore[arg-type]
-                         offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
-                         store_threshold=store_threshold if store_threshold >= 2 else 0,
-                         secondary_tiers=tuple(TierConfig(**t) for t in tiers),
-                         kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+    resolved = []
+    for i, t in enumerate(tiers):  # what the checks above do not cover (a header's empty root_dir, ...)
+        try:
+            resolved.append(TierConfig(**t))
+        except ValidationError as exc:
+            _fail_validation(where, exc, f"secondary_tiers.{i}.", f"secondary_tiers[{i}].")
+    try:
+        return OffloadConfig(cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
+                             blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,  # type: ignore[arg-type]
+                             offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
+                             store_threshold=store_threshold if store_threshold >= 2 else 0,
+                             secondary_tiers=tuple(resolved),
+                             kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+    except ValidationError as exc:
+        _fail_validation(where, exc, "", "")
+
+
+def _fail_validation(where: _Where, exc: ValidationError, field: str, label: str) -> NoReturn:
+    err = exc.errors(include_url=False)[0]
+    name = ".".join(str(p) for p in err["loc"])
+    where.fail(field + name, f"kv_offload: {label}{name}: {err['msg']} (got {err.get('input')!r})")
+
+
+_MAXIMA = {"cpu_bytes_to_use": limits.MAX_BYTES, "block_size": limits.MAX_BLOCK_TOKENS,
+           "blocks_per_chunk": limits.MAX_BLOCK_TOKENS, "tokens_per_hash": limits.MAX_BLOCK_TOKENS,
+           "store_threshold": limits.MAX_QUEUE_DEPTH, "n_read_threads": limits.MAX_THREADS,
+           "n_write_threads": limits.MAX_THREADS, "saturation_queue_depth": limits.MAX_QUEUE_DEPTH,
+           "max_bytes": limits.MAX_BYTES}
+
+
+def _check_bounds(where: _Where, tier: int | None = None, **values: int | None) -> None:
+    """Every value within its maximum (``tier``: the values are secondary tier ``tier``'s)."""
+    field = "" if tier is None else f"secondary_tiers.{tier}."
+    label = "" if tier is None else f"secondary_tiers[{tier}]."
+    for name, value in values.items():
+        reason = None if value is None else limits.over(value, _MAXIMA[name])
+        if reason:
+            where.fail(field + name, f"kv_offload: {label}{name} {reason}")
 
 
 def _check_tier(i: int, t: dict[str, Any], where: _Where) -> None:
     f, p = f"secondary_tiers.{i}", f"kv_offload: secondary_tiers[{i}]"
+    _check_bounds(where, i, n_read_threads=t["n_read_threads"], n_write_threads=t["n_write_threads"],
+                  saturation_queue_depth=t["saturation_queue_depth"], max_bytes=t["max_bytes"])
     if t["locality"] not in ("", "LOCAL", "REMOTE"):
         where.fail(f + ".locality", f"{p}.locality must be \"LOCAL\" or \"REMOTE\" (or unset), got {t['locality']!r}")
     for name in ("n_read_threads", "n_write_threads"):

@@ -37,7 +37,8 @@ from pydantic import Field
 
 from blis_sim.errors import FormatError
 from blis_sim.formats._model import StrictModel, to_go, validate_data
-from blis_sim.formats.results import go_json, load_json
+from blis_sim.formats._json import load_json
+from blis_sim.formats.results import go_json
 from blis_sim.formats.trace import atomic_write
 
 # The reference's four known limitations, verbatim (calibrate always writes exactly these).

@@ -54,7 +54,8 @@ from pydantic import BaseModel, Field, ValidationError
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._model import StrictModel, to_go
-from blis_sim.formats._strict import describe, read_text
+from blis_sim.formats._json import located as _located, parse_json as _parse
+from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TraceKVOffloadConfig
 from blis_sim.formats._io import atomic_write, atomic_write_chunks
@@ -175,98 +176,6 @@ class MetricsOutput(StrictModel):
 
 
 # --------------------------------------------------------------------------------------------- JSON I/O
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key '{k}'")
-        out[k] = v
-    return out
-
-
-def _parse(text: str, file: str) -> Any:
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
-    except ValueError as exc:
-        _, dup = _json_lines(text)
-        raise FormatError(f"invalid JSON: {exc}", file=file, line=dup[1] if dup else None,
-                          field=_json_path(dup[0]) if dup else None) from None
-
-
-def load_json(path: str | Path) -> Any:
-    """Strict JSON: duplicate keys and NaN/Infinity rejected; errors name file and line."""
-    return _parse(read_text(path), str(path))
-
-
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
-
-
-def _json_lines(text: str) -> tuple[dict[tuple[Any, ...], int], tuple[tuple[Any, ...], int] | None]:
-    """The line of every key and array item by path, and the first duplicate key (path, line) if any.
-
-    Only run when a file failed to load (it is a slow pure-Python tokenizer over valid JSON).
-    """
-    lines: dict[tuple[Any, ...], int] = {}
-    stack: list[list[Any]] = []  # [kind, current key/index, seen keys, expecting_key]
-    line, last = 1, 0
-    dup: tuple[tuple[Any, ...], int] | None = None
-    for m in _TOKEN.finditer(text):
-        line += text.count("\n", last, m.start())
-        last = m.start()
-        tok = m.group()
-        top = stack[-1] if stack else None
-        if tok in ",:":
-            if tok == "," and top is not None:
-                if top[0] == "arr":
-                    top[1] += 1
-                else:
-                    top[3] = True
-            continue
-        if tok in "}]":
-            stack.pop()
-            continue
-        if top is not None and top[0] == "obj" and top[3]:  # a key
-            key = json.loads(tok)
-            top[1], top[3] = key, False
-            path = tuple(c[1] for c in stack)
-            if key in top[2] and dup is None:
-                dup = (path, line)
-            top[2].add(key)
-            lines.setdefault(path, line)
-            continue
-        if top is not None and top[0] == "arr":
-            lines.setdefault(tuple(c[1] for c in stack), line)
-        if tok == "{":
-            stack.append(["obj", None, set(), True])
-        elif tok == "[":
-            stack.append(["arr", 0, None, False])
-    return lines, dup
-
-
-def _json_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _located(exc: ValidationError, prefix: tuple[Any, ...], text: str, file: str) -> FormatError:
-    loc = prefix + tuple(p for p in exc.errors()[0]["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    lines, _ = _json_lines(text)
-    line = None
-    for n in range(len(loc), -1, -1):  # the field, or its nearest ancestor
-        line = lines.get(loc[:n])
-        if line is not None:
-            break
-    return FormatError(describe(exc, file=file).reason, file=file, line=line, field=_json_path(loc) or None)
 
 
 def load_sim_results(path: str | Path) -> list[SimResult]:

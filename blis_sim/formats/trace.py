@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blis_sim.formats._io import atomic_write
+from blis_sim.formats._io import atomic_write, atomic_write_files
 from blis_sim.formats._model import StrictModel
 from blis_sim.formats.itl import ITL_COLUMNS, ITLRecord, default_itl_path, itl_by_request, read_itl, write_itl
 from blis_sim.formats.trace_data import (
@@ -88,9 +88,12 @@ def load_trace(header_path: str | Path, data_path: str | Path) -> Trace:
 
 def write_trace(trace: Trace, header_path: str | Path, data_path: str | Path, *,
                 blis_compatible: bool = False) -> None:
-    """Write both files. ``blis_compatible=True`` leaves out the ``pytest_blis`` header block."""
-    write_trace_data(trace.records, data_path, mode=trace.header.mode)
-    write_trace_header(trace.header, header_path, blis_compatible=blis_compatible)
+    """Write both files. ``blis_compatible=True`` leaves out the ``pytest_blis`` header block.
+
+    Both are written to temp files before either is renamed: a failure (a full disk) leaves neither file
+    changed, never a new header beside an old or missing data file."""
+    atomic_write_files([(data_path, data_text(trace.records, mode=trace.header.mode)),
+                        (header_path, header_text(trace.header, blis_compatible=blis_compatible))])
 
 
 __all__ = [

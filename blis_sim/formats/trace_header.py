@@ -26,6 +26,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from blis_sim import limits
 from blis_sim.formats._io import atomic_write
 from blis_sim.formats._model import StrictModel, to_go
 from blis_sim.formats._strict import load_yaml, validate
@@ -132,8 +133,8 @@ class ObservedKVMetrics(StrictModel):
 class KVGeometry(StrictModel):
     """The server's KV geometry (``vllm:cache_config_info``): tokens per GPU block, GPU blocks."""
 
-    block_size: int | None = Field(default=None, ge=1)
-    num_gpu_blocks: int | None = Field(default=None, ge=1)
+    block_size: int | None = Field(default=None, ge=1, le=limits.MAX_BLOCK_TOKENS)
+    num_gpu_blocks: int | None = Field(default=None, ge=1, le=limits.MAX_GPU_BLOCKS)
 
 
 class TierIO(StrictModel):

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
+from blis_sim import limits
 from blis_sim.errors import ConfigError, FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
 
@@ -435,6 +436,7 @@ class _Checker:
         for key in ("num_requests", "horizon"):
             if getattr(s, key) < 0:
                 self.fail((key,), f"{key} must be >= 0, got {getattr(s, key)}")
+        self._check_size((), s.num_requests, s.horizon, s.aggregate_rate)
         sources = [n for n, on in (("clients", bool(s.clients)), ("servegen_data", s.servegen_data is not None),
                                    ("inference_perf", s.inference_perf is not None)) if on]
         if len(sources) > 1:
@@ -450,6 +452,14 @@ class _Checker:
             self._check_workload((), s.clients, s.cohorts, s.aggregate_rate, ("aggregate_rate",))
         self._check_slo_mixing()
         self._check_group_lengths()
+
+    def _check_size(self, p: tuple[str | int, ...], num_requests: int, horizon: float, rate: float) -> None:
+        """At most ``limits.MAX_REQUESTS`` requests, capped by ``num_requests`` or by rate × horizon."""
+        if num_requests > limits.MAX_REQUESTS:
+            self.fail(p + ("num_requests",), f"num_requests {limits.over(num_requests, limits.MAX_REQUESTS)}")
+        if not num_requests and horizon > 0 and rate > 0 and rate * horizon / 1e6 > limits.MAX_REQUESTS:
+            self.fail(p + ("horizon",), f"aggregate_rate × horizon is {rate * horizon / 1e6:.3g} requests, more than "
+                                        f"the maximum {limits.MAX_REQUESTS} (docs/reliability.md); set num_requests")
 
     # -- phases ------------------------------------------------------------------------------------------------
     def _check_phases(self) -> None:
@@ -469,6 +479,8 @@ class _Checker:
                 v = getattr(ph, key)
                 if v is not None and v < 0:
                     self.fail(p + (key,), f"{key} must be >= 0, got {v}")
+            self._check_size(p, _own_or(ph.num_requests, s.num_requests), _own_or(ph.horizon, s.horizon),
+                             _own_or(ph.aggregate_rate, s.aggregate_rate))
             if ph.repeat is not None:
                 if ph.repeat not in seen or seen[ph.repeat] == i:
                     self.fail(p + ("repeat",), f"repeat: {ph.repeat!r} is not the name of an earlier phase")

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from blis_sim import limits
 from blis_sim.errors import ConfigError
 
 EvictionPolicy = Literal["lru", "arc"]
@@ -33,9 +34,12 @@ DEFAULT_LINK_BANDWIDTH = 20000.0
 DEFAULT_LINK_LATENCY = 1.0
 
 
-def _positive_int(name: str, value: int, *, minimum: int = 1) -> None:
+def _positive_int(name: str, value: int, *, minimum: int = 1, maximum: int = limits.MAX_BYTES) -> None:
+    # every integer here reaches the compiled core (C int64 / int, or an allocation): bounded
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"must be an integer >= {minimum}, got {value!r}", field=name)
+    if value > maximum:
+        raise ConfigError(limits.over(value, maximum) or "", field=name)
 
 
 def _finite(name: str, value: float, *, minimum: float, strict: bool) -> None:
@@ -64,9 +68,10 @@ class TierStation:
         _finite("read_bandwidth", self.read_bandwidth, minimum=0.0, strict=True)
         _finite("write_bandwidth", self.write_bandwidth, minimum=0.0, strict=True)
         _finite("base_latency", self.base_latency, minimum=0.0, strict=False)
-        _positive_int("n_read_threads", self.n_read_threads)
-        _positive_int("n_write_threads", self.n_write_threads)
-        _positive_int("saturation_queue_depth", self.saturation_queue_depth, minimum=0)
+        _positive_int("n_read_threads", self.n_read_threads, maximum=limits.MAX_THREADS)
+        _positive_int("n_write_threads", self.n_write_threads, maximum=limits.MAX_THREADS)
+        _positive_int("saturation_queue_depth", self.saturation_queue_depth, minimum=0,
+                      maximum=limits.MAX_QUEUE_DEPTH)
         _finite("latency_jitter_stddev", self.latency_jitter_stddev, minimum=0.0, strict=False)
         f1 = self.single_transfer_fraction
         _finite("single_transfer_fraction", f1, minimum=0.0, strict=True)
@@ -90,7 +95,7 @@ class CpuTierConfig:
         if self.eviction_policy not in ("lru", "arc"):
             raise ConfigError(f'must be "lru" or "arc", got {self.eviction_policy!r}',
                               field="eviction_policy")
-        _positive_int("store_threshold", self.store_threshold, minimum=0)
+        _positive_int("store_threshold", self.store_threshold, minimum=0, maximum=limits.MAX_QUEUE_DEPTH)
         _positive_int("max_tracker_size", self.max_tracker_size)
 
 
@@ -130,11 +135,11 @@ class KVConfig:
 
     def __post_init__(self) -> None:
         # vLLM reserves one block as the null block: two is the smallest usable pool.
-        _positive_int("num_gpu_blocks", self.num_gpu_blocks, minimum=2)
-        _positive_int("block_size", self.block_size)
-        _positive_int("blocks_per_chunk", self.blocks_per_chunk)
+        _positive_int("num_gpu_blocks", self.num_gpu_blocks, minimum=2, maximum=limits.MAX_GPU_BLOCKS)
+        _positive_int("block_size", self.block_size, maximum=limits.MAX_BLOCK_TOKENS)
+        _positive_int("blocks_per_chunk", self.blocks_per_chunk, maximum=limits.MAX_BLOCK_TOKENS)
         _positive_int("bytes_per_block", self.bytes_per_block, minimum=0)
-        _positive_int("seed", self.seed, minimum=0)
+        _positive_int("seed", self.seed, minimum=0, maximum=2**63 - 1)
         _positive_int("bytes_per_chunk", self.bytes_per_chunk, minimum=0)
         if self.fs_tiers and self.cpu is None:
             raise ConfigError("secondary tiers need the CPU primary tier", field="secondary_tiers")

@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any
 
-from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError
+from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError, one_line
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if result.trace.records and result.ok_requests == 0:
         first = next((r.error_message for r in result.trace.records if r.error_message), "")
-        print(f"blis observe: error: {args.server_url}: no request succeeded ({first}); trace written",
+        print(one_line(f"blis observe: error: {args.server_url}: no request succeeded ({first}); trace written"),
               file=sys.stderr)
         return EXIT_SERVER_ERROR
     return EXIT_OK

@@ -34,11 +34,15 @@ No compression is asked for (no ``Accept-Encoding``), so bodies arrive as sent.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Protocol
 from urllib.parse import urlsplit
 
 _MAX_HEAD_BYTES = 64 * 1024
+_STATUS = re.compile(r"[0-9]{3}")
+_DECIMAL = re.compile(r"[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 _DRAIN_S = 0.5  # how long a connection may take to finish a body nobody waits for any more
 
 
@@ -159,7 +163,7 @@ class _Connection(asyncio.Protocol):
         self.buf = b""
         lines = buf[:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _STATUS.fullmatch(parts[1]):
             raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
         status = int(parts[1])
         if 100 <= status < 200 and status != 101:
@@ -180,10 +184,10 @@ class _Connection(asyncio.Protocol):
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self.state = _CHUNK_SIZE
         elif "content-length" in headers:
-            try:
-                self.remaining = int(headers["content-length"])
-            except ValueError:
-                raise ProtocolError(f"bad Content-Length {headers['content-length']!r}") from None
+            length = headers["content-length"]
+            if not _DECIMAL.fullmatch(length):  # int() would take "-5", "+5", "1_000", " 5"
+                raise ProtocolError(f"bad Content-Length {length[:40]!r}")
+            self.remaining = int(length)
             self.state = _LENGTH
         elif status in (204, 304, 101):
             self.remaining = 0
@@ -269,10 +273,9 @@ class _Connection(asyncio.Protocol):
                     return
                 continue
             size_text = line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size line {line[:40]!r}") from None
+            if not _HEX.fullmatch(size_text):  # int(x, 16) would take "-5", "0x5", "1_0"
+                raise ProtocolError(f"bad chunk size line {line[:40]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 state = _TRAILER
             else:

@@ -111,7 +111,7 @@ def parse_exposition(text: str, *, url: str = "") -> Snapshot:
             for sample in family.samples:
                 labels = tuple(sorted(sample.labels.items()))
                 samples.setdefault(sample.name, {})[labels] = float(sample.value)
-    except (ValueError, TypeError, IndexError) as exc:
+    except (ValueError, TypeError, IndexError, OverflowError) as exc:
         head = text.strip().splitlines()[0][:80] if text.strip() else ""
         raise ScrapeError(f"not Prometheus text exposition ({exc}); first line: {head!r}", url=url) from None
     return Snapshot(samples=samples, url=url)

@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 
 from blis_sim import __version__
-from blis_sim.errors import UsageError
+from blis_sim.errors import OutputError, UsageError
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, PhaseInfo, PytestBlisHeader,
                                     SLOTargets, TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
@@ -554,10 +554,21 @@ def _wire(p: PlannedRequest, builder: PromptBuilder, seed: int, no_streaming: bo
 
 def write_result(result: ObserveResult, header_path: str | Path, data_path: str | Path, *,
                  blis_compatible: bool = False, itl_path: str | Path | None = None) -> None:
-    """Write the trace (both files atomically) and, with ITL data, the ITL CSV."""
-    write_trace(result.trace, header_path, data_path, blis_compatible=blis_compatible)
+    """Write the trace (both files atomically) and, with ITL data, the ITL CSV.
+
+    A file that cannot be written (a full disk) is an :class:`OutputError` saying what was and was not
+    written; nothing is ever left half-written under an output's name."""
+    try:
+        write_trace(result.trace, header_path, data_path, blis_compatible=blis_compatible)
+    except OSError as exc:
+        raise OutputError(f"cannot write the trace ({exc.strerror or exc}): nothing was written under {header_path} "
+                          f"or {data_path}; the {len(result.trace.records)} records collected are lost") from None
     if itl_path is not None and result.itl:
-        write_itl(result.itl, itl_path)
+        try:
+            write_itl(result.itl, itl_path)
+        except OSError as exc:
+            raise OutputError(f"cannot write the ITL file {itl_path} ({exc.strerror or exc}); the trace was "
+                              f"written to {header_path} / {data_path}") from None
 
 
 __all__ = ["ObserveOptions", "ObserveResult", "observe", "observe_async", "write_result"]

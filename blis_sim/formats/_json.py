@@ -1,0 +1,145 @@
+"""Strict JSON reading shared by every JSON input (SimResult, MetricsOutput, calibration report, coefficient
+and model-config files): duplicate keys and NaN/Infinity rejected, every error a one-line
+:class:`FormatError` naming the file and the line (and the field of a duplicate key).
+
+API::
+
+    data = load_json("sim.json")                 # -> Any
+    data = parse_json(text, "sim.json")
+    lines, dup = json_lines(text)                # line of every key/item by path; first duplicate key
+    json_path((3, "ttft_us"))                    # -> "[3].ttft_us"
+    located(validation_error, (3,), text, file)  # -> FormatError("sim.json:28: field '[3].ttft_us': ...")
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from blis_sim.errors import FormatError
+from blis_sim.formats._strict import describe, read_text
+
+_CONSTANTS = ("NaN", "Infinity", "-Infinity")
+
+
+class _Rejected(ValueError):
+    """A duplicate key or a NaN/Infinity constant (json's own errors are JSONDecodeError)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _Rejected(f"{name} is not valid JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Rejected(f"duplicate key '{k}'")
+        out[k] = v
+    return out
+
+
+def parse_json(text: str, file: str) -> Any:
+    """Parse ``text`` strictly; errors name ``file`` and the line."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
+    except _Rejected as exc:
+        lines, dup = json_lines(text)
+        if dup is not None:
+            raise FormatError(f"invalid JSON: {exc}", file=file, line=dup[1], field=json_path(dup[0]) or None) \
+                from None
+        raise FormatError(f"invalid JSON: {exc}", file=file, line=_constant_line(text)) from None
+    except RecursionError:
+        raise FormatError("invalid JSON: nested too deeply", file=file) from None
+
+
+def load_json(path: str | Path) -> Any:
+    """Strict JSON: duplicate keys and NaN/Infinity rejected; errors name file and line."""
+    return parse_json(read_text(path), str(path))
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"]+')
+
+
+def _constant_line(text: str) -> int | None:
+    """Line of the first NaN/Infinity token outside a string."""
+    for m in _TOKEN.finditer(text):
+        if m.group() in _CONSTANTS:
+            return text.count("\n", 0, m.start()) + 1
+    return None
+
+
+def _key(token: str) -> Any:
+    """A key token's text; the raw token when it does not decode (the parse failed elsewhere already)."""
+    try:
+        return json.loads(token, strict=False)
+    except ValueError:
+        return token
+
+
+def json_lines(text: str) -> tuple[dict[tuple[Any, ...], int], tuple[tuple[Any, ...], int] | None]:
+    """The line of every key and array item by path, and the first duplicate key (path, line) if any.
+
+    Only run when a file failed to load (it is a slow pure-Python tokenizer). It never raises: on text
+    that is not valid JSON its answer is a best effort.
+    """
+    lines: dict[tuple[Any, ...], int] = {}
+    stack: list[list[Any]] = []  # [kind, current key/index, seen keys, expecting_key]
+    line, last = 1, 0
+    dup: tuple[tuple[Any, ...], int] | None = None
+    for m in _TOKEN.finditer(text):
+        line += text.count("\n", last, m.start())
+        last = m.start()
+        tok = m.group()
+        top = stack[-1] if stack else None
+        if tok in ",:":
+            if tok == "," and top is not None:
+                if top[0] == "arr":
+                    top[1] += 1
+                else:
+                    top[3] = True
+            continue
+        if tok in "}]":
+            if stack:
+                stack.pop()
+            continue
+        if top is not None and top[0] == "obj" and top[3]:  # a key
+            key = _key(tok)
+            top[1], top[3] = key, False
+            path = tuple(c[1] for c in stack)
+            if key in top[2] and dup is None:
+                dup = (path, line)
+            top[2].add(key)
+            lines.setdefault(path, line)
+            continue
+        if top is not None and top[0] == "arr":
+            lines.setdefault(tuple(c[1] for c in stack), line)
+        if tok == "{":
+            stack.append(["obj", None, set(), True])
+        elif tok == "[":
+            stack.append(["arr", 0, None, False])
+    return lines, dup
+
+
+def json_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def located(exc: ValidationError, prefix: tuple[Any, ...], text: str, file: str) -> FormatError:
+    """A pydantic error at ``prefix`` + its location as a FormatError naming the JSON file's line."""
+    loc = prefix + tuple(p for p in exc.errors()[0]["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    lines, _ = json_lines(text)
+    line = None
+    for n in range(len(loc), -1, -1):  # the field, or its nearest ancestor
+        line = lines.get(loc[:n])
+        if line is not None:
+            break
+    return FormatError(describe(exc, file=file).reason, file=file, line=line, field=json_path(loc) or None)
