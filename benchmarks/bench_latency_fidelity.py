@@ -101,6 +101,9 @@ def main() -> int:
     ap.add_argument("--max-prompt", type=int, default=4096, help="the probe's longest prompt (default 4096)")
     ap.add_argument("--prior", action="store_true",
                     help="fit with blis fit's roofline prior for qwen/qwen3-14b on H100 (the model the profile is)")
+    ap.add_argument("--step-shape", choices=("linear", "roofline"), default="linear",
+                    help="the fitted model's shape: linear (one row), or roofline (base + max(compute row, "
+                         "memory row): blis fit --step-shape)")
     ap.add_argument("--out", default="", help="keep the traces and reports here (default: a temp dir)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-fidelity-"))
@@ -122,14 +125,17 @@ def main() -> int:
               f"max throughput {probe.max_rps:.2f} req/s {probe.max_output_tps:.0f} output tok/s "
               f"(ramp {ramp_top.level}); warnings: {probe.observed.warnings or 'none'}", flush=True)
         t1 = time.perf_counter()
-        prior, label = resolve_prior(model="qwen/qwen3-14b", hardware="H100") if args.prior else (None, "none")
-        coeffs = fit(probe.observed.trace, engine_options(limits), name="probe", prior=prior, prior_label=label)
+        prior, label = resolve_prior(model="qwen/qwen3-14b", hardware="H100", shape=args.step_shape) \
+            if args.prior else (None, "none")
+        coeffs = fit(probe.observed.trace, engine_options(limits), name="probe", prior=prior, prior_label=label,
+                     shape=args.step_shape)
         (out / "latency.json").write_text(coeffs.model_dump_json(indent=2) + "\n")
         s = coeffs.step
         print(f"fit ({time.perf_counter() - t1:.1f} s): base {s.base_us:.0f} us, prefill {s.per_prefill_token_us:.2f} "
               f"us/token, decode {s.per_decode_seq_us:.2f} us/seq, context {s.per_context_token_us:.4f} us/token, "
               f"attention {s.per_prefill_attention_us:.5f} us/pair, frontend {coeffs.frontend.base_us:.0f} + "
-              f"{coeffs.frontend.per_inflight_us:.1f}/in-flight us; prior: {label}; its own TTFT MAPE "
+              f"{coeffs.frontend.per_inflight_us:.1f}/in-flight us; memory row "
+              f"{coeffs.memory.model_dump() if coeffs.memory else 'none'}; prior: {label}; its own TTFT MAPE "
               f"{coeffs.fit.ttft_mape * 100 if coeffs.fit else float('nan'):.1f} %; warnings: "
               f"{list(coeffs.fit.warnings) if coeffs.fit else []}", flush=True)
         rows = []

@@ -54,12 +54,15 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
              "next to heavy"), prompts, decode,
             f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
             f"TTFTs span {w_lo}-{w_hi} steps; add load so requests queue through more steps",
-            f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals"]
+            f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals",
+            "no step was memory-bound; add single requests and small decode batches",
+            f"decode contexts span {c_lo}-{c_hi} tokens; add small decode batches with long prompts"]
 
 
 def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np.ndarray,
               design: Design, prior: PhysicsPrior | None, table: Any, steps: np.ndarray | None,
-              load: np.ndarray) -> tuple[list[CoefficientEstimate], list[str]]:
+              load: np.ndarray, names: tuple[str, ...] = COEFFICIENT_NAMES
+              ) -> tuple[list[CoefficientEstimate], list[str]]:
     """Each coefficient with its 90 % bootstrap interval, prior and plausible range, and the
     warnings: every coefficient the data cannot pin down (with what would), every implausible one."""
     # the bootstrap's spread around the solve at this schedule (``center``), carried over to the
@@ -78,7 +81,7 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
     used = design.used
     out: list[CoefficientEstimate] = []
     warnings: list[str] = []
-    for j, name in enumerate(COEFFICIENT_NAMES):
+    for j, name in enumerate(names):
         p = prior.values[j] if prior is not None else None
         scale = p if p else max(abs(float(coef[j])), float(noticeable[j]))
         width = float(high[j] - low[j]) / scale
@@ -101,8 +104,15 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
     return out, warnings
 
 
-def saturation(ttft_us: np.ndarray, send_order: np.ndarray, load: np.ndarray) -> str | None:
-    """A warning when the trace's TTFT grows through it (the queue never drained)."""
+def saturation(ttft_us: np.ndarray, send_order: np.ndarray, load: np.ndarray,
+               phases: list[str] | None = None) -> str | None:
+    """A warning when the trace's TTFT grows through it (the queue never drained). Not for a
+    probe trace (``blis probe``'s phases): its phases are drained one after the other, and its
+    ramp saturates the server by design (its top levels measure the maximum throughput)."""
+    from blis_sim.probe.plan import is_probe_trace
+
+    if phases is not None and is_probe_trace(phases):
+        return None
     ok = np.flatnonzero(np.isfinite(ttft_us) & (ttft_us > 0))
     if ok.size < 9:
         return None

@@ -34,8 +34,8 @@ import numpy as np
 
 from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.latency import (FitIteration, FitReport, FrontendCoefficients,
-                                     LatencyCoefficients, StepCoefficients)
-from blis_sim.engine.prior import PhysicsPrior
+                                     LatencyCoefficients, MemoryCoefficients, StepCoefficients)
+from blis_sim.engine.prior import SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.simulate import EngineOptions, SimOutcome
 from blis_sim.errors import ConfigError
@@ -48,6 +48,27 @@ _LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
                                   [0, 0, 0, 0, 0, 1]],  # per prefill attention pair
                                  dtype=np.float64).T
 N_STEP = _LINEAR_FROM_FEATURES.shape[1]
+#: the memory row's columns (weight-read floor, per context token), appended after the frontend's
+_MEMORY_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],
+                                  [0, 0, 0, 1, 1, 0]], dtype=np.float64).T
+STEP_SHAPES = ("linear", "roofline")
+
+
+def _step_columns(feats: np.ndarray, coef: np.ndarray, shape: str) -> np.ndarray:
+    """Each logged step's row of the design's step columns (5 linear, plus 2 memory for the
+    ``roofline`` shape). A two-row step is ``base + max(compute, memory)``: for a given schedule
+    and estimate each step is on one side, so it is linear in the coefficients of that side (the
+    base is on both): a compute-bound step fills the compute columns, a memory-bound one the base
+    and the memory columns."""
+    lin = feats @ _LINEAR_FROM_FEATURES
+    if shape == "linear":
+        return lin
+    mem = feats @ _MEMORY_FROM_FEATURES
+    compute = lin[:, 1:] @ coef[1:N_STEP]
+    memory = mem @ coef[N_STEP + 2:]
+    on_memory = (memory > compute)[:, None]
+    lin = np.where(on_memory, np.hstack([lin[:, :1], np.zeros_like(lin[:, 1:])]), lin)
+    return np.hstack([lin, np.where(on_memory, mem, 0.0)])
 
 
 #: In-sample TTFT or ITL MAPE above this (the calibration verdict's default) is warned.
@@ -109,13 +130,13 @@ class _StepIntegral:
         return g, b
 
 
-def _design(outcome: SimOutcome, obs: Observed) -> Design:
+def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "linear") -> Design:
     """Rows (features, target, weight, request) for the least squares; columns: 5 step + 2
-    frontend."""
+    frontend (+ 2 memory for the ``roofline`` shape)."""
     lp = outcome.loop
     if lp.step_start is None or lp.step_dur is None or lp.step_features is None:
         raise ValueError("the replay was run without a step log")
-    integ = _StepIntegral(lp.step_start, lp.step_dur, lp.step_features @ _LINEAR_FROM_FEATURES)
+    integ = _StepIntegral(lp.step_start, lp.step_dur, _step_columns(lp.step_features, coef, shape))
     done = ~np.isnan(lp.finish_us)
     load = obs.load
     rows, targets, weights, requests = [], [], [], []
@@ -124,7 +145,8 @@ def _design(outcome: SimOutcome, obs: Observed) -> Design:
         g0, b0 = integ(lp.arrival_us[sel])
         g1, b1 = integ(lp.first_token_us[sel])
         idle = (lp.first_token_us[sel] - lp.arrival_us[sel]) - (b1 - b0)
-        x = np.hstack([g1 - g0, np.ones((sel.size, 1)), load[sel, None]])
+        g = g1 - g0
+        x = np.hstack([g[:, :N_STEP], np.ones((sel.size, 1)), load[sel, None], g[:, N_STEP:]])
         rows.append(x)
         targets.append(obs.ttft_us[sel] - idle)
         weights.append(1.0 / obs.ttft_us[sel])
@@ -135,7 +157,8 @@ def _design(outcome: SimOutcome, obs: Observed) -> Design:
         g1, b1 = integ(lp.finish_us[sel])
         m = (lp.num_out[sel] - 1).astype(np.float64)
         idle = ((lp.finish_us[sel] - lp.first_token_us[sel]) - (b1 - b0)) / m
-        x = np.hstack([(g1 - g0) / m[:, None], np.zeros((sel.size, 2))])
+        g = (g1 - g0) / m[:, None]
+        x = np.hstack([g[:, :N_STEP], np.zeros((sel.size, 2)), g[:, N_STEP:]])
         rows.append(x)
         targets.append(obs.itl_us[sel] - idle)
         weights.append(1.0 / obs.itl_us[sel])
@@ -147,18 +170,38 @@ def _design(outcome: SimOutcome, obs: Observed) -> Design:
 
 
 def _to_coefficients(values: np.ndarray) -> LatencyCoefficients:
+    """The coefficient file of a fitted vector (7 values: linear; 9: the two-row shape)."""
     c = [float(v) for v in values]
+    memory = MemoryCoefficients(weights_us=c[7], per_context_token_us=c[8]) if len(c) > 7 else None
     return LatencyCoefficients(
+        model="roofline-fit" if memory else "linear",
         step=StepCoefficients(base_us=c[0], per_prefill_token_us=c[1], per_decode_seq_us=c[2],
                               per_context_token_us=c[3], per_prefill_attention_us=c[4]),
-        frontend=FrontendCoefficients(base_us=c[5], per_inflight_us=c[6]))
+        memory=memory, frontend=FrontendCoefficients(base_us=c[5], per_inflight_us=c[6]))
 
 
 def _vector(coeffs: LatencyCoefficients) -> np.ndarray:
-    s, f = coeffs.step, coeffs.frontend
+    s, f, m = coeffs.step, coeffs.frontend, coeffs.memory
+    mem = [m.weights_us, m.per_context_token_us] if m is not None else []
     return np.array([s.base_us, s.per_prefill_token_us, s.per_decode_seq_us,
                      s.per_context_token_us, s.per_prefill_attention_us, f.base_us,
-                     f.per_inflight_us])
+                     f.per_inflight_us, *mem])
+
+
+def _start_vector(start: LatencyCoefficients, shape: str, prior: PhysicsPrior | None) -> np.ndarray:
+    """The starting vector in ``shape``. A linear start for the two-row shape gets a memory row:
+    the prior's, else the linear base as the weight-read floor (the base then keeps a tenth, as
+    the per-step overhead), so that small steps start on the memory side."""
+    v = _vector(start)
+    if shape == "linear" or v.size > 7:
+        return v[:7] if shape == "linear" else v
+    if prior is not None:
+        mem = [float(prior.values[7] or 0.0), float(prior.values[8] or 0.0)]
+        v[0] = 0.1 * v[0]
+    else:
+        mem = [0.9 * v[0], v[3]]
+        v[0] = 0.1 * v[0]
+    return np.concatenate([v, mem])
 
 
 def _report(outcome: SimOutcome, obs: Observed, name: str, iterations: int) -> FitReport:
@@ -208,18 +251,20 @@ def _keep_best_and_last(tried: list[_Iterate]) -> None:
             t.release()
 
 
-def _replayed(trace: Any, options: EngineOptions, coef: np.ndarray, kind: str, name: str) -> _Iterate:
+def _replayed(trace: Any, options: EngineOptions, coef: np.ndarray, kind: str, name: str,
+              shape: str) -> _Iterate:
     model = _to_coefficients(coef).to_step_model()
     out = replay_outcome(trace, replace(options, latency=model, latency_source="fit"),
                          log_steps=True).outcome
     obs = observed(out, trace.header.mode)
-    return _Iterate(kind, coef, _report(out, obs, name, 0), out, obs, _design(out, obs))
+    return _Iterate(kind, coef, _report(out, obs, name, 0), out, obs, _design(out, obs, coef, shape))
 
 
 def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int = 10,
         burn_in: int = 3, tolerance: float = 1e-6, name: str = "",
         prior: PhysicsPrior | None = None, prior_label: str = "", prior_strength: float = 0.01,
-        bootstrap_resamples: int = 100, seed: int = 0, start: str = "") -> LatencyCoefficients:
+        bootstrap_resamples: int = 100, seed: int = 0, start: str = "",
+        shape: str = "linear") -> LatencyCoefficients:
     """Fit the linear model to ``trace`` (see the module docstring); ``options`` sets the KV and
     scheduler knobs of the replay, and the starting coefficients if linear (``start`` names
     where they came from, for the report).
@@ -232,28 +277,42 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     those after ``burn_in`` — never worse than any of them. Its report carries every iterate's
     objective, each coefficient's bootstrap interval (``bootstrap_resamples`` resamples of the
     requests at its schedule, seeded by ``seed``), identifiability and plausibility warnings.
+
+    ``shape``: ``linear`` (the default), or ``roofline``: the two-row ``roofline-fit`` model, each
+    step ``base + max(compute, memory)``; each iteration's solve puts every step of the schedule
+    on the side its current estimate binds (:func:`_step_columns`), so the same fixed point fits
+    both rows (``prior`` must then be ``physics_prior(..., shape="roofline")``).
     """
     from blis_sim.engine import fit_checks
     from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
 
     if max_iterations < 1:
         raise ConfigError(f"max_iterations must be ≥ 1, got {max_iterations}", field="max_iterations")
+    if shape not in STEP_SHAPES:
+        raise ConfigError(f"unknown step shape {shape!r} (known: {', '.join(STEP_SHAPES)})",
+                          field="step_shape")
+    names = SHAPE_NAMES[shape]
+    if prior is not None and prior.names != names:
+        raise ConfigError(f"the prior ({prior.source}) is for another step shape than {shape!r}",
+                          field="step_shape")
     options = options or EngineOptions()
     start_coeffs, start_label = _start(options)
-    tried = [_replayed(trace, options, _vector(start_coeffs), "start", name)]
+    tried = [_replayed(trace, options, _start_vector(start_coeffs, shape, prior), "start", name,
+                       shape)]
     fitted: list[np.ndarray] = []
     for _ in range(max_iterations):
         c = solve(tried[-1].design, prior, prior_strength).coef
         converged = bool(fitted) and bool(np.all(
             np.abs(c - fitted[-1]) <= tolerance * np.maximum(np.abs(fitted[-1]), 1.0)))
         fitted.append(c)
-        tried.append(_replayed(trace, options, c, "iterate", name))
+        tried.append(_replayed(trace, options, c, "iterate", name, shape))
         _keep_best_and_last(tried)
         if converged:
             break
     settled = fitted[min(burn_in, len(fitted) - 1):]
     if len(settled) > 1:
-        tried.append(_replayed(trace, options, np.median(np.array(settled), axis=0), "median", name))
+        tried.append(_replayed(trace, options, np.median(np.array(settled), axis=0), "median", name,
+                               shape))
     best_index = min((i for i, t in enumerate(tried) if t.kind != "start"),
                      key=lambda i: tried[i].objective)
     best = tried[best_index]
@@ -264,14 +323,16 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     cond, vif = collinearity(best.design)
     ests, warnings = fit_checks.estimates(best.coef, sol.coef, samples, vif, best.design, prior,
                                           best.outcome.table, best.outcome.loop.step_features,
-                                          best.obs.load)
-    sat = fit_checks.saturation(best.obs.ttft_us, best.outcome.loop.arrival_us, best.obs.load)
+                                          best.obs.load, names)
+    phases = [r.phase for r in best.outcome.table.source]
+    sat = fit_checks.saturation(best.obs.ttft_us, best.outcome.loop.arrival_us, best.obs.load,
+                                phases)
     if sat:
         warnings.insert(0, sat)
     poor = [f"{name} MAPE {v:.1%}" for name, v in (("TTFT", best.report.ttft_mape),
                                                     ("ITL", best.report.itl_mape)) if v > POOR_FIT]
     if poor:
-        warnings.append(f"the fit reproduces its own trace poorly ({', '.join(poor)}): the linear "
+        warnings.append(f"the fit reproduces its own trace poorly ({', '.join(poor)}): the {shape} "
                         "model does not describe this server at these settings, or the replay's "
                         "scheduler limits and KV size are not the server's")
     if tried[0].objective < best.objective:
@@ -297,14 +358,18 @@ def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport
 
 
 def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
-    """The starting coefficients: ``options.latency`` if linear, else the bundled default."""
+    """The starting coefficients: ``options.latency`` if fitted-shaped (linear or roofline-fit),
+    else the bundled default."""
     from blis_sim.engine.latency import DEFAULT_COEFFICIENTS
 
     lat = options.latency
-    if lat.kind == "linear":
-        s = lat.details.get("step")
+    if lat.kind in ("linear", "roofline-fit"):
+        s, m = lat.details.get("step"), lat.details.get("memory")
         if s:
-            return LatencyCoefficients(step=StepCoefficients(**s), frontend=FrontendCoefficients(
-                base_us=lat.frontend_base_us, per_inflight_us=lat.frontend_per_inflight_us)), \
+            return LatencyCoefficients(
+                model=lat.kind, step=StepCoefficients(**s),
+                memory=MemoryCoefficients(**m) if m else None,
+                frontend=FrontendCoefficients(base_us=lat.frontend_base_us,
+                                              per_inflight_us=lat.frontend_per_inflight_us)), \
                 options.latency_source
     return DEFAULT_COEFFICIENTS, "default"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from blis_sim.errors import ConfigError, FormatError
 from blis_sim.formats._strict import load_yaml, read_text, validate
@@ -61,6 +61,15 @@ class StepCoefficients(BaseModel):
     # prefill attention: per (new token, attended token) pair, Σ t·(cached + (t+1)/2) per chunk —
     # what makes prefill superlinear in the prompt length (0 = off)
     per_prefill_attention_us: float = Field(default=0.0, ge=0)
+
+
+class MemoryCoefficients(BaseModel):
+    """The memory row of a ``roofline-fit`` model, µs: reading the weights once per step (the floor
+    a small step cannot go below) and one token's KV per context token (decode and prefill)."""
+
+    model_config = _STRICT
+    weights_us: float = Field(ge=0)
+    per_context_token_us: float = Field(default=0.0, ge=0)
 
 
 class FrontendCoefficients(BaseModel):
@@ -156,17 +165,29 @@ class FitReport(BaseModel):
 
 
 class LatencyCoefficients(BaseModel):
-    """A coefficient file: ``model: linear``, ``step:``, ``frontend:``, and ``fit:`` if fitted."""
+    """A coefficient file: ``model: linear`` (``step:``), or ``model: roofline-fit`` (``step:`` the
+    compute row, ``memory:`` the memory row: step = base + max(compute terms, memory terms)),
+    ``frontend:``, and ``fit:`` if fitted."""
 
     model_config = _PLAIN
-    model: Literal["linear"] = "linear"
+    model: Literal["linear", "roofline-fit"] = "linear"
     step: StepCoefficients
+    memory: MemoryCoefficients | None = None
     frontend: FrontendCoefficients = Field(default_factory=FrontendCoefficients)
     fit: FitReport | None = None
 
+    @model_validator(mode="after")
+    def _memory_matches_model(self) -> LatencyCoefficients:
+        if self.model == "roofline-fit" and self.memory is None:
+            raise ValueError("model roofline-fit needs a memory: row (weights_us, per_context_token_us)")
+        if self.model == "linear" and self.memory is not None:
+            raise ValueError("a memory: row needs model: roofline-fit (a linear model has one row)")
+        return self
+
     def to_step_model(self) -> StepModel:
         return _linear_step_model(self.step.model_dump(), self.frontend.base_us,
-                                  self.frontend.per_inflight_us)
+                                  self.frontend.per_inflight_us,
+                                  self.memory.model_dump() if self.memory is not None else None)
 
 
 #: The default when no coefficient file is given: a linear fit to the reference's bundled
@@ -223,13 +244,22 @@ class StepModel:
 
 
 def _linear_step_model(step: dict[str, float], frontend_base_us: float,
-                       frontend_per_inflight_us: float) -> StepModel:
+                       frontend_per_inflight_us: float,
+                       memory: dict[str, float] | None = None) -> StepModel:
+    """A linear model's StepModel, or with ``memory`` (a roofline-fit's memory row) the two-row one."""
     compute = (step["base_us"], step["per_prefill_token_us"], step["per_decode_seq_us"],
                step["per_context_token_us"], step["per_context_token_us"],
                step["per_prefill_attention_us"])
-    return StepModel(kind="linear", compute=compute, memory=(0.0,) * N_FEATURES,
-                     frontend_base_us=frontend_base_us,
-                     frontend_per_inflight_us=frontend_per_inflight_us, details={"step": dict(step)})
+    details: dict[str, Any] = {"step": dict(step)}
+    row: tuple[float, ...] = (0.0,) * N_FEATURES
+    if memory is not None:
+        # the base (per-step overhead) is outside the max: it is in both rows
+        row = (step["base_us"] + memory["weights_us"], 0.0, 0.0, memory["per_context_token_us"],
+               memory["per_context_token_us"], 0.0)
+        details["memory"] = dict(memory)
+    return StepModel(kind="roofline-fit" if memory is not None else "linear", compute=compute,
+                     memory=row, frontend_base_us=frontend_base_us,
+                     frontend_per_inflight_us=frontend_per_inflight_us, details=details)
 
 
 def default_step_model() -> StepModel:

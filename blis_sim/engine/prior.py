@@ -24,13 +24,21 @@ from blis_sim.engine.latency import Hardware, ModelGeometry, get_hardware, roofl
 COEFFICIENT_NAMES = ("step.base_us", "step.per_prefill_token_us", "step.per_decode_seq_us",
                      "step.per_context_token_us", "step.per_prefill_attention_us",
                      "frontend.base_us", "frontend.per_inflight_us")
+#: The two-row (``roofline-fit``) model's vector: the linear one's, then the memory row.
+ROOFLINE_FIT_NAMES = COEFFICIENT_NAMES + ("memory.weights_us", "memory.per_context_token_us")
+#: Step shapes ``blis fit`` can fit, and the coefficient names of each.
+SHAPE_NAMES = {"linear": COEFFICIENT_NAMES, "roofline": ROOFLINE_FIT_NAMES}
 #: A fitted step coefficient further than this factor from its prior is implausible.
 PLAUSIBLE_FACTOR = 8.0
 #: Coefficients whose true marginal cost can be ~0: a small decode batch is memory bound on the
 #: weights, so one more decode sequence, or one more context token, may cost almost nothing.
-MAY_BE_ZERO = frozenset({"step.per_decode_seq_us", "step.per_context_token_us"})
+MAY_BE_ZERO = frozenset({"step.per_decode_seq_us", "step.per_context_token_us",
+                         "memory.per_context_token_us"})
 #: Heuristic ranges of the frontend terms, µs (API server, tokenisation, streaming): no physics.
 FRONTEND_RANGE = {"frontend.base_us": (0.0, 100_000.0), "frontend.per_inflight_us": (0.0, 2_000.0)}
+#: The two-row model's per-step overhead (outside the max: launch, scheduling, sampling) has no
+#: roofline either; a range only, µs.
+OVERHEAD_RANGE = (0.0, 20_000.0)
 
 
 @dataclass(frozen=True)
@@ -42,28 +50,38 @@ class PhysicsPrior:
     values: tuple[float | None, ...]
     low: tuple[float, ...]
     high: tuple[float, ...]
+    names: tuple[str, ...] = COEFFICIENT_NAMES
 
 
-def physics_prior(geom: ModelGeometry, hw: Hardware, tp: int = 1, source: str = "") -> PhysicsPrior:
+def physics_prior(geom: ModelGeometry, hw: Hardware, tp: int = 1, source: str = "",
+                  shape: str = "linear") -> PhysicsPrior:
+    """The prior of the ``linear`` model's coefficients, or of the two-row ``roofline`` shape's:
+    there the compute row is the roofline's compute (the decode context's cost is its attention
+    pairs) and the memory row its weight read and KV read; the per-step base has no prior."""
     t = roofline_terms(geom, hw, tp)
-    step = (t.weights_us, t.prefill_token_us + t.kv_token_us, t.decode_seq_us, t.kv_token_us,
-            t.attention_pair_us)
-    values: list[float | None] = [*step, None, None]
+    values: list[float | None]
+    if shape == "linear":
+        values = [t.weights_us, t.prefill_token_us + t.kv_token_us, t.decode_seq_us,
+                  t.kv_token_us, t.attention_pair_us, None, None]
+    else:
+        values = [None, t.prefill_token_us, t.decode_seq_us, t.attention_pair_us,
+                  t.attention_pair_us, None, None, t.weights_us, t.kv_token_us]
+    names = SHAPE_NAMES[shape]
     low, high = [], []
-    for name, v in zip(COEFFICIENT_NAMES, values):
+    for name, v in zip(names, values):
         if v is None:
-            lo, hi = FRONTEND_RANGE[name]
+            lo, hi = FRONTEND_RANGE.get(name, OVERHEAD_RANGE)
         else:
             lo, hi = (0.0 if name in MAY_BE_ZERO else v / PLAUSIBLE_FACTOR), v * PLAUSIBLE_FACTOR
         low.append(lo)
         high.append(hi)
     return PhysicsPrior(source=source or f"roofline {hw.name} tp{tp}", values=tuple(values),
-                        low=tuple(low), high=tuple(high))
+                        low=tuple(low), high=tuple(high), names=names)
 
 
 def resolve_prior(*, model: str = "", model_config: str | Path | None = None,
-                  hardware: str | None = None, tp: int = 1,
-                  header: Any = None) -> tuple[PhysicsPrior | None, str]:
+                  hardware: str | None = None, tp: int = 1, header: Any = None,
+                  shape: str = "linear") -> tuple[PhysicsPrior | None, str]:
     """(prior, description): the prior from the flags or the trace header, or ``None`` and why."""
     from blis_sim.engine.models import KNOWN_MODELS, geometry_for
 
@@ -80,4 +98,4 @@ def resolve_prior(*, model: str = "", model_config: str | Path | None = None,
         return None, f"none: no --hardware given for {label} (the roofline prior needs the device)"
     hw = get_hardware(hardware)
     source = f"roofline {label} on {hw.name} tp{tp}"
-    return physics_prior(geom, hw, tp, source), source
+    return physics_prior(geom, hw, tp, source, shape), source

@@ -33,6 +33,7 @@ of 64 times the longest.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import re
 from typing import Any
 
 from blis_sim.errors import ConfigError
@@ -206,6 +207,18 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
 def fitted_phases(plan: WorkloadPlan) -> tuple[str, ...]:
     """The phases the fit uses: all but the warm-up."""
     return tuple(p.name for p in plan.phases if not p.name.startswith("warmup"))
+
+
+#: The names :func:`probe_plan` gives its phases.
+_PHASE_NAME = re.compile(r"warmup-\d+|cold-\d+-\d+|seed-\d+|cached-\d+-\d+|decode-\d+(-ctx\d+)?"
+                         r"|mixed-\d+-\d+|ramp-\d+")
+
+
+def is_probe_trace(phases: Any) -> bool:
+    """Whether a trace's per-request phase names are all the probe's (and it has its ramp)."""
+    names = set(phases)
+    return bool(names) and all(_PHASE_NAME.fullmatch(n) for n in names) and \
+        any(n.startswith("ramp-") for n in names)
 
 
 def max_in_flight(plan: WorkloadPlan) -> int:
