@@ -62,10 +62,11 @@ def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -
         from pytest_blis._scenario import ServerSpec
 
         spec = server_spec or ServerSpec()
-        key = (target.url, concurrency)
+        key = (target.url, concurrency, spec.step_shape)
         if key not in cache:
             cache[key] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
-                                   max_num_batched_tokens=spec.max_num_batched_tokens, concurrency=concurrency)
+                                   max_num_batched_tokens=spec.max_num_batched_tokens, concurrency=concurrency,
+                                   step_shape=spec.step_shape)
         return cache[key]
     return get
 

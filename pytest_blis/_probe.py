@@ -40,9 +40,10 @@ def server_limits(target: ServerTarget, max_model_len: int, **limits: int) -> Se
 
 
 def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, max_num_batched_tokens: int,
-              concurrency: int = 1) -> Any:
+              concurrency: int = 1, step_shape: str = "linear") -> Any:
     """Observe the probe and fit the latency model; returns the engine's ``LatencyCoefficients``.
-    ``concurrency``: the highest concurrency the cells judged with this fit will use."""
+    ``concurrency``: the highest concurrency the cells judged with this fit will use; ``step_shape``
+    the fitted model's shape (the scenario's ``server.step_shape``)."""
     from blis_sim.observe.run import ObserveOptions
     from blis_sim.probe import read_limits
     from blis_sim.probe.plan import max_in_flight
@@ -58,5 +59,5 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
     with target.exclusive():
         result = observe_step(target.url, plan, options, paths)
-    return fit_latency_model(result.trace, target, paths.root / "latency.json", max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=max_num_batched_tokens)
+    return fit_latency_model(result.trace, target, paths.root / "latency.json", step_shape=step_shape,
+                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)

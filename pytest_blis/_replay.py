@@ -41,11 +41,13 @@ def replay_options(ctx: CellContext) -> EngineOptions:
                           sequential=ctx.point.spec.concurrency == 1)
 
 
-def fit_latency_model(trace: Any, target: ServerTarget, out: Path, **limits: int) -> Any:
-    """Fit the engine's linear latency model on a probe trace; the coefficients are written to ``out``."""
+def fit_latency_model(trace: Any, target: ServerTarget, out: Path, *, step_shape: str = "linear",
+                      **limits: int) -> Any:
+    """Fit the engine's latency model (``step_shape``: linear, or the two-row roofline-fit) on a
+    probe trace; the coefficients are written to ``out``."""
     from blis_sim.engine import fit
 
-    coeffs = fit(trace, engine_options(target, **limits), name="probe")
+    coeffs = fit(trace, engine_options(target, **limits), name="probe", shape=step_shape)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(coeffs.model_dump_json(indent=2) + "\n")
     return coeffs

@@ -92,6 +92,9 @@ class ServerSpec(_Strict):
     metrics_profile: str = "vllm-0.33"
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
+    step_shape: Literal["linear", "roofline"] = Field(
+        "linear", description="shape of the latency model fitted on the probe: linear, or roofline "
+                              "(base + max(compute, memory), for a server with a compute/memory knee)")
 
 
 class SeedPhase(_Strict):

@@ -52,7 +52,7 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
                    help="linear (coefficients from --latency-coefficients, else the bundled "
                         "default) or roofline (--model-config/--model, --hardware, --tp)")
     g.add_argument("--latency-coefficients", default=None,
-                   help="linear model coefficients, YAML or JSON (e.g. from `blis fit`); not "
+                   help="fitted model coefficients (linear or roofline-fit), YAML or JSON (e.g. from `blis fit`); not "
                         "with --latency-model roofline")
     g.add_argument("--hardware", default=None,
                    help=f"H100 | H200 | A100 | L40S (roofline and KV sizing: default "
@@ -99,8 +99,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_replay)
 
     p = subparsers.add_parser(
-        "fit", help="fit the linear latency model to a trace",
-        description="Least-squares fit of the linear step-time model and the frontend term to a "
+        "fit", help="fit the latency model (linear, or two-row roofline-fit) to a trace",
+        description="Least-squares fit of the step-time model (--step-shape) and the frontend term to a "
                     "trace's per-request TTFT and ITL; prints the fit's own error.")
     p.add_argument("--trace-header", default=None, help="TraceV2 header YAML (required)")
     p.add_argument("--trace-data", default=None, help="TraceV2 data CSV (required)")
@@ -118,6 +118,9 @@ def register(subparsers: Any) -> None:
                    help="weight λ/√rows of the prior rows λ·(w−prior)/prior (default 0.01)")
     p.add_argument("--bootstrap-resamples", type=int, default=100,
                    help="resamples of the requests for the coefficients' intervals (default 100)")
+    p.add_argument("--step-shape", choices=("linear", "roofline"), default="linear",
+                   help="linear (default): one row; roofline: model roofline-fit, each step "
+                        "base + max(compute row, memory row), for servers with a compute/memory knee")
     _sim_flags(p)
     p.set_defaults(func=cmd_fit)
 
@@ -320,7 +323,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     trace = _load(args, "trace_header", "trace_data")
     if args.latency_model != "linear":
-        raise UsageError("blis fit fits the linear model; drop --latency-model roofline")
+        raise UsageError("blis fit fits a fitted-shape model (--step-shape); drop --latency-model "
+                         "roofline")
     if args.latency_coefficients:
         raise UsageError("--latency-coefficients is the model a replay runs; to start "
                          "the fit from a file, pass --initial-coefficients FILE")
@@ -335,10 +339,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
     print(f"blis fit: starting from {start} coefficients", file=sys.stderr)
     prior, label = (None, "none: --no-prior") if args.no_prior else resolve_prior(
         model=args.model, model_config=args.model_config, hardware=args.hardware, tp=args.tp,
-        header=trace.header)
+        header=trace.header, shape=args.step_shape)
     coeffs = fit(trace, options, max_iterations=args.max_iterations, name=str(args.trace_data),
                  prior=prior, prior_label=label, prior_strength=args.prior_strength,
-                 bootstrap_resamples=args.bootstrap_resamples, seed=args.seed, start=start)
+                 bootstrap_resamples=args.bootstrap_resamples, seed=args.seed, start=start,
+                 shape=args.step_shape)
     if coeffs.fit is not None:
         sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:
