@@ -185,3 +185,20 @@ def test_replay_of_an_observed_trace_warns_on_default_server_limits(tmp_path: Pa
     sim = blis("replay", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml",
                "--trace-data", BLIS / "trace.csv")
     assert sim.returncode == 0 and "warning" not in sim.stderr
+
+
+def test_fit_of_the_two_row_shape_writes_a_roofline_fit_file_that_run_accepts(run_trace: Path) -> None:
+    coeffs = run_trace / "two-row.yaml"
+    out = blis("fit", "--model", "qwen/qwen3-14b", "--hardware", "H100", "--total-kv-blocks", "1000",
+               "--trace-header", run_trace / "t.yaml", "--trace-data", run_trace / "t.csv",
+               "--output", coeffs, "--max-iterations", "2", "--bootstrap-resamples", "5",
+               "--step-shape", "roofline")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["coefficients"]["model"] == "roofline-fit" and "memory" in report["coefficients"]
+    assert "memory.weights_us" in out.stderr   # the report names the memory row's coefficients
+    again = blis("run", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000",
+                 "--workload-spec", BLIS / "workload.yaml", "--latency-coefficients", coeffs)
+    assert again.returncode == 0, again.stderr
+    model = json.loads(again.stdout)["provenance"]["latency_model"]
+    assert model["name"] == "roofline-fit" and model["coefficients"]["memory.weights_us"] > 0, model
