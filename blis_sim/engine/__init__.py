@@ -27,7 +27,8 @@ from __future__ import annotations
 # import replay`` returns whatever is imported later.
 from blis_sim._lazy import lazy_exports
 from blis_sim.engine import replay as _replay_compat  # noqa: F401
-from blis_sim.engine.latency import LatencyCoefficients, load_coefficients, roofline
+from blis_sim.engine.latency import (LatencyCoefficients, MemoryCoefficients, load_coefficients,
+                                     roofline)
 from blis_sim.engine.replay_trace import PreparedTrace, prepare_trace, replay, replay_outcome
 from blis_sim.engine.scheduler import SchedulerConfig
 from blis_sim.engine.simulate import EngineOptions
@@ -38,6 +39,6 @@ __getattr__, __dir__, _ = lazy_exports(__name__, {
     "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = ["EngineOptions", "LatencyCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
+__all__ = ["EngineOptions", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
            "evaluate", "fit", "load_coefficients", "physics_prior", "prepare_trace", "replay",
            "replay_outcome", "resolve_prior", "roofline", "run", "run_outcome"]

@@ -1,4 +1,5 @@
-"""``fit``: the linear latency model's coefficients from an observed trace, by least squares.
+"""``fit``: the latency model's coefficients from an observed trace, by least squares (the linear
+model; with ``shape="roofline"`` the two-row ``roofline-fit`` one, see :func:`_step_columns`).
 
 API::
 

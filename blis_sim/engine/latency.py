@@ -16,6 +16,10 @@ Models:
   :func:`load_coefficients`, written by ``blis fit``): ``base + per_prefill_token · Tp +
   per_decode_seq · Td + per_context_token · (Cd + Cp) + per_prefill_attention · Ap`` (linear in its
   coefficients; Ap makes prefill superlinear in the prompt, as attention is); ``memory`` is zero.
+* **roofline-fit** (the same file with ``model: roofline-fit`` and a ``memory:`` row,
+  :class:`MemoryCoefficients`; ``blis fit --step-shape roofline``): ``base + max(the linear terms
+  without the base, weights + per_context_token · (Cd + Cp))``, for a server with a
+  compute/memory knee; both rows carry the base.
 * **roofline** (:func:`roofline`): from a model's local ``config.json`` (:func:`load_model_config`,
   no downloads) and the bundled hardware table (``hardware.json``: H100, H200, A100, L40S), a compute
   roofline (FLOPs over peak × MFU per phase) against a memory roofline (weights + KV read/write over
