@@ -126,6 +126,9 @@ def test_a_probe_trace_is_not_warned_as_saturated_but_the_same_latencies_otherwi
     order, load = np.arange(n, dtype=np.float64), np.arange(n, dtype=np.float64)
     probe = [PROBE_PHASES[min(i // 4, len(PROBE_PHASES) - 1)] for i in range(n)]
     assert saturation(ttft, order, load, probe) is None
+    # the plugin's probe for sequential cells: no ramp, its TTFT grows with the prompt lengths
+    no_ramp = ["decode-1-ctx2048" if p.startswith("ramp") else p for p in probe]
+    assert saturation(ttft, order, load, no_ramp) is None
     for phases in (None, [""] * n, ["steady"] * n, [p.replace("ramp", "rampage") for p in probe]):
         warning = saturation(ttft, order, load, phases)
         assert warning is not None and warning.startswith("the trace looks saturated")

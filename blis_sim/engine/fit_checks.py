@@ -108,8 +108,9 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
 def saturation(ttft_us: np.ndarray, send_order: np.ndarray, load: np.ndarray,
                phases: list[str] | None = None) -> str | None:
     """A warning when the trace's TTFT grows through it (the queue never drained). Not for a
-    probe trace (``blis probe``'s phases): its phases are drained one after the other, and its
-    ramp saturates the server by design (its top levels measure the maximum throughput)."""
+    probe trace (``blis probe``'s phases): its phases are drained one after the other (its TTFT
+    grows with its prompt lengths, not with a queue), and its ramp saturates the server by design
+    (its top levels measure the maximum throughput)."""
     from blis_sim.probe.plan import is_probe_trace
 
     if phases is not None and is_probe_trace(phases):

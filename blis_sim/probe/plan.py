@@ -215,10 +215,10 @@ _PHASE_NAME = re.compile(r"warmup-\d+|cold-\d+-\d+|seed-\d+|cached-\d+-\d+|decod
 
 
 def is_probe_trace(phases: Any) -> bool:
-    """Whether a trace's per-request phase names are all the probe's (and it has its ramp)."""
+    """Whether a trace's per-request phase names are all the probe's (with or without its ramp: the
+    plugin's probe for sequential cells has none)."""
     names = set(phases)
-    return bool(names) and all(_PHASE_NAME.fullmatch(n) for n in names) and \
-        any(n.startswith("ramp-") for n in names)
+    return bool(names) and all(_PHASE_NAME.fullmatch(n) for n in names)
 
 
 def max_in_flight(plan: WorkloadPlan) -> int:
