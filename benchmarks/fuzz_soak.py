@@ -9,6 +9,7 @@ line for a parse error); never a traceback, never longer than ``--timeout`` seco
     python benchmarks/fuzz_soak.py                          # 100,000 inputs per format, 2 worker processes
     python benchmarks/fuzz_soak.py --inputs 1000 --formats offload-config,sim-results
     python benchmarks/fuzz_soak.py --workers 1 --seed 7
+    python benchmarks/fuzz_soak.py --formats trace-header --start 40000 --inputs 5000   # re-run one range
 
 Prints one line per format (inputs, loaded, input errors, failures, hangs, time) and every distinct failure
 with a reproducer; exits 1 if any input broke the property. Results are recorded in docs/reliability.md.
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default=",".join(fuzzing.TARGETS), help="comma-separated target names")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", default="soak")
+    ap.add_argument("--start", type=int, default=0,
+                    help="first input index: inputs START … START+INPUTS-1 of the seeded stream (to re-run a range)")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds before an input counts as a hang")
     ap.add_argument("--progress", action="store_true", help=f"a line every {SLICE} inputs")
     args = ap.parse_args(argv)
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(fuzzing.TARGETS)
     if unknown:
         ap.error(f"unknown formats: {', '.join(sorted(unknown))} (known: {', '.join(fuzzing.TARGETS)})")
-    print(f"fuzz soak: {args.inputs} inputs per format, {len(names)} formats, {args.workers} workers, "
+    print(f"fuzz soak: {args.inputs} inputs per format from #{args.start}, {len(names)} formats, {args.workers} workers, "
           f"seed {args.seed!r}, load average {os.getloadavg()[0]:.2f}", flush=True)
     bad = 0
     t0 = time.perf_counter()
@@ -75,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for n in names:  # one format at a time, its line printed as soon as it is done
             t_format = time.perf_counter()
-            futures = [pool.submit(run_slice, n, args.seed, s, min(SLICE, args.inputs - s), args.timeout)
-                       for s in range(0, args.inputs, SLICE)]
+            end = args.start + args.inputs
+            futures = [pool.submit(run_slice, n, args.seed, s, min(SLICE, end - s), args.timeout)
+                       for s in range(args.start, end, SLICE)]
             c: Counter[str] = Counter()
             for fut in futures:
                 res = fut.result()
