@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0,
                     help="first input index: inputs START … START+INPUTS-1 of the seeded stream (to re-run a range)")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds before an input counts as a hang")
-    ap.add_argument("--progress", action="store_true", help=f"a line every {SLICE} inputs")
+    ap.add_argument("--progress", action="store_true",
+                    help=f"a line every {SLICE} inputs, and each new failure as it is found")
     args = ap.parse_args(argv)
     names = [n for n in args.formats.split(",") if n]
     unknown = set(names) - set(fuzzing.TARGETS)
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = fut.result()
                 c.update(res["counts"])
                 for k, v in res["failures"].items():
+                    if k not in failures[n] and args.progress:  # seen now, not only at the end of a long run
+                        print(f"  {n}: new failure {k}\n    {v.splitlines()[0]}", flush=True)
                     failures[n].setdefault(k, v)
                 if args.progress:
                     print(f"  {n}: {sum(c.values())} inputs, {c['traceback'] + c['bad-message'] + c['hang']} "

@@ -207,6 +207,23 @@ def test_a_header_tier_the_resolver_refuses_is_located(tmp_path: Path) -> None:
         "secondary_tiers[0].root_dir: String should have at least 1 character (got '')")
 
 
+@pytest.mark.parametrize("value", ["9" * 400, str(2**60 + 1)], ids=["400-digits", "2^60+1"])
+def test_a_huge_header_per_block_bytes_is_a_located_bound(value: str, tmp_path: Path) -> None:
+    """Found by the soak (trace-header input #24085, 14 of 80,000 inputs): a ``per_block_bytes`` too large for a
+    float escaped as ``OverflowError`` when the header's offload config was resolved. It is now bounded like every
+    other size, before it is divided."""
+    target = fuzzing.TARGETS["trace-header"]
+    text = target.sample().decode().replace("per_block_bytes: 2621440", f"per_block_bytes: {value}")
+    assert value in text
+    path = tmp_path / target.filename
+    path.write_text(text)
+    with pytest.raises(Exception) as exc:
+        target.load(path)
+    assert error_line("replay", exc.value) == (
+        f"blis replay: error: {path}: field 'kv_offload.per_block_bytes': kv_offload: per_block_bytes {value} "
+        "exceeds the maximum 1152921504606846976 (docs/reliability.md)")
+
+
 def test_a_replay_error_about_the_trace_names_the_trace(tmp_path: Path) -> None:
     """Found by the in-process command fuzz: INV-13 (an offload flag on a trace recorded without one) named no
     file. Errors about what the trace holds now name its two files."""

@@ -248,6 +248,7 @@ class OffloadConfig(StrictModel):
         if block.block_size <= 0 or block.block_size % block.blocks_per_chunk:
             where.fail("block_size", f"kv_offload: block_size ({block.block_size}) must be a positive multiple "
                                      f"of blocks_per_chunk ({block.blocks_per_chunk})")
+        _check_bounds(where, per_block_bytes=block.per_block_bytes)  # before it is divided as a float
         if block.per_block_bytes > 0:
             kv_bytes_per_token = block.per_block_bytes / block.block_size
         elif kv_bytes_per_token is None:
@@ -470,7 +471,7 @@ _MAXIMA = {"cpu_bytes_to_use": limits.MAX_BYTES, "block_size": limits.MAX_BLOCK_
            "blocks_per_chunk": limits.MAX_BLOCK_TOKENS, "tokens_per_hash": limits.MAX_BLOCK_TOKENS,
            "store_threshold": limits.MAX_QUEUE_DEPTH, "n_read_threads": limits.MAX_THREADS,
            "n_write_threads": limits.MAX_THREADS, "saturation_queue_depth": limits.MAX_QUEUE_DEPTH,
-           "max_bytes": limits.MAX_BYTES}
+           "max_bytes": limits.MAX_BYTES, "per_block_bytes": limits.MAX_BYTES}
 
 
 def _check_bounds(where: _Where, tier: int | None = None, **values: int | None) -> None:
