@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import fuzzing
 from blis_sim.cli import main as blis_main
-from blis_sim.errors import FormatError, error_line
+from blis_sim.errors import BlisError, FormatError, error_line
 
 SAMPLES = fuzzing.BLIS
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
@@ -192,19 +192,23 @@ def test_no_control_character_reaches_the_terminal() -> None:
     assert json.dumps(line).count("\\u") == 0
 
 
-def test_a_header_tier_the_resolver_refuses_is_located(tmp_path: Path) -> None:
-    """Found by the soak: an empty ``root_dir`` in a header's ``kv_offload`` tier escaped as a pydantic error."""
+def _header_error(tmp_path: Path, old: str, new: str) -> tuple[Path, str]:
+    """The trace-header sample with ``old`` replaced by ``new``, loaded as the soak does: the CLI's error line."""
     target = fuzzing.TARGETS["trace-header"]
     text = target.sample().decode()
-    text = text.replace("root_dir: /mnt/kv-cache", 'root_dir: ""')
-    assert 'root_dir: ""' in text
+    assert old in text
     path = tmp_path / target.filename
-    path.write_text(text)
-    with pytest.raises(Exception) as exc:
+    path.write_text(text.replace(old, new))
+    with pytest.raises(BlisError) as exc:
         target.load(path)
-    assert error_line("replay", exc.value) == (
-        f"blis replay: error: {path}: field 'kv_offload.secondary_tiers.0.root_dir': kv_offload: "
-        "secondary_tiers[0].root_dir: String should have at least 1 character (got '')")
+    return path, error_line("replay", exc.value)
+
+
+def test_a_header_tier_the_resolver_refuses_is_located(tmp_path: Path) -> None:
+    """Found by the soak: an empty ``root_dir`` in a header's ``kv_offload`` tier escaped as a pydantic error."""
+    path, line = _header_error(tmp_path, "root_dir: /mnt/kv-cache", 'root_dir: ""')
+    assert line == (f"blis replay: error: {path}: field 'kv_offload.secondary_tiers.0.root_dir': kv_offload: "
+                    "secondary_tiers[0].root_dir: String should have at least 1 character (got '')")
 
 
 @pytest.mark.parametrize("value", ["9" * 400, str(2**60 + 1)], ids=["400-digits", "2^60+1"])
@@ -212,16 +216,9 @@ def test_a_huge_header_per_block_bytes_is_a_located_bound(value: str, tmp_path: 
     """Found by the soak (trace-header input #24085, 14 of 80,000 inputs): a ``per_block_bytes`` too large for a
     float escaped as ``OverflowError`` when the header's offload config was resolved. It is now bounded like every
     other size, before it is divided."""
-    target = fuzzing.TARGETS["trace-header"]
-    text = target.sample().decode().replace("per_block_bytes: 2621440", f"per_block_bytes: {value}")
-    assert value in text
-    path = tmp_path / target.filename
-    path.write_text(text)
-    with pytest.raises(Exception) as exc:
-        target.load(path)
-    assert error_line("replay", exc.value) == (
-        f"blis replay: error: {path}: field 'kv_offload.per_block_bytes': kv_offload: per_block_bytes {value} "
-        "exceeds the maximum 1152921504606846976 (docs/reliability.md)")
+    path, line = _header_error(tmp_path, "per_block_bytes: 2621440", f"per_block_bytes: {value}")
+    assert line == (f"blis replay: error: {path}: field 'kv_offload.per_block_bytes': kv_offload: per_block_bytes "
+                    f"{value} exceeds the maximum 1152921504606846976 (docs/reliability.md)")
 
 
 def test_a_replay_error_about_the_trace_names_the_trace(tmp_path: Path) -> None:
