@@ -233,3 +233,16 @@ def test_a_replay_error_about_the_trace_names_the_trace(tmp_path: Path) -> None:
     assert rc == 2
     assert err.startswith(f"blis replay: error: {tmp_path / 'trace.yaml'} / {SAMPLES / 'trace.csv'}: the trace was "
                           "captured without a kv_offload config"), err
+
+
+@pytest.mark.parametrize("text", ["a: [1, 2, {b: c}]\n", "a: !!int x\n", "a: &x [1]\nb: *x\n"],
+                         ids=["loads", "fails-mid-document", "alias"])
+def test_parsing_yaml_keeps_no_node(text: str) -> None:
+    """Found by the soak: the strict loader's shared constructor kept every node it had built, ~45 nodes and 90
+    marks an input, so a long soak worker grew to 1 GB and its garbage collections into seconds."""
+    from blis_sim.formats import _strict
+
+    with contextlib.suppress(FormatError):
+        _strict.parse_yaml(text, "w.yaml")
+    assert not _strict._LOADER_SINGLETON.constructed_objects
+    assert not _strict._LOADER_SINGLETON.recursive_objects

@@ -143,17 +143,26 @@ def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
     lines: dict[Path_, int] = {}
     raw: dict[Path_, str] = {}
     try:
+        return YamlDoc(data=_construct_document(node, lines, raw, file), file=file, lines=lines, raw=raw)
+    finally:
+        # The shared constructor remembers every node it built (PyYAML clears that per document, in
+        # construct_document, which we do not use): without this every parse leaked its nodes.
+        _LOADER_SINGLETON.constructed_objects.clear()
+        _LOADER_SINGLETON.recursive_objects.clear()
+
+
+def _construct_document(node: yaml.Node | None, lines: dict[Path_, int], raw: dict[Path_, str], file: str) -> Any:
+    try:
         if node is not None and _expanded_size(node, {}, set()) > MAX_YAML_NODES:
             raise FormatError(f"invalid YAML: more than {MAX_YAML_NODES} values once aliases are expanded",
                               file=file, line=1)
-        data = None if node is None else _construct(node, (), lines, file, raw)
+        return None if node is None else _construct(node, (), lines, file, raw)
     except yaml.MarkedYAMLError as exc:  # a tag the safe loader refuses (``!!python/object``), a bad timestamp
         mark = exc.problem_mark or exc.context_mark
         raise FormatError(f"invalid YAML: {exc.problem or exc.context}", file=file,
                           line=mark.line + 1 if mark else None) from None
     except RecursionError:
         raise FormatError("invalid YAML: nested too deeply", file=file) from None
-    return YamlDoc(data=data, file=file, lines=lines, raw=raw)
 
 
 def _line_column(text: str, offset: int) -> tuple[int, int]:
