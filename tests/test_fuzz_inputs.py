@@ -246,3 +246,20 @@ def test_parsing_yaml_keeps_no_node(text: str) -> None:
         _strict.parse_yaml(text, "w.yaml")
     assert not _strict._LOADER_SINGLETON.constructed_objects
     assert not _strict._LOADER_SINGLETON.recursive_objects
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-Inf"])
+def test_a_counter_that_is_not_a_number_is_a_scrape_error(value: str, tmp_path: Path) -> None:
+    """Found by the soak (exposition inputs #5022, #5127): a counter sample of ``inf`` or ``nan`` reached
+    ``int()`` in the counter window as OverflowError / ValueError."""
+    target = fuzzing.TARGETS["exposition"]
+    old = 'vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="tiny-llama",source="device"} 29696.0'
+    text = target.sample().decode()
+    assert old in text
+    path = tmp_path / target.filename
+    path.write_text(text.replace(old, old.replace("29696.0", value)))
+    with pytest.raises(BlisError) as exc:
+        target.load(path)
+    assert error_line("observe", exc.value) == (
+        f"blis observe: error: {path}: counter sample vllm:prompt_tokens_cached_by_source_total{{'engine': '0', "
+        f"'model_name': 'tiny-llama', 'source': 'device'}} is {float(value)}, not a finite number")

@@ -103,6 +103,10 @@ class Snapshot:
         return dict(self.samples.get(family + "_created", {}))
 
 
+#: Families whose every sample is a count or a sum of counted things (never NaN or infinite).
+_COUNTING = frozenset({"counter", "histogram"})
+
+
 def parse_exposition(text: str, *, url: str = "") -> Snapshot:
     """Parse Prometheus text exposition. Raises :class:`ScrapeError` naming ``url`` on garbage."""
     samples: dict[str, dict[Labels, float]] = {}
@@ -110,7 +114,11 @@ def parse_exposition(text: str, *, url: str = "") -> Snapshot:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 labels = tuple(sorted(sample.labels.items()))
-                samples.setdefault(sample.name, {})[labels] = float(sample.value)
+                value = float(sample.value)
+                if family.type in _COUNTING and not math.isfinite(value):  # NaN or Inf would break the window
+                    raise ScrapeError(f"{family.type} sample {sample.name}{dict(labels)} is {value}, not a finite "
+                                      "number", url=url)
+                samples.setdefault(sample.name, {})[labels] = value
     except (ValueError, TypeError, IndexError, OverflowError) as exc:
         head = text.strip().splitlines()[0][:80] if text.strip() else ""
         raise ScrapeError(f"not Prometheus text exposition ({exc}); first line: {head!r}", url=url) from None
