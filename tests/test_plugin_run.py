@@ -16,7 +16,6 @@ import pytest
 # pytester's in-process runs drop the modules first imported inside them, and numpy cannot be
 # imported twice in one process: import what the cells load here, outside the inner runs.
 import blis_sim.emulator  # noqa: F401,E402
-import scipy.optimize  # noqa: F401,E402  (the probe's fit solves with it)
 from blis_sim.engine import fit, replay  # noqa: F401,E402
 import blis_sim.kv  # noqa: F401,E402
 import blis_sim.observe.metrics  # noqa: F401,E402
