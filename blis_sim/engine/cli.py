@@ -33,7 +33,8 @@ DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
-def _sim_flags(p: argparse.ArgumentParser) -> None:
+def add_sim_flags(p: argparse.ArgumentParser) -> None:
+    """The simulator's flags, shared by replay, run, fit and ``blis sweep``."""
     g = p.add_argument_group("simulator")
     g.add_argument("--model", default="", help="model name (KV size per token for known models)")
     g.add_argument("--model-config", default=None,
@@ -82,7 +83,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workload-spec", required=False, default=None, help="workload spec YAML")
     p.add_argument("--num-requests", type=int, default=None, help="override num_requests")
     p.add_argument("--workload-seed", type=int, default=None, help="override the spec's seed")
-    _sim_flags(p)
+    add_sim_flags(p)
     _output_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -94,7 +95,7 @@ def register(subparsers: Any) -> None:
                    help="the trace's client sent one request at a time (observe --max-concurrency 1): "
                         "each request starts when the simulated previous one has finished, or at its "
                         "recorded send if later")
-    _sim_flags(p)
+    add_sim_flags(p)
     _output_flags(p)
     p.set_defaults(func=cmd_replay)
 
@@ -121,14 +122,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--step-shape", choices=("linear", "roofline"), default="linear",
                    help="linear (default): one row; roofline: model roofline-fit, each step "
                         "base + max(compute row, memory row), for servers with a compute/memory knee")
-    _sim_flags(p)
+    add_sim_flags(p)
     p.set_defaults(func=cmd_fit)
 
 
 # --------------------------------------------------------------------------------------------
 
 
-def _need(args: argparse.Namespace, *names: str) -> None:
+def require_files(args: argparse.Namespace, *names: str) -> None:
+    """A usage error unless each named file flag is given and exists (shared with ``blis sweep``)."""
     for name in names:
         if not getattr(args, name):
             raise UsageError(f"--{name.replace('_', '-')} is required")
@@ -282,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from blis_sim.engine.run_spec import run_outcome
     from blis_sim.formats.workload import load_workload_spec
 
-    _need(args, "workload_spec")
+    require_files(args, "workload_spec")
     spec = load_workload_spec(args.workload_spec)
     options = options_from_args(args)
     out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
@@ -295,7 +297,7 @@ def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
     """The trace, its rows as columns (``.records`` made on first use)."""
     from blis_sim.formats.trace_columns import load_trace_columns
 
-    _need(args, header_flag, data_flag)
+    require_files(args, header_flag, data_flag)
     return load_trace_columns(getattr(args, header_flag), getattr(args, data_flag))
 
 

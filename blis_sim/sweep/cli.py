@@ -18,7 +18,7 @@ from blis_sim.errors import UsageError
 
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
-    from blis_sim.engine.cli import _sim_flags
+    from blis_sim.engine.cli import add_sim_flags
 
     g = p.add_argument_group("base (a trace, or a workload spec)")
     g.add_argument("--trace-header", default=None, help="TraceV2 header YAML")
@@ -26,7 +26,7 @@ def _base_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workload-spec", default=None, help="workload spec YAML (instead of a trace)")
     g.add_argument("--num-requests", type=int, default=None, help="override the spec's num_requests")
     g.add_argument("--workload-seed", type=int, default=None, help="override the spec's seed")
-    _sim_flags(p)
+    add_sim_flags(p)
     r = p.add_argument_group("where it runs")
     r.add_argument("--output-dir", required=True, help="table, plots and finished points (resume)")
     r.add_argument("--workers", type=int, default=None,
@@ -87,7 +87,7 @@ def _digest(*paths: str) -> str:
 
 def base_from_args(args: argparse.Namespace) -> Any:
     """The sweep's base from the flags of `blis replay` / `blis run`."""
-    from blis_sim.engine.cli import _need, options_from_args
+    from blis_sim.engine.cli import options_from_args, require_files
     from blis_sim.sweep.base import Payload, SweepBase
 
     trace_given = bool(args.trace_header or args.trace_data)
@@ -102,7 +102,7 @@ def base_from_args(args: argparse.Namespace) -> Any:
         from blis_sim.formats._strict import load_yaml
         from blis_sim.formats.workload import workload_spec_from_doc
 
-        _need(args, "workload_spec")
+        require_files(args, "workload_spec")
         doc = load_yaml(args.workload_spec)
         spec = workload_spec_from_doc(doc)
         options = options_from_args(args)
@@ -112,7 +112,7 @@ def base_from_args(args: argparse.Namespace) -> Any:
     from blis_sim.engine.replay_trace import resolve_offload
     from blis_sim.formats import load_trace
 
-    _need(args, "trace_header", "trace_data")
+    require_files(args, "trace_header", "trace_data")
     if args.num_requests is not None or args.workload_seed is not None:
         raise UsageError("--num-requests and --workload-seed apply to a --workload-spec base")
     trace = load_trace(args.trace_header, args.trace_data)
