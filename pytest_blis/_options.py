@@ -13,6 +13,9 @@ import pytest
 
 DEFAULT_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE = 0.15
+# Embedded emulators stand in for a server with a machine of its own, so they ask for a higher
+# scheduling priority than the other jobs on a shared CI host (granted to root or CAP_SYS_NICE).
+DEFAULT_EMULATOR_NICE = -10
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class BlisOptions:
     full_trace: bool
     parallel_observe: bool = False
     timing_report_only: bool = False  # TTFT/E2E MAPE and throughput reported, not judged (hit-rates still are)
+    emulator_nice: int = DEFAULT_EMULATOR_NICE
 
     @property
     def embedded(self) -> bool:
@@ -63,6 +67,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--blis-emulator-profile", metavar="NAME",
                     help="step-time profile of the embedded emulator (default: the scenario's)")
     group.addoption("--blis-emulator-seed", type=int, metavar="N", help="seed of the embedded emulator's noise")
+    group.addoption("--blis-emulator-nice", type=int, metavar="N",
+                    help=f"scheduling niceness of the embedded emulators, -20..19 (default {DEFAULT_EMULATOR_NICE}: "
+                         "their steps do not wait behind other jobs on a shared machine; needs root or "
+                         "CAP_SYS_NICE, else a warning and the default priority)")
     group.addoption("--blis-sim-total-kv-blocks", type=int, metavar="N",
                     help="override the simulator's GPU blocks (a deliberately wrong setting shows the gate works)")
     group.addoption("--blis-parallel-observe", action="store_true", default=False,
@@ -105,6 +113,10 @@ def resolve(config: pytest.Config) -> BlisOptions:
     blocks = config.getoption("blis_sim_total_kv_blocks")
     if blocks is not None and blocks < 1:
         raise pytest.UsageError("--blis-sim-total-kv-blocks must be >= 1")
+    nice = config.getoption("blis_emulator_nice")
+    nice = DEFAULT_EMULATOR_NICE if nice is None else nice
+    if not -20 <= nice <= 19:
+        raise pytest.UsageError(f"--blis-emulator-nice must be in -20..19, got {nice}")
     return BlisOptions(
         server_urls=tuple(u.rstrip("/") for u in urls),
         model=config.getoption("blis_model") or config.getini("blis_model") or None,
@@ -120,4 +132,5 @@ def resolve(config: pytest.Config) -> BlisOptions:
         full_trace=config.getoption("blis_full_trace"),
         parallel_observe=config.getoption("blis_parallel_observe"),
         timing_report_only=config.getoption("blis_timing_report_only"),
+        emulator_nice=nice,
     )

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,8 +130,13 @@ class ServerPool:
             num_gpu_blocks=spec.num_gpu_blocks, kv_bytes_per_token=spec.kv_bytes_per_token,
             max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
             kv_offload_config=str(path) if path else None, metrics_profile=spec.metrics_profile,
-            enable_prompt_tokens_details=True, seed=self.options.emulator_seed)
+            enable_prompt_tokens_details=True, seed=self.options.emulator_seed, nice=self.options.emulator_nice)
         proc = spawn_emulator(config)
+        if proc.niceness != config.nice:
+            warnings.warn(f"embedded emulator ({config.profile}) runs at niceness {proc.niceness}, not "
+                          f"{config.nice}: raising its priority needs root or CAP_SYS_NICE. Other jobs on this "
+                          "machine can then delay its steps and move TTFT verdicts (--blis-emulator-nice).",
+                          stacklevel=1)
         self.state.closers.append(proc.stop)
         return ServerTarget(url=proc.url, model=config.model, embedded=True, block_size=spec.block_size,
                             num_gpu_blocks=spec.num_gpu_blocks, offload=offload, offload_path=path,

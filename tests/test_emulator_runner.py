@@ -48,7 +48,7 @@ def test_config_round_trips_through_flags(tmp_path: Path) -> None:
                          metrics_profile="vllm-0.11", created_series=False, stats_interval_s=0.2,
                          enable_prompt_tokens_details=True, enable_per_request_metrics=True,
                          add_bos=True, eos_probability=0.1,
-                         step_noise=0.0, seed=7, served_version="9.9.9",
+                         step_noise=0.0, seed=7, served_version="9.9.9", nice=5,
                          faults=FaultConfig(metrics="hang", error_rate=0.2, error_status=429,
                                             stream_cut_rate=0.1, stream_cut_after_tokens=3,
                                             first_token_delay_s=0.5, first_token_delay_rate=0.5,
@@ -74,6 +74,28 @@ def test_spawn_emulator_serves_and_stops_by_pid() -> None:
         assert r.status_code == 200
         assert "vllm:prefix_cache_queries_total" not in httpx.get(proc.url + "/metrics").text
     assert not proc.alive and proc.proc.returncode == 0  # SIGTERM is a clean shutdown
+
+
+def test_spawned_emulator_takes_the_niceness_it_is_given() -> None:
+    # a higher niceness (lower priority) is always allowed, so this holds with or without root
+    with spawn_emulator(EmulatorConfig(profile="zero", metrics_profile="none", nice=7)) as proc:
+        assert proc.niceness == 7
+        assert httpx.get(proc.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_refused_niceness_is_one_stderr_line_and_the_process_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from blis_sim.emulator.cli import set_niceness
+
+    def refuse(*_: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    msg = set_niceness(-10)
+    assert msg is not None and "niceness -10 refused" in msg and "CAP_SYS_NICE" in msg
+    assert "\n" not in msg
+    assert set_niceness(os.getpriority(os.PRIO_PROCESS, 0)) is None  # nothing to change: nothing asked
 
 
 def test_spawn_with_argv() -> None:
@@ -104,6 +126,7 @@ def test_blis_emulate_cli(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--num-gpu-blocks", "0"], "field 'num_gpu_blocks'"),
+    (["--nice", "20"], "field 'nice'"),
     (["--fault-error-rate", "3"], "field 'faults.error_rate'"),
     (["--kv-offload-config", "/nonexistent/offload.yaml"], "/nonexistent/offload.yaml"),
 ])

@@ -83,6 +83,9 @@ def test_bad_option_values_are_usage_errors(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*expected http://host:port*"])
     result = _run(pytester, "--collect-only", "--blis-hit-rate-tolerance-pp", "-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = _run(pytester, "--collect-only", "--blis-emulator-nice", "-21")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--blis-emulator-nice must be in -20..19, got -21*"])
 
 
 def test_report_header_names_target_and_tolerances(pytester: pytest.Pytester) -> None:

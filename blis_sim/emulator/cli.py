@@ -39,6 +39,7 @@ _VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--step-noise", "step_noise", float),
     ("--seed", "seed", int),
     ("--served-version", "served_version", str),
+    ("--nice", "nice", int),
 )
 # (flag, EmulatorConfig field, value when the flag is given)
 _BOOL_FLAGS: tuple[tuple[str, str, bool], ...] = (
@@ -70,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", "--model", dest="model", default=d.model,
                    help="model name served and labelled in /metrics (default %(default)s)")
     g.add_argument("--served-version", default=None, help="what /version reports")
+    g.add_argument("--nice", type=int, default=d.nice,
+                   help="scheduling niceness of this process, -20..19 (default %(default)s). A negative value "
+                        "keeps the emulator's step timing from waiting behind other jobs on a shared machine; "
+                        "it needs root or CAP_SYS_NICE, and without them the emulator says so and runs as is")
     g = p.add_argument_group("engine")
     g.add_argument("--profile", default=d.profile, choices=sorted(PROFILES),
                    help="step-time profile (default %(default)s)")
@@ -153,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     from blis_sim.emulator.runner import READY_PREFIX, serve
 
+    refused = set_niceness(config.nice)
+    if refused:
+        print(f"blis emulate: {refused}", file=sys.stderr, flush=True)
+
     async def main() -> None:
         runner, _, url = await serve(config)
         stop = asyncio.Event()
@@ -173,6 +182,19 @@ def run(args: argparse.Namespace) -> int:
 
     event_loop.run(main())
     return EXIT_OK
+
+
+def set_niceness(nice: int) -> str | None:
+    """Give this process scheduling niceness ``nice``; why not, when the OS refuses (else None)."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice == current:
+        return None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except PermissionError:
+        return (f"niceness {nice} refused (raising priority needs root or CAP_SYS_NICE); running at "
+                f"{current}, so other jobs on this machine can delay the emulator's steps")
+    return None
 
 
 async def _watch_parent(parent: int, stop: asyncio.Event) -> None:

@@ -150,6 +150,10 @@ class EmulatorConfig:
     served_version: str | None = None  # /version; default follows the metrics profile
     engine_index: str = "0"
     faults: FaultConfig = field(default_factory=FaultConfig)
+    # Scheduling niceness of the emulator's own process (`blis emulate`, spawn_emulator; an in-process
+    # serve() leaves its caller's alone). Negative raises its priority, which needs root or
+    # CAP_SYS_NICE; when refused the process keeps its niceness and says so on stderr.
+    nice: int = 0
 
     def __post_init__(self) -> None:
         get_profile(self.profile)  # raises ConfigError on an unknown name
@@ -168,6 +172,8 @@ class EmulatorConfig:
                               field="num_gpu_blocks")
         if self.stats_interval_s < 0:
             raise ConfigError("must be >= 0", field="stats_interval_s")
+        if not -20 <= self.nice <= 19:
+            raise ConfigError(f"must be in -20..19, got {self.nice}", field="nice")
         if not 0.0 <= self.eos_probability <= 1.0:
             raise ConfigError("must be in [0, 1]", field="eos_probability")
         if self.step_noise is not None and not 0.0 <= self.step_noise < 1.0:

@@ -178,6 +178,11 @@ class SpawnedEmulator:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def niceness(self) -> int:
+        """The child's scheduling niceness (``EmulatorConfig.nice``, when the OS granted it)."""
+        return os.getpriority(os.PRIO_PROCESS, self.pid)
+
     def stop(self, grace_s: float = 5.0) -> int | None:
         """SIGTERM to this child only; SIGKILL if it is still there after ``grace_s``."""
         if self.proc.poll() is None:
