@@ -1,4 +1,4 @@
-"""``scenarios/vllm-cpu.blis.yaml`` stays runnable on the lane's server (no server needed, no ``vllm`` marker).
+"""``scenarios/lane/vllm-cpu.blis.yaml`` stays runnable on the lane's server (no server needed, no ``vllm`` marker).
 
 The scenario file is run against the real server by CI's lane step (``pytest --blis-server-url``); these tests
 catch, in the unit step, the drift that would make that step fail or measure the wrong thing: a server spec that
@@ -19,7 +19,7 @@ from pytest_blis._phases import build_plan
 from pytest_blis._scenario import Capacity, SweepPoint, load_scenario_file
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-FILE = SCENARIOS / "vllm-cpu.blis.yaml"
+FILE = SCENARIOS / "lane" / "vllm-cpu.blis.yaml"
 MODEL = lane.MODELS["lane"]  # the compute-bound model the file runs against
 CAPACITY = Capacity(gpu_tokens=lane.BLOCK_SIZE * MODEL.num_gpu_blocks)
 USABLE_TOKENS = (MODEL.num_gpu_blocks - 1) * lane.BLOCK_SIZE  # one block is vLLM's null block
