@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,8 +86,6 @@ def test_spawned_emulator_takes_the_niceness_it_is_given() -> None:
 
 
 def test_a_refused_niceness_is_one_stderr_line_and_the_process_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     from blis_sim.emulator.cli import set_niceness
 
     def refuse(*_: object) -> None:
@@ -96,6 +96,25 @@ def test_a_refused_niceness_is_one_stderr_line_and_the_process_runs_on(monkeypat
     assert msg is not None and "niceness -10 refused" in msg and "CAP_SYS_NICE" in msg
     assert "\n" not in msg
     assert set_niceness(os.getpriority(os.PRIO_PROCESS, 0)) is None  # nothing to change: nothing asked
+
+
+@pytest.mark.skipif(not shutil.which("setpriv") or os.geteuid() != 0,
+                    reason="needs root and setpriv(1) to take CAP_SYS_NICE away from the emulator")
+def test_emulator_without_cap_sys_nice_says_so_once_and_serves() -> None:
+    argv = ["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", sys.executable, "-m",
+            "blis_sim.emulator", "--port", "0", "--profile", "zero", "--nice", "-10", "--exit-with-parent"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        assert line.startswith(READY_PREFIX), line
+        url = line[len(READY_PREFIX):].strip()
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert err.strip().splitlines() == [err.strip()] and "niceness -10 refused" in err and "Traceback" not in err
 
 
 def test_spawn_with_argv() -> None:
