@@ -166,17 +166,16 @@ class Lane:
 
 def probe(lane: Lane) -> Trace:
     """The plugin's probe (pytest_blis._probe, sized as for cells up to max-num-seqs in flight), observed."""
-    from blis_sim.probe import fitted_phases, probe_plan, read_limits
+    from blis_sim.probe import fitted_phases
     from blis_sim.probe.plan import max_in_flight
-    from pytest_blis._probe import probe_config
+    from pytest_blis._probe import plan_probe
     from pytest_blis._server import ServerTarget
 
     target = ServerTarget(url=lane.url, model=lane.model, embedded=False, block_size=lane.block_size,
                           num_gpu_blocks=lane.num_gpu_blocks, offload=None, offload_path=None,
                           lock_dir=lane.out / "locks", namespace=str(time.time_ns()))
-    limits = read_limits(lane.url, model=lane.model, block_size=lane.block_size, num_gpu_blocks=lane.num_gpu_blocks,
-                         max_num_seqs=lane.max_num_seqs, max_num_batched_tokens=lane.max_num_batched_tokens)
-    plan = probe_plan(limits, probe_config(target, concurrency=lane.max_num_seqs))
+    plan = plan_probe(target, max_num_seqs=lane.max_num_seqs, max_num_batched_tokens=lane.max_num_batched_tokens,
+                      concurrency=lane.max_num_seqs)
     return lane.observe("probe", plan, max_in_flight(plan), window=fitted_phases(plan))
 
 

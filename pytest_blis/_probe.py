@@ -39,22 +39,30 @@ def server_limits(target: ServerTarget, max_model_len: int, **limits: int) -> Se
                         num_gpu_blocks=target.num_gpu_blocks, **limits)
 
 
+def plan_probe(target: ServerTarget, *, max_num_seqs: int, max_num_batched_tokens: int,
+               concurrency: int = 1) -> Any:
+    """The probe's workload plan for ``target``, sized for cells up to ``concurrency`` in flight."""
+    from blis_sim.probe import read_limits
+
+    # max_model_len from /v1/models; the geometry the target already knows (it replays with it)
+    limits = read_limits(target.url, model=target.model, block_size=target.block_size,
+                         num_gpu_blocks=target.num_gpu_blocks, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens)
+    return probe_plan(limits, probe_config(target, concurrency))
+
+
 def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, max_num_batched_tokens: int,
               concurrency: int = 1, step_shape: str = "linear") -> Any:
     """Observe the probe and fit the latency model; returns the engine's ``LatencyCoefficients``.
     ``concurrency``: the highest concurrency the cells judged with this fit will use; ``step_shape``
     the fitted model's shape (the scenario's ``server.step_shape``)."""
     from blis_sim.observe.run import ObserveOptions
-    from blis_sim.probe import read_limits
     from blis_sim.probe.plan import max_in_flight
     from pytest_blis._replay import fit_latency_model
 
     paths = CellPaths(artifacts_dir / f"probe-{target.key}-{worker_id()}")
-    # max_model_len from /v1/models; the geometry the target already knows (it replays with it)
-    limits = read_limits(target.url, model=target.model, block_size=target.block_size,
-                         num_gpu_blocks=target.num_gpu_blocks, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens)
-    plan = probe_plan(limits, probe_config(target, concurrency))
+    plan = plan_probe(target, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                      concurrency=concurrency)
     options = ObserveOptions(model=target.model, max_concurrency=max_in_flight(plan), progress=False,
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
     with target.exclusive():
