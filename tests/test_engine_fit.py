@@ -1,5 +1,6 @@
 """`fit` recovers the coefficients of a trace the engine generated itself (within 2 %), and a
-fitted model can be validated on another trace."""
+fitted model can be validated on another trace. One client's arrivals are bursty (gamma, CV 5),
+so that requests queue for admission and the admission time is identified too."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,26 +13,32 @@ from blis_sim.engine.run_spec import run_outcome
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.formats.workload import parse_workload_spec
 
-SPEC = """
+STEADY_SPEC = """
 version: "2"
 seed: {seed}
 aggregate_rate: 3
 num_requests: 300
 clients:
-  - {{id: a, rate_fraction: 0.4, prefix_group: pa, prefix_length: 512, arrival: {{process: poisson}},
+  - {{id: a, rate_fraction: {a}, prefix_group: pa, prefix_length: 512, arrival: {{process: poisson}},
      input_distribution: {{type: gaussian, params: {{mean: 256, std_dev: 128, min: 16, max: 1024}}}},
      output_distribution: {{type: exponential, params: {{mean: 48}}}}}}
   - {{id: b, rate_fraction: 0.3, prefix_group: pb, prefix_length: 256, arrival: {{process: poisson}},
      input_distribution: {{type: gaussian, params: {{mean: 128, std_dev: 64, min: 16, max: 512}}}},
      output_distribution: {{type: exponential, params: {{mean: 96}}}}}}
-  - {{id: u, rate_fraction: 0.3, arrival: {{process: poisson}},
+  - {{id: u, rate_fraction: {u}, arrival: {{process: poisson}},
      input_distribution: {{type: gaussian, params: {{mean: 1024, std_dev: 512, min: 32, max: 3000}}}},
      output_distribution: {{type: exponential, params: {{mean: 32}}}}}}
 """
+#: the same clients with a fourth whose arrivals come in bursts: requests queue for admission
+SPEC = STEADY_SPEC.replace("{a}", "0.3").replace("{u}", "0.2") + """  - {{id: s, rate_fraction: 0.2, arrival: {{process: gamma, cv: 5}},
+     input_distribution: {{type: gaussian, params: {{mean: 256, std_dev: 64, min: 16, max: 512}}}},
+     output_distribution: {{type: exponential, params: {{mean: 32}}}}}}
+"""
+STEADY_SPEC = STEADY_SPEC.replace("{a}", "0.4").replace("{u}", "0.3")
 TRUTH = LatencyCoefficients(
     step=StepCoefficients(base_us=8000.0, per_prefill_token_us=6.0, per_decode_seq_us=30.0,
                           per_context_token_us=0.2, per_prefill_attention_us=0.002),
-    frontend=FrontendCoefficients(base_us=20000.0, per_inflight_us=500.0))
+    frontend=FrontendCoefficients(base_us=20000.0, per_inflight_us=500.0, admission_us=1500.0))
 OPTS = EngineOptions(num_gpu_blocks=4000)
 
 
@@ -51,7 +58,8 @@ def test_fit_recovers_known_coefficients_within_two_percent(fitted) -> None:
     pairs = {"base": (c.step.base_us, 8000.0), "prefill": (c.step.per_prefill_token_us, 6.0),
              "decode": (c.step.per_decode_seq_us, 30.0), "context": (c.step.per_context_token_us, 0.2),
              "attention": (c.step.per_prefill_attention_us, 0.002),
-             "frontend": (c.frontend.base_us, 20000.0), "inflight": (c.frontend.per_inflight_us, 500.0)}
+             "frontend": (c.frontend.base_us, 20000.0), "inflight": (c.frontend.per_inflight_us, 500.0),
+             "admission": (c.frontend.admission_us, 1500.0)}
     for name, (got, want) in pairs.items():
         assert abs(got - want) <= 0.02 * want, f"{name}: {got} vs {want}"
 

@@ -19,7 +19,7 @@ from blis_sim.engine.run_spec import run_outcome
 from blis_sim.errors import BlisError, ConfigError, FormatError
 from blis_sim.formats.workload import parse_workload_spec
 
-from tests.test_engine_fit import OPTS, SPEC
+from tests.test_engine_fit import OPTS, STEADY_SPEC
 
 TRUTH = LatencyCoefficients(
     model="roofline-fit",
@@ -31,7 +31,7 @@ TRUTH = LatencyCoefficients(
 
 @pytest.fixture(scope="module")
 def generated():
-    spec = parse_workload_spec(SPEC.format(seed=7))
+    spec = parse_workload_spec(STEADY_SPEC.format(seed=7))
     return run_outcome(spec, replace(OPTS, latency=TRUTH.to_step_model())).trace("spec")
 
 
@@ -76,7 +76,7 @@ def test_the_prior_must_match_the_shape(generated) -> None:
     with pytest.raises(ConfigError, match="unknown step shape"):
         fit(generated, OPTS, shape="cubic", max_iterations=1)
     two = physics_prior(KNOWN_MODELS["qwen/qwen3-14b"], get_hardware("H100"), shape="roofline")
-    assert two.names == ROOFLINE_FIT_NAMES and two.values[0] is None and two.values[7]
+    assert two.names == ROOFLINE_FIT_NAMES and two.values[0] is None and two.values[8]
 
 
 def test_a_roofline_fit_file_round_trips(tmp_path) -> None:

@@ -147,3 +147,29 @@ def test_roofline_prices_a_whole_mixed_batch_at_one_gemm_efficiency() -> None:
     f = features(**prefill, **decode)
     assert mixed == pytest.approx(max(w[0] @ f, w[1] @ f))
     assert mixed < model.step_time(features(**prefill)) + model.step_time(features(**decode))
+
+
+def test_admission_queues_a_burst_and_leaves_spread_arrivals_alone() -> None:
+    from blis_sim.engine.simulate import admission_queue, frontend_term
+
+    # three sent together, one 1 ms later (still behind them), one long after
+    arrival = np.array([0.0, 0.0, 0.0, 1000.0, 50_000.0])
+    place, since = admission_queue(arrival, 2000.0)
+    assert place.tolist() == [0, 1, 2, 3, 0] and since.tolist() == [0, 0, 0, 1000, 0]
+    c = LatencyCoefficients.model_validate(
+        {"step": {"base_us": 1, "per_prefill_token_us": 0, "per_decode_seq_us": 0,
+                  "per_context_token_us": 0},
+         "frontend": {"base_us": 500, "admission_us": 2000}})
+    finish = arrival + 10.0
+    assert frontend_term(c.to_step_model(), arrival, finish).tolist() == [500, 2500, 4500, 5500, 500]
+    assert c.to_step_model().describe()["frontend"]["admission_us"] == 2000
+    # 0 (every file written before the term existed): no wait, and no new key in the provenance
+    old = load_coefficients_text(GOOD.replace("  per_inflight_us: 120\n", "")).to_step_model()
+    assert "admission_us" not in old.describe()["frontend"]
+    assert frontend_term(old, arrival, finish).tolist() == [26000.0] * 5
+
+
+def load_coefficients_text(text: str) -> LatencyCoefficients:
+    import yaml
+
+    return LatencyCoefficients.model_validate(yaml.safe_load(text))

@@ -45,6 +45,7 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
     l_lo, l_hi = _span(load[rows])
     ttft_rows = design.x[:, 5] > 0               # the frontend base column is 1 on TTFT rows
     w_lo, w_hi = _span(np.round(design.x[ttft_rows, 0])) if ttft_rows.any() else (0, 0)
+    _, q_hi = _span(design.x[ttft_rows, 7]) if ttft_rows.any() else (0, 0)  # admission places
     prompts = (f"prompts span {lo}-{hi} tokens; add prompts from {min(256, lo)} to "
                f"{4 * max(hi, 1)} tokens")
     decode = (f"decode batches never exceeded {max_decode}; add concurrent requests"
@@ -55,6 +56,8 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
             f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
             f"TTFTs span {w_lo}-{w_hi} steps; add load so requests queue through more steps",
             f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals",
+            (f"at most {q_hi + 1} requests queued for admission together; add bursts (many requests "
+             "sent at once) next to spread-out arrivals"),
             (f"steps computed {s_lo}-{s_hi} tokens; add steps on both sides of the compute/memory "
              "knee (single decodes and long prefills)"),
             f"decode contexts span {c_lo}-{c_hi} tokens; add small decode batches with long prompts"]

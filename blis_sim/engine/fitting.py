@@ -13,8 +13,9 @@ replaying the trace with the current coefficients logs every step (start, durati
 and a request's TTFT is the sum, over the steps between its arrival and its first token, of the
 part of each step it waited through (a fraction for the step in progress when it arrived) times
 ``w · F``, plus idle time (e.g. a load with nothing running), plus the frontend term
-``base + per_inflight · load`` (load: requests in flight at its send, from the trace's send and
-last-chunk times, as the simulator counts them); its mean ITL is the same sum between its first and last token over
+``base + per_inflight · load + admission wait`` (load: requests in flight at its send, from the trace's send and
+last-chunk times, as the simulator counts them; the wait: ``place · admission − since`` in the
+admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current iterate); its mean ITL is the same sum between its first and last token over
 (outputs − 1). Rows are weighted by 1/observed (relative errors, like the MAPE verdict), solved
 by :func:`fit_solve.solve` (bounded, robust, toward an optional physics prior), and the replay is
 redone with the new coefficients (the schedule depends on them); the best iterate by the
@@ -38,7 +39,7 @@ from blis_sim.engine.latency import (FitIteration, FitReport, FrontendCoefficien
                                      LatencyCoefficients, MemoryCoefficients, StepCoefficients)
 from blis_sim.engine.prior import SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
-from blis_sim.engine.simulate import EngineOptions, SimOutcome
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
 from blis_sim.errors import ConfigError
 
 #: which of the loop's six features each linear step coefficient multiplies
@@ -49,6 +50,12 @@ _LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
                                   [0, 0, 0, 0, 0, 1]],  # per prefill attention pair
                                  dtype=np.float64).T
 N_STEP = _LINEAR_FROM_FEATURES.shape[1]
+#: the frontend's columns after the step's: base, per request in flight, admission (its index)
+N_FRONTEND, ADMISSION = 3, N_STEP + 2
+N_LINEAR = N_STEP + N_FRONTEND
+#: the admission time the fit starts from when the start has none: it only groups the sends into
+#: busy periods for the first solve (a burst's requests, sent within it of each other)
+ADMISSION_START_US = 1000.0
 #: the memory row's columns (weight-read floor, per context token), appended after the frontend's
 _MEMORY_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],
                                   [0, 0, 0, 1, 1, 0]], dtype=np.float64).T
@@ -66,7 +73,7 @@ def _step_columns(feats: np.ndarray, coef: np.ndarray, shape: str) -> np.ndarray
         return lin
     mem = feats @ _MEMORY_FROM_FEATURES
     compute = lin[:, 1:] @ coef[1:N_STEP]
-    memory = mem @ coef[N_STEP + 2:]
+    memory = mem @ coef[N_LINEAR:]
     on_memory = (memory > compute)[:, None]
     lin = np.where(on_memory, np.hstack([lin[:, :1], np.zeros_like(lin[:, 1:])]), lin)
     return np.hstack([lin, np.where(on_memory, mem, 0.0)])
@@ -83,6 +90,7 @@ class Observed:
     ttft_us: np.ndarray   # NaN where not usable
     itl_us: np.ndarray    # NaN where not usable
     load: np.ndarray      # requests in flight (sent earlier, last chunk not yet seen) at each send
+    send_us: np.ndarray   # each send (the admission queue's arrivals)
 
 
 def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
@@ -107,7 +115,7 @@ def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
             ttft[i] = first - r.send_time_us
         if r.output_tokens >= 2 and r.last_chunk_time_us > r.first_chunk_time_us > 0:
             itl[i] = (r.last_chunk_time_us - r.first_chunk_time_us) / (r.output_tokens - 1)
-    return Observed(ttft, itl, load)
+    return Observed(ttft, itl, load, send)
 
 
 class _StepIntegral:
@@ -132,8 +140,10 @@ class _StepIntegral:
 
 
 def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "linear") -> Design:
-    """Rows (features, target, weight, request) for the least squares; columns: 5 step + 2
-    frontend (+ 2 memory for the ``roofline`` shape)."""
+    """Rows (features, target, weight, request) for the least squares; columns: 5 step + 3
+    frontend (+ 2 memory for the ``roofline`` shape). The admission column is each request's
+    place in its admission busy period, grouped at the current admission time (``coef``), the
+    time since that period began moved to the target: a fixed point like the schedule's."""
     lp = outcome.loop
     if lp.step_start is None or lp.step_dur is None or lp.step_features is None:
         raise ValueError("the replay was run without a step log")
@@ -147,9 +157,11 @@ def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "
         g1, b1 = integ(lp.first_token_us[sel])
         idle = (lp.first_token_us[sel] - lp.arrival_us[sel]) - (b1 - b0)
         g = g1 - g0
-        x = np.hstack([g[:, :N_STEP], np.ones((sel.size, 1)), load[sel, None], g[:, N_STEP:]])
+        place, since = admission_queue(obs.send_us, max(float(coef[ADMISSION]), 0.0))
+        x = np.hstack([g[:, :N_STEP], np.ones((sel.size, 1)), load[sel, None], place[sel, None],
+                       g[:, N_STEP:]])
         rows.append(x)
-        targets.append(obs.ttft_us[sel] - idle)
+        targets.append(obs.ttft_us[sel] - idle + since[sel])
         weights.append(1.0 / obs.ttft_us[sel])
         requests.append(sel)
     sel = np.flatnonzero(done & ~np.isnan(obs.itl_us) & (obs.itl_us > 0) & (lp.num_out >= 2))
@@ -159,7 +171,7 @@ def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "
         m = (lp.num_out[sel] - 1).astype(np.float64)
         idle = ((lp.finish_us[sel] - lp.first_token_us[sel]) - (b1 - b0)) / m
         g = (g1 - g0) / m[:, None]
-        x = np.hstack([g[:, :N_STEP], np.zeros((sel.size, 2)), g[:, N_STEP:]])
+        x = np.hstack([g[:, :N_STEP], np.zeros((sel.size, N_FRONTEND)), g[:, N_STEP:]])
         rows.append(x)
         targets.append(obs.itl_us[sel] - idle)
         weights.append(1.0 / obs.itl_us[sel])
@@ -171,14 +183,15 @@ def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "
 
 
 def _to_coefficients(values: np.ndarray) -> LatencyCoefficients:
-    """The coefficient file of a fitted vector (7 values: linear; 9: the two-row shape)."""
+    """The coefficient file of a fitted vector (8 values: linear; 10: the two-row shape)."""
     c = [float(v) for v in values]
-    memory = MemoryCoefficients(weights_us=c[7], per_context_token_us=c[8]) if len(c) > 7 else None
+    memory = MemoryCoefficients(weights_us=c[8], per_context_token_us=c[9]) if len(c) > N_LINEAR else None
     return LatencyCoefficients(
         model="roofline-fit" if memory else "linear",
         step=StepCoefficients(base_us=c[0], per_prefill_token_us=c[1], per_decode_seq_us=c[2],
                               per_context_token_us=c[3], per_prefill_attention_us=c[4]),
-        memory=memory, frontend=FrontendCoefficients(base_us=c[5], per_inflight_us=c[6]))
+        memory=memory, frontend=FrontendCoefficients(base_us=c[5], per_inflight_us=c[6],
+                                                     admission_us=c[7]))
 
 
 def _vector(coeffs: LatencyCoefficients) -> np.ndarray:
@@ -186,7 +199,7 @@ def _vector(coeffs: LatencyCoefficients) -> np.ndarray:
     mem = [m.weights_us, m.per_context_token_us] if m is not None else []
     return np.array([s.base_us, s.per_prefill_token_us, s.per_decode_seq_us,
                      s.per_context_token_us, s.per_prefill_attention_us, f.base_us,
-                     f.per_inflight_us, *mem])
+                     f.per_inflight_us, f.admission_us, *mem])
 
 
 def _start_vector(start: LatencyCoefficients, shape: str, prior: PhysicsPrior | None) -> np.ndarray:
@@ -194,10 +207,12 @@ def _start_vector(start: LatencyCoefficients, shape: str, prior: PhysicsPrior | 
     the prior's, else the linear base as the weight-read floor (the base then keeps a tenth, as
     the per-step overhead), so that small steps start on the memory side."""
     v = _vector(start)
-    if shape == "linear" or v.size > 7:
-        return v[:7] if shape == "linear" else v
+    if v[ADMISSION] <= 0.0:  # at 0 no request queues, its column is empty and it would stay 0
+        v[ADMISSION] = ADMISSION_START_US
+    if shape == "linear" or v.size > N_LINEAR:
+        return v[:N_LINEAR] if shape == "linear" else v
     if prior is not None:
-        mem = [float(prior.values[7] or 0.0), float(prior.values[8] or 0.0)]
+        mem = [float(prior.values[N_LINEAR] or 0.0), float(prior.values[N_LINEAR + 1] or 0.0)]
         v[0] = 0.1 * v[0]
     else:
         mem = [0.9 * v[0], v[3]]
@@ -371,6 +386,7 @@ def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
                 model=lat.kind, step=StepCoefficients(**s),
                 memory=MemoryCoefficients(**m) if m else None,
                 frontend=FrontendCoefficients(base_us=lat.frontend_base_us,
-                                              per_inflight_us=lat.frontend_per_inflight_us)), \
+                                              per_inflight_us=lat.frontend_per_inflight_us,
+                                              admission_us=lat.frontend_admission_us)), \
                 options.latency_source
     return DEFAULT_COEFFICIENTS, "default"

@@ -9,6 +9,13 @@ and a frontend term added to each request's TTFT and E2E (API server, tokenisati
 and streaming: time outside the engine core, which does not occupy the engine):
 
     frontend_us = frontend_base_us + frontend_per_inflight_us · (requests in the system at arrival)
+                  + (wait for admission)
+
+The admission wait: the API server takes requests in one at a time, ``frontend_admission_us`` each
+(parsing, tokenising, handing to the engine), so a request sent while earlier ones are still being
+taken in waits for them: a burst of N sent at once has its k-th request wait k · admission, while
+spread-out arrivals wait for nothing. It is what makes TTFT grow along a burst, which a per-request-
+in-flight term would also fit on a probe but then charges to every request of a busy Poisson stream.
 
 Models:
 
@@ -82,6 +89,8 @@ class FrontendCoefficients(BaseModel):
     model_config = _STRICT
     base_us: float = Field(default=0.0, ge=0)
     per_inflight_us: float = Field(default=0.0, ge=0)
+    # one request's admission by the API server (one at a time: a burst queues for it)
+    admission_us: float = Field(default=0.0, ge=0)
 
 
 class CoefficientEstimate(BaseModel):
@@ -191,7 +200,8 @@ class LatencyCoefficients(BaseModel):
     def to_step_model(self) -> StepModel:
         return _linear_step_model(self.step.model_dump(), self.frontend.base_us,
                                   self.frontend.per_inflight_us,
-                                  self.memory.model_dump() if self.memory is not None else None)
+                                  self.memory.model_dump() if self.memory is not None else None,
+                                  frontend_admission_us=self.frontend.admission_us)
 
 
 #: The default when no coefficient file is given: a linear fit to the reference's bundled
@@ -222,6 +232,7 @@ class StepModel:
     memory: tuple[float, ...]
     frontend_base_us: float = 0.0
     frontend_per_inflight_us: float = 0.0
+    frontend_admission_us: float = 0.0
     details: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -244,12 +255,15 @@ class StepModel:
         out: dict[str, Any] = {"model": self.kind, **self.details}
         out["frontend"] = {"base_us": self.frontend_base_us,
                            "per_inflight_us": self.frontend_per_inflight_us}
+        if self.frontend_admission_us:  # absent when 0: outputs of earlier models stay as they were
+            out["frontend"]["admission_us"] = self.frontend_admission_us
         return out
 
 
 def _linear_step_model(step: dict[str, float], frontend_base_us: float,
                        frontend_per_inflight_us: float,
-                       memory: dict[str, float] | None = None) -> StepModel:
+                       memory: dict[str, float] | None = None, *,
+                       frontend_admission_us: float = 0.0) -> StepModel:
     """A linear model's StepModel, or with ``memory`` (a roofline-fit's memory row) the two-row one."""
     compute = (step["base_us"], step["per_prefill_token_us"], step["per_decode_seq_us"],
                step["per_context_token_us"], step["per_context_token_us"],
@@ -263,7 +277,8 @@ def _linear_step_model(step: dict[str, float], frontend_base_us: float,
         details["memory"] = dict(memory)
     return StepModel(kind="roofline-fit" if memory is not None else "linear", compute=compute,
                      memory=row, frontend_base_us=frontend_base_us,
-                     frontend_per_inflight_us=frontend_per_inflight_us, details=details)
+                     frontend_per_inflight_us=frontend_per_inflight_us,
+                     frontend_admission_us=frontend_admission_us, details=details)
 
 
 def default_step_model() -> StepModel:
@@ -417,7 +432,7 @@ def roofline(geom: ModelGeometry, hw: Hardware, tp: int = 1,
                                 "weight_bytes_per_param": g.weight_bytes_per_param}}
     return StepModel(kind="roofline", compute=compute, memory=memory,
                      frontend_base_us=fe.base_us, frontend_per_inflight_us=fe.per_inflight_us,
-                     details=details)
+                     frontend_admission_us=fe.admission_us, details=details)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from blis_sim.engine.latency import Hardware, ModelGeometry, get_hardware, roofl
 #: The fitted vector's order (also the names in the fit report).
 COEFFICIENT_NAMES = ("step.base_us", "step.per_prefill_token_us", "step.per_decode_seq_us",
                      "step.per_context_token_us", "step.per_prefill_attention_us",
-                     "frontend.base_us", "frontend.per_inflight_us")
+                     "frontend.base_us", "frontend.per_inflight_us", "frontend.admission_us")
 #: The two-row (``roofline-fit``) model's vector: the linear one's, then the memory row.
 ROOFLINE_FIT_NAMES = COEFFICIENT_NAMES + ("memory.weights_us", "memory.per_context_token_us")
 #: Step shapes ``blis fit`` can fit, and the coefficient names of each.
@@ -35,7 +35,8 @@ PLAUSIBLE_FACTOR = 8.0
 MAY_BE_ZERO = frozenset({"step.per_decode_seq_us", "step.per_context_token_us",
                          "memory.per_context_token_us"})
 #: Heuristic ranges of the frontend terms, µs (API server, tokenisation, streaming): no physics.
-FRONTEND_RANGE = {"frontend.base_us": (0.0, 100_000.0), "frontend.per_inflight_us": (0.0, 2_000.0)}
+FRONTEND_RANGE = {"frontend.base_us": (0.0, 100_000.0), "frontend.per_inflight_us": (0.0, 2_000.0),
+                  "frontend.admission_us": (0.0, 20_000.0)}
 #: The two-row model's per-step overhead (outside the max: launch, scheduling, sampling) has no
 #: roofline either; a range only, µs.
 OVERHEAD_RANGE = (0.0, 20_000.0)
@@ -62,10 +63,10 @@ def physics_prior(geom: ModelGeometry, hw: Hardware, tp: int = 1, source: str = 
     values: list[float | None]
     if shape == "linear":
         values = [t.weights_us, t.prefill_token_us + t.kv_token_us, t.decode_seq_us,
-                  t.kv_token_us, t.attention_pair_us, None, None]
+                  t.kv_token_us, t.attention_pair_us, None, None, None]
     else:
         values = [None, t.prefill_token_us, t.decode_seq_us, t.attention_pair_us,
-                  t.attention_pair_us, None, None, t.weights_us, t.kv_token_us]
+                  t.attention_pair_us, None, None, None, t.weights_us, t.kv_token_us]
     names = SHAPE_NAMES[shape]
     low, high = [], []
     for name, v in zip(names, values):

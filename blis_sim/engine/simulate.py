@@ -107,13 +107,39 @@ def inflight_at_arrival(arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
             - np.searchsorted(fin_sorted, arrival, side="right")).clip(min=0)
 
 
+def admission_queue(arrival: np.ndarray, admission_us: float) -> tuple[np.ndarray, np.ndarray]:
+    """Requests taken in one at a time, ``admission_us`` each, in arrival order: per request, its
+    place in its busy period (0 for the one that found the frontend free) and the time since that
+    busy period began. Its wait is ``place · admission_us − since`` (≥ 0), linear in
+    ``admission_us`` for a given grouping — which is how ``fit`` uses it."""
+    n = arrival.shape[0]
+    place, since = np.zeros(n), np.zeros(n)
+    if admission_us <= 0.0 or n == 0:
+        return place, since
+    free, began, k = -np.inf, 0.0, 0
+    for i in np.lexsort((np.arange(n), arrival)).tolist():
+        a = float(arrival[i])
+        if a >= free:  # the frontend is free: a new busy period
+            began, k, free = a, 0, a + admission_us
+        else:
+            k += 1
+            free += admission_us
+        place[i], since[i] = k, a - began
+    return place, since
+
+
 def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
-    """Each request's frontend time. Its load is what a client sees: requests sent earlier whose
+    """Each request's frontend time: the base, the wait for admission (:func:`admission_queue`),
+    and the in-flight term, whose load is what a client sees: requests sent earlier whose
     response (engine finish + their own frontend time) has not ended yet — the same count ``fit``
     takes from an observed trace's send and last-chunk times. Computed in arrival order."""
-    base, per = model.frontend_base_us, model.frontend_per_inflight_us
+    per, admission = model.frontend_per_inflight_us, model.frontend_admission_us
+    fixed = np.full(arrival.shape[0], model.frontend_base_us)
+    if admission > 0.0:
+        place, since = admission_queue(arrival, admission)
+        fixed += place * admission - since
     if per == 0.0:
-        return np.full(arrival.shape[0], base)
+        return fixed
     import heapq
 
     out = np.empty(arrival.shape[0])
@@ -124,7 +150,7 @@ def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> 
         a = arrival[i]
         while ends and ends[0] <= a:
             heapq.heappop(ends)
-        f = base + per * len(ends)
+        f = fixed[i] + per * len(ends)
         out[i] = f
         heapq.heappush(ends, fin[i] + f)
     return out
