@@ -201,3 +201,22 @@ def test_the_report_survives_the_coefficient_file(narrow_fit, tmp_path) -> None:
     for name in ("c.yaml", "c.json"):
         dump_coefficients(c, tmp_path / name)
         assert load_coefficients(tmp_path / name) == c
+
+
+def test_admission_is_named_only_when_the_sends_could_not_show_it() -> None:
+    from tests.test_engine_fit import OPTS as FIT_OPTS, SPEC, STEADY_SPEC, TRUTH as FIT_TRUTH
+
+    no_admission = FIT_TRUTH.model_copy(update={"frontend": FrontendCoefficients(
+        base_us=20000.0, per_inflight_us=500.0)})
+
+    def fitted(spec: str) -> LatencyCoefficients:
+        trace = run_outcome(parse_workload_spec(spec.format(seed=7)),
+                            replace(FIT_OPTS, latency=no_admission.to_step_model())).trace("spec")
+        return fit(trace, FIT_OPTS, bootstrap_resamples=10)
+
+    bursty = fitted(SPEC)  # bursts that would queue at 1 ms: the fit measured 0
+    assert bursty.frontend.admission_us == 0.0
+    assert not [w for w in bursty.fit.warnings if "admission" in w]
+    steady = fitted(STEADY_SPEC)  # Poisson only: nothing could have queued
+    assert [w for w in steady.fit.warnings if w.startswith("frontend.admission_us not identified "
+                                                           "(the data never exercise it)")]

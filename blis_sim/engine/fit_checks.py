@@ -65,10 +65,14 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
 
 def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np.ndarray,
               design: Design, prior: PhysicsPrior | None, table: Any, steps: np.ndarray | None,
-              load: np.ndarray, names: tuple[str, ...] = COEFFICIENT_NAMES
+              load: np.ndarray, names: tuple[str, ...] = COEFFICIENT_NAMES,
+              zero_when_unused: frozenset[str] = frozenset()
               ) -> tuple[list[CoefficientEstimate], list[str]]:
     """Each coefficient with its 90 % bootstrap interval, prior and plausible range, and the
-    warnings: every coefficient the data cannot pin down (with what would), every implausible one."""
+    warnings: every coefficient the data cannot pin down (with what would), every implausible one.
+    ``zero_when_unused``: coefficients whose column is empty only because their value is 0 (the
+    admission time: at 0 no request queues, though the sends come in bursts that would at 1 ms),
+    which the data put at 0 rather than never exercise."""
     # the bootstrap's spread around the solve at this schedule (``center``), carried over to the
     # value returned (an iterate, or the median of iterates, solved at a neighbouring schedule)
     if samples.shape[0]:
@@ -89,7 +93,9 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
         p = prior.values[j] if prior is not None else None
         scale = p if p else max(abs(float(coef[j])), float(noticeable[j]))
         width = float(high[j] - low[j]) / scale
-        why = ("the data never exercise it" if not used[j] else
+        measured_zero = name in zero_when_unused and coef[j] == 0.0
+        why = ("" if not used[j] and measured_zero else
+               "the data never exercise it" if not used[j] else
                f"collinear with the others (VIF {vif[j]:.3g})" if vif[j] > VIF_LIMIT else
                f"90 % interval {low[j]:.4g}-{high[j]:.4g} is wider than its scale"
                if width > CI_LIMIT else "")

@@ -339,7 +339,8 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     cond, vif = collinearity(best.design)
     ests, warnings = fit_checks.estimates(best.coef, sol.coef, samples, vif, best.design, prior,
                                           best.outcome.table, best.outcome.loop.step_features,
-                                          best.obs.load, names)
+                                          best.obs.load, names,
+                                          zero_when_unused=_zero_when_unused(best.obs))
     phases = [r.phase for r in best.outcome.table.source]
     sat = fit_checks.saturation(best.obs.ttft_us, best.outcome.loop.arrival_us, best.obs.load,
                                 phases)
@@ -364,6 +365,13 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
         "condition_number": cond if np.isfinite(cond) else None, "coefficients": ests,
         "warnings": warnings})
     return _to_coefficients(best.coef).model_copy(update={"fit": report})
+
+
+def _zero_when_unused(obs: Observed) -> frozenset[str]:
+    """The admission time, when the sends come in bursts (some would queue at the 1 ms the fit
+    starts from) but the fit put it at 0: then its empty column is a measured 0."""
+    bursts = admission_queue(obs.send_us, ADMISSION_START_US)[0].max(initial=0.0) > 0
+    return frozenset({"frontend.admission_us"}) if bursts else frozenset()
 
 
 def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport:
