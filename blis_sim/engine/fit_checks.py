@@ -56,8 +56,8 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
             f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
             f"TTFTs span {w_lo}-{w_hi} steps; add load so requests queue through more steps",
             f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals",
-            (f"at most {q_hi + 1} requests queued for admission together; add bursts (many requests "
-             "sent at once) next to spread-out arrivals"),
+            (f"at most {q_hi + 1} request(s) queued for admission at once; add bursts (many "
+             "requests sent at once) next to spread-out arrivals"),
             (f"steps computed {s_lo}-{s_hi} tokens; add steps on both sides of the compute/memory "
              "knee (single decodes and long prefills)"),
             f"decode contexts span {c_lo}-{c_hi} tokens; add small decode batches with long prompts"]
