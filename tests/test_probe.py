@@ -87,7 +87,10 @@ def test_a_probe_runs_every_phase_and_measures_the_ramp(tmp_path: Path) -> None:
     trace = result.observed.trace
     planned = probe_plan(result.limits, ProbeConfig(max_prompt=256, ramp_max=8))
     assert len(trace.records) == sum(len(p.requests) for p in planned.phases)
-    assert all(r.status == "ok" for r in trace.records) and not result.observed.warnings
+    # every request served, and nothing wrong with the probe; a late-sends note is about how busy
+    # the machine running the test is (its asyncio loop), not about the probe
+    assert all(r.status == "ok" for r in trace.records)
+    assert [w for w in result.observed.warnings if not w.startswith("sends were late")] == []
     assert {r.phase for r in trace.records} == {p.name for p in planned.phases}
     # the ramp: throughput per level, rising with the level on this server (batched prefill)
     assert [r.level for r in result.ramp] == [2, 4, 8]

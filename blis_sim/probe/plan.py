@@ -20,7 +20,9 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       per-decode-sequence term and where a step stops being flat;
 ``decode-<B>-ctx<P>`` the same with long prompts: the per-context-token (attention read) term;
 ``mixed-<B>-<L>``     ``B`` decoders, then two prompts of ``L`` tokens arriving while they decode: steps
-                      that carry prefill and decode together;
+                      that carry prefill and decode together; ``B`` = 4 and 32 (or as many as run
+                      beside the two): those two find many requests in flight and none queued for
+                      admission, which tells the frontend's two terms apart (a burst grows both);
 ``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, 64 output tokens; less where
                       N of them would fill more than half the GPU cache), ``N``
                       doubling from 2 up to ``ramp_max``: batched prefill and, at the top, the server's
@@ -45,7 +47,7 @@ CACHED_REPEATS = 2                 # cached TTFTs are short: two samples each
 TTFT_OUTPUT = 4                    # TTFT requests: a few tokens, so they end quickly
 DECODE_PROMPT, DECODE_OUTPUT = 64, 64
 CONTEXT_BATCHES = (1, 16)          # decode batch sizes repeated with long prompts
-MIXED_BATCHES = (4, 32)            # decoders under a mixed step
+MIXED_BATCHES = (4, 32)            # decoders under a mixed step (the top capped by the server)
 MIXED_OUTPUT = 256                 # long enough to still decode when the prefills arrive
 MIXED_ARRIVALS_US = (100_000, 300_000)
 RAMP_PROMPT, RAMP_OUTPUT = 512, 64
@@ -133,6 +135,14 @@ def decode_batches(limits: ServerLimits, config: ProbeConfig) -> list[int]:
     return doubling(1, max(top, 1))
 
 
+def mixed_batches(limits: ServerLimits, batches: list[int]) -> list[int]:
+    """Decoders of the mixed phases: ``MIXED_BATCHES``, the largest capped at what the server runs
+    beside the two arrivals and at the largest decode batch (the cache), so that a server of 32
+    sequences still gets one with ~30 requests in flight."""
+    top = min(MIXED_BATCHES[-1], limits.max_num_seqs - 2, batches[-1])
+    return sorted({b for b in MIXED_BATCHES[:-1] if b <= top} | ({top} if top >= 1 else set()))
+
+
 def ramp_levels(limits: ServerLimits, config: ProbeConfig) -> list[int]:
     """``ramp_min``, doubling, up to ``ramp_max`` (default 2 x max_num_seqs, at most 256, within the cache)."""
     top = config.ramp_max or min(2 * limits.max_num_seqs, 256)
@@ -190,10 +200,8 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     for batch in CONTEXT_BATCHES:
         if batch <= batches[-1] and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
             b.add(f"decode-{batch}-ctx{context}", [unique(context, DECODE_OUTPUT) for _ in range(batch)])
-    for batch in MIXED_BATCHES if config.mixed else ():
+    for batch in mixed_batches(limits, batches) if config.mixed else ():
         for length in sorted({lengths[len(lengths) // 2], lengths[-1]}):
-            if batch + 2 > limits.max_num_seqs or batch > batches[-1]:
-                continue
             reqs = [unique(DECODE_PROMPT, MIXED_OUTPUT) for _ in range(batch)]
             reqs += [unique(length, TTFT_OUTPUT, arrival_us=t) for t in MIXED_ARRIVALS_US]
             b.add(f"mixed-{batch}-{length}", reqs)
