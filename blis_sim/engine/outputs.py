@@ -34,6 +34,7 @@ from blis_sim.engine.requests import TraceRows
 from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
 from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
+from blis_sim.formats._model import construct
 from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results
 
 
@@ -217,8 +218,8 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
     requests = request_metrics_columns(o).records() if include_requests else []
     itl_p = weighted_percentiles(itl_v, itl_w, (90, 95, 99))
     e2e_p, ttft_p = percentiles(e2e_ms, (90, 95, 99)), percentiles(ttft_ms, (90, 95, 99))
-    return MetricsOutput(
-        completed_requests=n_done, still_queued=queued, still_running=running,
+    return construct(
+        MetricsOutput, completed_requests=n_done, still_queued=queued, still_running=running,
         injected_requests=len(o.table) - not_arrived,
         total_input_tokens=total_in, total_output_tokens=total_out,
         vllm_estimated_duration_s=duration_s,
@@ -234,7 +235,7 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
         preemption_count=int(lp.preemption_count),
         cache_hit_rate=float(o.kv_counters.get("cache_hit_rate", 0.0)),
         dropped_unservable=dropped,
-        kv_hit_rates=[KVHitRate(**e) for e in o.hit_rates],
+        kv_hit_rates=[construct(KVHitRate, **e) for e in o.hit_rates],
     ).model_copy(update={"requests": requests,  # validated above; the rows are built typed
                          "provenance": provenance})
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from blis_sim import __version__
 from blis_sim.formats import (KVGeometry, KVHitRate, LatencyModelInfo, PytestBlisHeader,
                               SimProvenance, TraceHeader)
+from blis_sim.formats._model import construct
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -37,14 +38,15 @@ def latency_info(options: Any) -> LatencyModelInfo:
         name = f"roofline:{desc.get('hardware')}:tp{desc.get('tp')}"
     # the seed is provenance (``seed`` / ``sim_seed`` beside it), not a coefficient of the model
     coeffs = flatten({k: v for k, v in desc.items() if k != "model"})
-    return LatencyModelInfo(name=name, coefficients=coeffs, source=options.latency_source)
+    return construct(LatencyModelInfo, name=name, coefficients=coeffs, source=options.latency_source)
 
 
 def sim_provenance(outcome: Any, options: Any) -> SimProvenance:
     """The MetricsOutput's ``provenance`` block: the same facts as the trace header's."""
-    return SimProvenance(
+    return construct(
+        SimProvenance,
         tool_version=__version__, latency_model=latency_info(options), seed=int(options.seed),
-        kv_geometry=KVGeometry(block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
+        kv_geometry=construct(KVGeometry, block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
         kv_offload=outcome.offload.to_header() if outcome.offload is not None else None)
 
 
@@ -52,10 +54,11 @@ def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replay
                base: Any = None,
                workload_seed: int | None = None, workload_spec: str = "",
                accumulate: bool = False) -> TraceHeader:
-    ext = PytestBlisHeader(
+    ext = construct(
+        PytestBlisHeader,
         tool_version=__version__,
-        kv_geometry=KVGeometry(block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
-        kv_hit_rates=[KVHitRate(**e) for e in outcome.hit_rates],
+        kv_geometry=construct(KVGeometry, block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
+        kv_hit_rates=[construct(KVHitRate, **e) for e in outcome.hit_rates],
         offload=outcome.offload.extensions() if outcome.offload is not None else None,
         latency_model=latency_info(options), sim_seed=int(options.seed),
     )
@@ -64,10 +67,10 @@ def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replay
         return base.model_copy(update={
             "mode": mode, "time_unit": "microseconds", "kv_offload": kv_offload,
             "pytest_blis": _merge(base.pytest_blis, ext)})
-    return TraceHeader(mode=mode, time_unit="microseconds", workload_seed=workload_seed,
-                       workload_spec=workload_spec,
-                       session_context_growth="accumulate" if accumulate else "",
-                       kv_offload=kv_offload, pytest_blis=ext)
+    return construct(TraceHeader, mode=mode, time_unit="microseconds", workload_seed=workload_seed,
+                     workload_spec=workload_spec,
+                     session_context_growth="accumulate" if accumulate else "",
+                     kv_offload=kv_offload, pytest_blis=ext)
 
 
 def _merge(original: PytestBlisHeader | None, ours: PytestBlisHeader) -> PytestBlisHeader:

@@ -48,7 +48,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from blis_sim import limits
 from blis_sim.errors import ConfigError
-from blis_sim.formats._model import StrictModel
+from blis_sim.formats._model import StrictModel, construct, plain_fields
 from blis_sim.formats._strict import YamlDoc, load_yaml, parse_yaml, validate
 from blis_sim.formats.trace_header import OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
 
@@ -95,11 +95,11 @@ class DeviceClass(StrictModel):
 
 #: The reference's shipped classes (defaults.yaml): none enables the ramp or jitter.
 DEFAULT_DEVICE_CLASSES: Mapping[str, DeviceClass] = {
-    "nvme_gen4": DeviceClass(read_bandwidth=7000.0, write_bandwidth=5000.0, base_latency=80.0),
-    "nvme_gen3": DeviceClass(read_bandwidth=3500.0, write_bandwidth=3000.0, base_latency=100.0),
-    "sata_ssd": DeviceClass(read_bandwidth=550.0, write_bandwidth=500.0, base_latency=150.0),
-    "cpu_dram": DeviceClass(read_bandwidth=20000.0, write_bandwidth=20000.0, base_latency=1.0),
-    "s3": DeviceClass(read_bandwidth=1000.0, write_bandwidth=1000.0, base_latency=30000.0),
+    "nvme_gen4": construct(DeviceClass, read_bandwidth=7000.0, write_bandwidth=5000.0, base_latency=80.0),
+    "nvme_gen3": construct(DeviceClass, read_bandwidth=3500.0, write_bandwidth=3000.0, base_latency=100.0),
+    "sata_ssd": construct(DeviceClass, read_bandwidth=550.0, write_bandwidth=500.0, base_latency=150.0),
+    "cpu_dram": construct(DeviceClass, read_bandwidth=20000.0, write_bandwidth=20000.0, base_latency=1.0),
+    "s3": construct(DeviceClass, read_bandwidth=1000.0, write_bandwidth=1000.0, base_latency=30000.0),
 }
 
 
@@ -220,12 +220,13 @@ class OffloadConfig(StrictModel):
 
     def to_header(self) -> TraceKVOffloadConfig:
         """The trace header's ``kv_offload`` block (what the reference records for INV-13)."""
-        return TraceKVOffloadConfig(
-            cpu_bytes_to_use=self.cpu_bytes_to_use, per_block_bytes=self.bytes_per_chunk,
+        return construct(
+            TraceKVOffloadConfig, cpu_bytes_to_use=self.cpu_bytes_to_use, per_block_bytes=self.bytes_per_chunk,
             block_size=self.block_size, blocks_per_chunk=self.blocks_per_chunk,
             tokens_per_hash=self.tokens_per_hash, eviction_policy=self.eviction_policy,
             offload_prompt_only=self.offload_prompt_only, self_describing_kv_events=self.self_describing_kv_events,
-            secondary_tiers=[TraceTierConfig(**t.model_dump(exclude={"max_bytes"})) for t in self.secondary_tiers])
+            secondary_tiers=[construct(TraceTierConfig, **plain_fields(t, frozenset({"max_bytes"})))
+                             for t in self.secondary_tiers])
 
     def extensions(self) -> OffloadExtensions | None:
         """What the reference's block cannot hold (``pytest_blis.offload``), or None if nothing."""
@@ -253,13 +254,13 @@ class OffloadConfig(StrictModel):
             kv_bytes_per_token = block.per_block_bytes / block.block_size
         elif kv_bytes_per_token is None:
             where.fail("per_block_bytes", "kv_offload: per_block_bytes is 0 and no kv_bytes_per_token was given")
-        ext = extensions or OffloadExtensions()
+        ext = extensions or OffloadExtensions.model_construct()  # the defaults: nothing to validate
         if ext.tier_max_bytes and len(ext.tier_max_bytes) != len(block.secondary_tiers):
             where.fail("secondary_tiers", f"pytest_blis.offload.tier_max_bytes has {len(ext.tier_max_bytes)} "
                                           f"entries for {len(block.secondary_tiers)} secondary tiers")
         tiers = []
         for i, t in enumerate(block.secondary_tiers):
-            fields = t.model_dump()
+            fields = plain_fields(t)
             if fields["type"] != "fs":
                 where.fail(f"secondary_tiers.{i}.type",
                            f"kv_offload: secondary_tiers[{i}].type must be \"fs\", got {fields['type']!r}")
@@ -447,16 +448,16 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
     resolved = []
     for i, t in enumerate(tiers):  # what the checks above do not cover (a header's empty root_dir, ...)
         try:
-            resolved.append(TierConfig(**t))
+            resolved.append(construct(TierConfig, **t))
         except ValidationError as exc:
             _fail_validation(where, exc, f"secondary_tiers.{i}.", f"secondary_tiers[{i}].")
     try:
-        return OffloadConfig(cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
-                             blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,  # type: ignore[arg-type]
-                             offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
-                             store_threshold=store_threshold if store_threshold >= 2 else 0,
-                             secondary_tiers=tuple(resolved),
-                             kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+        return construct(OffloadConfig, cpu_bytes_to_use=cpu_bytes, gpu_block_size=gpu_bs, block_size=block_size,
+                         blocks_per_chunk=bpc, tokens_per_hash=tph, eviction_policy=policy,
+                         offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
+                         store_threshold=store_threshold if store_threshold >= 2 else 0,
+                         secondary_tiers=tuple(resolved),
+                         kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
     except ValidationError as exc:
         _fail_validation(where, exc, "", "")
 
