@@ -221,6 +221,54 @@ def test_the_kv_twin_gives_the_same_replay() -> None:
     assert metrics_output_text(a.metrics()) == metrics_output_text(b.metrics())
 
 
+def _port_cases() -> list[tuple[str, object]]:
+    """Traces and specs that use every part of the port: prefix groups, unique prompts, session
+    rounds, a warm-up window (its counter snapshot), offload tiers and preemption."""
+    from blis_sim.formats.workload import parse_workload_spec
+
+    rng = np.random.default_rng(7)
+    rows, t = [], 0
+    for i in range(80):
+        t += int(rng.exponential(100_000))
+        grouped = rng.random() < 0.6
+        rows.append(rec(i, arrival_time_us=t, prefix_group=f"g{rng.integers(0, 3)}" if grouped else "",
+                        prefix_length=int(rng.integers(16, 600)) if grouped else 0,
+                        input_tokens=int(rng.integers(1, 500)), output_tokens=int(rng.integers(0, 120)),
+                        warmup=i < 10, phase="warm" if i < 10 else "main"))
+    ext = PytestBlisHeader(phases=[PhaseInfo(name="warm", warmup=True, measured=False), PhaseInfo(name="main")])
+    off = load_offload_config(BLIS / "offload.yaml", kv_bytes_per_token=QWEN_KV)
+    return [("warm-up window, tiers", (Trace(header=TraceHeader(mode="real", pytest_blis=ext), records=rows),
+                                       opts(num_gpu_blocks=120, kv_offload=off))),
+            ("sessions", (parse_workload_spec(SESSIONS), opts(num_gpu_blocks=300, kv_offload=off)))]
+
+
+@pytest.mark.parametrize("case", range(2))
+def test_the_compiled_port_records_what_the_python_port_records(case: int, monkeypatch) -> None:
+    """On the compiled cache the loop talks to ``RequestPort``; ``KVPort`` on the same cache must
+    give the same outcome: per-request first admissions, window hit-rates, metrics."""
+    from blis_sim.engine import kvport, simulate
+    from blis_sim.kv import COMPILED
+
+    if not COMPILED:
+        pytest.skip("the Cython KV core is not built")
+    _, (base, options) = _port_cases()[case]
+
+    def go() -> object:
+        if isinstance(base, Trace):
+            return replay_outcome(base, replace(options, kv_backend="cython")).outcome
+        return run_outcome(base, replace(options, kv_backend="cython")).outcome
+
+    a = go()
+    monkeypatch.setattr(simulate, "kv_port", lambda kv, content, window_first=-1:
+                        kvport.KVPort(kv, content, window_first))
+    b = go()
+    assert a.cached.tolist() == b.cached.tolist() and a.cached.any()
+    assert a.admitted.tolist() == b.admitted.tolist()
+    assert a.hit_rates == b.hit_rates
+    assert np.array_equal(a.loop.finish_us, b.loop.finish_us, equal_nan=True)
+    assert a.loop.preemption_count == b.loop.preemption_count
+
+
 SESSIONS = """
 version: "2"
 seed: 5

@@ -177,10 +177,20 @@ class ContentPlan:
         g = self._group_of[i]
         if g < 0:
             return self._no_prefix, 0, self._root, self._seeds[i]
+        return self.group_prefix(g), self._blocks_of[i], self._root, self._seeds[i]
+
+    def group_prefix(self, g: int) -> np.ndarray:
+        """Prefix group ``g``'s hashed prefix (built on first use)."""
         prefix = self._group_hashes.get(g)
-        if prefix is None:
-            prefix = self._group_prefix_hashes(g)
-        return prefix, self._blocks_of[i], self._root, self._seeds[i]
+        return prefix if prefix is not None else self._group_prefix_hashes(g)
+
+    def port_columns(self) -> tuple[Any, ...]:
+        """What :meth:`prefix_spec` reads, for a compiled KV port to read in place: per request the
+        prompt length, session (-1: none), group (-1: none), shared group-prefix blocks (int64
+        buffers) and unique-content seed (uint64 buffer); then the chain's root hash and the number
+        of groups."""
+        return (self._prompt_of, self._session_of, self._group_of, self._blocks_of, self._seeds,
+                self._root, len(self.group_names))
 
     def _session_hashes(self, i: int) -> np.ndarray:
         stream = self._round_stream(i)

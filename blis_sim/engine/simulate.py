@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.kvport import KVPort
+from blis_sim.engine.kvport import kv_port
 from blis_sim.engine.latency import StepModel, default_step_model
 from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
@@ -168,7 +168,7 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
     first = -1
     if window_idx.size and window_idx.size < n:
         first = int(window_idx[np.argmin(table.arrival_us[window_idx])])
-    port = KVPort(kv, table.content(content_seed, block_size), window_first=first)
+    port = kv_port(kv, table.content(content_seed, block_size), window_first=first)
     workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
                         output_len=table.output_len, next_round=table.next_round,
                         think_us=table.think_us, dropped=dropped)

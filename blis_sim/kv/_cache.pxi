@@ -180,6 +180,11 @@ cdef class CacheCore:
                      int64_t num_prompt_tokens):
         """:meth:`add_request` with the hashes ``prefixed_hashes(prefix, shared, root, seed,
         num_prompt_tokens // block_size)`` built in place (a prefix-group request)."""
+        self._add_prefixed(rid, prefix, shared, root, <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF),
+                           num_prompt_tokens)
+
+    cdef int _add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, object root,
+                           uint64_t seed, int64_t num_prompt_tokens) except -1:
         cdef _Req r = self._new_req(rid, num_prompt_tokens, False)
         if (prefix.dtype != np.uint64 or prefix.ndim != 1 or not prefix.flags.c_contiguous
                 or not 0 <= shared <= prefix.shape[0]):
@@ -191,9 +196,9 @@ cdef class CacheCore:
             shared = need
         r.hashes.reserve(need)
         r.hashes.assign(pre, pre + shared)
-        _extend(r.hashes, pre[shared - 1] if shared else <uint64_t>int(root),
-                <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF), shared, need - shared)
+        _extend(r.hashes, pre[shared - 1] if shared else <uint64_t>int(root), seed, shared, need - shared)
         self._reqs[rid] = r
+        return 0
 
     cdef _Req _new_req(self, int64_t rid, int64_t num_prompt_tokens, bint skip):
         """A new request's state, hashes still empty (the caller fills them and registers it)."""
@@ -250,6 +255,9 @@ cdef class CacheCore:
 
     # ------------------------------------------------------------------------------- lookup
     def lookup(self, int64_t rid, double now):
+        return self._lookup_result(rid, now)
+
+    cdef object _lookup_result(self, int64_t rid, double now):
         cdef _Req r = self._req(rid)
         self._lookup(r, now)
         return tuple.__new__(Lookup, (r.lk[0], r.lk[1], r.lk[2], r.lk[3]))  # no Python frame
@@ -300,6 +308,9 @@ cdef class CacheCore:
 
     # ------------------------------------------------------------------------------- admission
     def admit(self, int64_t rid, int64_t num_new_tokens, double now):
+        return self._admit(rid, num_new_tokens, now)
+
+    cdef object _admit(self, int64_t rid, int64_t num_new_tokens, double now):
         cdef _Req r = self._req(rid)
         cdef int64_t bs = self.block_size
         cdef int64_t gpu, gpu_blocks, total, before, ext, host, disk, computed, cache_to, new_blocks
@@ -597,3 +608,103 @@ cdef class _Tracker:
             if not c and len(tr) >= self.cap:
                 del tr[next(iter(tr))]
             tr[k] = c + 1
+
+
+# -- the engine's KV port on the compiled cache ----------------------------------------------------
+cdef class RequestPort:
+    """:class:`blis_sim.engine.kvport.KVPort` on a compiled cache: the same calls and read-outs,
+    with the per-admission work (registering a request's content on first sight, the lookup, the
+    admission and its first-admission record) done here instead of in Python frames. ``content``
+    is the engine's ``ContentPlan``: its per-request columns are read in place; a session round's
+    hashes and a group's prefix hashes come from its methods (once per round / group)."""
+
+    cdef CacheCore _core
+    cdef object _kv, _content, _no_prefix, _root
+    cdef const int64_t[::1] _prompt, _session, _group, _blocks
+    cdef const uint64_t[::1] _seeds
+    cdef list _prefix  # per group: its prefix hashes, None until first needed
+    cdef vector[unsigned char] _registered, _admitted
+    cdef vector[int64_t] _first  # per request: device, host, disk tokens at its first admission
+    cdef Py_ssize_t _n
+    cdef public int64_t window_first
+    cdef public object window_snapshot, content, kv, grow, computed, preempt, finish
+
+    def __init__(self, CacheCore kv, content, int64_t window_first=-1):
+        cols = content.port_columns()
+        self._core = kv
+        self._kv = self.kv = kv
+        self._content = self.content = content
+        self._prompt, self._session, self._group, self._blocks, self._seeds = cols[:5]
+        self._root = cols[5]
+        self._no_prefix = np.zeros(0, dtype=np.uint64)
+        self._n = self._prompt.shape[0]
+        self._prefix = [None] * cols[6]
+        self._registered.assign(self._n, 0)
+        self._admitted.assign(self._n, 0)
+        self._first.assign(3 * self._n, 0)
+        self.window_first = window_first
+        self.window_snapshot = None
+        self.grow = kv.allocate
+        self.computed = kv.computed
+        self.preempt = kv.preempt
+        self.finish = kv.free
+
+    def __len__(self):
+        return self._n
+
+    cdef int _register(self, int64_t i) except -1:
+        cdef int64_t g
+        if i == self.window_first and self.window_snapshot is None:
+            self.window_snapshot = self._kv.snapshot()
+        if self._session[i] >= 0:
+            self._kv.add_request(i, self._content.block_hashes(i), self._prompt[i])
+        else:
+            g = self._group[i]
+            if g < 0:
+                self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i], self._prompt[i])
+            else:
+                prefix = self._prefix[g]
+                if prefix is None:
+                    prefix = self._prefix[g] = self._content.group_prefix(g)
+                self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
+                                         self._prompt[i])
+        self._registered[i] = 1
+        return 0
+
+    def lookup(self, int64_t i, double now):
+        if not 0 <= i < self._n:
+            raise IndexError(f"request {i} is not in the port's content ({self._n} requests)")
+        if not self._registered[i]:
+            self._register(i)
+        return self._core._lookup_result(i, now)
+
+    def admit(self, int64_t i, int64_t num_new_tokens, double now):
+        if not 0 <= i < self._n:
+            raise IndexError(f"request {i} is not in the port's content ({self._n} requests)")
+        res = self._core._admit(i, num_new_tokens, now)
+        if res is not None and not self._admitted[i]:
+            self._admitted[i] = 1
+            self._first[3 * i] = (<tuple>res)[1]
+            self._first[3 * i + 1] = (<tuple>res)[3]
+            self._first[3 * i + 2] = (<tuple>res)[4]
+        return res
+
+    @property
+    def admitted(self):
+        """Per request: admitted at least once (bool)."""
+        out = np.zeros(self._n, dtype=np.uint8)
+        cdef unsigned char[::1] o = out
+        cdef Py_ssize_t i
+        for i in range(self._n):
+            o[i] = self._admitted[i]
+        return out.astype(bool)
+
+    @property
+    def cached(self):
+        """Per request: (device, host, disk) tokens found at its first admission (n × 3)."""
+        out = np.zeros((self._n, 3), dtype=np.int64)
+        cdef int64_t[:, ::1] o = out
+        cdef Py_ssize_t i
+        for i in range(self._n):
+            o[i, 0], o[i, 1], o[i, 2] = self._first[3 * i], self._first[3 * i + 1], self._first[3 * i + 2]
+        return out
