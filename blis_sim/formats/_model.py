@@ -95,7 +95,7 @@ def from_data(model: type[M], data: Any) -> M | None:
     plan = _fast_plan(model)
     if plan is None:
         return None
-    keys, required, after = plan
+    keys, required, factories, after = plan
     values: dict[str, Any] = {}
     for key, v in data.items():
         spec = keys.get(key)
@@ -108,7 +108,11 @@ def from_data(model: type[M], data: Any) -> M | None:
         values[name] = v
     if not required.issubset(values):
         return None
-    out = model.model_construct(**values)
+    given = set(values)
+    for name, factory in factories:  # made here: pydantic would inspect each factory's signature
+        if name not in given:
+            values[name] = factory()
+    out = model.model_construct(given, **values)
     for check in after:
         try:
             out = check(out)
@@ -131,7 +135,9 @@ def _fast_plan(model: type[StrictModel]) -> Any:
             if f.alias and f.alias != name:
                 keys[f.alias] = keys[name]
         required = frozenset(n for n, f in model.model_fields.items() if f.is_required())
-        plan = (keys, required, tuple(d.func for d in decs.model_validators.values()))
+        factories = tuple((n, f.default_factory) for n, f in model.model_fields.items()
+                          if f.default_factory in (list, dict))
+        plan = (keys, required, factories, tuple(d.func for d in decs.model_validators.values()))
     _FAST_PLANS[model] = plan
     return plan
 

@@ -254,9 +254,10 @@ class OffloadConfig(StrictModel):
             kv_bytes_per_token = block.per_block_bytes / block.block_size
         elif kv_bytes_per_token is None:
             where.fail("per_block_bytes", "kv_offload: per_block_bytes is 0 and no kv_bytes_per_token was given")
-        ext = extensions or OffloadExtensions.model_construct()  # the defaults: nothing to validate
-        if ext.tier_max_bytes and len(ext.tier_max_bytes) != len(block.secondary_tiers):
-            where.fail("secondary_tiers", f"pytest_blis.offload.tier_max_bytes has {len(ext.tier_max_bytes)} "
+        tier_max = extensions.tier_max_bytes if extensions is not None else []
+        threshold = extensions.store_threshold if extensions is not None else 0
+        if tier_max and len(tier_max) != len(block.secondary_tiers):
+            where.fail("secondary_tiers", f"pytest_blis.offload.tier_max_bytes has {len(tier_max)} "
                                           f"entries for {len(block.secondary_tiers)} secondary tiers")
         tiers = []
         for i, t in enumerate(block.secondary_tiers):
@@ -264,14 +265,14 @@ class OffloadConfig(StrictModel):
             if fields["type"] != "fs":
                 where.fail(f"secondary_tiers.{i}.type",
                            f"kv_offload: secondary_tiers[{i}].type must be \"fs\", got {fields['type']!r}")
-            fields["max_bytes"] = ext.tier_max_bytes[i] if ext.tier_max_bytes else None
+            fields["max_bytes"] = tier_max[i] if tier_max else None
             tiers.append(fields)
         gpu_bs = block.block_size // block.blocks_per_chunk
         assert kv_bytes_per_token is not None
         cfg = _build(cpu_bytes=block.cpu_bytes_to_use, gpu_bs=gpu_bs, block_size=block.block_size,
                      bpc=block.blocks_per_chunk, tph=block.tokens_per_hash, policy=block.eviction_policy,
                      prompt_only=block.offload_prompt_only, self_desc=block.self_describing_kv_events,
-                     store_threshold=ext.store_threshold, tiers=tiers, kv_bytes_per_token=kv_bytes_per_token,
+                     store_threshold=threshold, tiers=tiers, kv_bytes_per_token=kv_bytes_per_token,
                      where=where)
         if block.per_block_bytes > 0 and cfg.bytes_per_chunk != block.per_block_bytes:
             # int(kv_bytes_per_token × block_size) can round differently: the recorded value is authoritative.
