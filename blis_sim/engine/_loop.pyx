@@ -138,6 +138,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef long[::1] kv_end = np.zeros(n, dtype=np.int64)
     cdef signed char[::1] in_kv = np.zeros(n, dtype=np.int8)
     cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
+    # the port's calls bound once: otherwise each call looks the name up and makes a bound method
+    port_lookup, port_admit, port_grow = port.lookup, port.admit, port.grow
+    port_computed, port_preempt, port_finish = port.computed, port.preempt, port.finish
     cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
     cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
 
@@ -212,12 +215,12 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             ok = True
             end = computed[i] + k
             if (end + block_size - 1) // block_size > (kv_end[i] + block_size - 1) // block_size:
-                while not port.grow(i, end - kv_end[i]):
+                while not port_grow(i, end - kv_end[i]):
                     victim = running.back()
                     running.pop_back()
                     if kv_end[victim] < computed[victim]:
-                        port.grow(victim, computed[victim] - kv_end[victim])
-                    port.preempt(victim)
+                        port_grow(victim, computed[victim] - kv_end[victim])
+                    port_preempt(victim)
                     status[victim] = WAITING
                     computed[victim] = 0
                     kv_end[victim] = 0
@@ -247,11 +250,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     continue
                 total = plen[i] + num_out[i]
                 if not in_kv[i]:
-                    lk = port.lookup(i, t)
+                    lk = port_lookup(i, t)
                     local = lk[0]
                     external = lk[1]
                     if external > 0:
-                        res = port.admit(i, 0, t)
+                        res = port_admit(i, 0, t)
                         if res is None:
                             break
                         waiting.pop_front()
@@ -272,7 +275,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         k = long_prefill_token_threshold
                     if k > budget:
                         k = budget
-                    res = port.admit(i, k, t)
+                    res = port_admit(i, k, t)
                     if res is None:
                         break
                     in_kv[i] = 1
@@ -284,7 +287,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         k = long_prefill_token_threshold
                     if k > budget:
                         k = budget
-                    if not port.grow(i, computed[i] + k - kv_end[i]):
+                    if not port_grow(i, computed[i] + k - kv_end[i]):
                         break
                     kv_end[i] = computed[i] + k
                 waiting.pop_front()
@@ -305,7 +308,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     victim = waiting[x]
                     break
             if victim >= 0 and victim != waiting.front():
-                port.preempt(victim)
+                port_preempt(victim)
                 in_kv[victim] = 0
                 computed[victim] = 0
                 kv_end[victim] = 0
@@ -378,9 +381,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     lim = plen[i]
                 if lim // store_chunk_tokens > old // store_chunk_tokens:
                     if kv_end[i] < computed[i]:
-                        port.grow(i, computed[i] - kv_end[i])
+                        port_grow(i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]
-                    port.computed(i, t_end)
+                    port_computed(i, t_end)
             if computed[i] == plen[i] + num_out[i]:
                 num_out[i] += 1
                 if num_out[i] == 1:
@@ -395,11 +398,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 last_tok[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:
-                        port.grow(i, computed[i] - kv_end[i])
+                        port_grow(i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]
                     status[i] = FINISHED
                     finish[i] = t_end
-                    port.finish(i)
+                    port_finish(i)
                     finished_any = True
                     j = nxt_round[i]
                     if j >= 0:
