@@ -8,6 +8,7 @@ pay for aiohttp or the engine.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -36,6 +37,22 @@ MODULE_OF = {"observe": "blis_sim.observe.cli", "probe": "blis_sim.probe.cli", "
 # tiny vectors): one OpenBLAS thread gives the same results and spares starting its thread pool
 # when numpy is imported, ~0.05-0.1 s of a 10k-request `blis replay` on two cores
 _ONE_BLAS_THREAD = frozenset({"replay", "run"})
+
+
+def _start_program(command: str | None) -> None:
+    """Process settings for ``blis`` run as a program (not ``main(argv)`` called in a process
+    that is not ours): no cyclic garbage collection while the subcommand's modules are imported
+    (each collection walks every object made so far: pydantic and numpy make many), and
+    :data:`_ONE_BLAS_THREAD`."""
+    gc.disable()
+    if command in _ONE_BLAS_THREAD:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _imports_done() -> None:
+    """The imported modules' objects live as long as the process: out of the collector's sight."""
+    gc.freeze()
+    gc.enable()
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -70,11 +87,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    program = argv is None  # the console script or `python -m`: the process is ours
     if argv is None:
         argv = sys.argv[1:]
-    if _command_of(argv) in _ONE_BLAS_THREAD and "numpy" not in sys.modules:  # a fresh `blis` process
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        _start_program(_command_of(argv))
     parser = build_parser(argv)
+    if program:
+        _imports_done()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

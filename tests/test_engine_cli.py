@@ -202,3 +202,28 @@ def test_fit_of_the_two_row_shape_writes_a_roofline_fit_file_that_run_accepts(ru
     assert again.returncode == 0, again.stderr
     model = json.loads(again.stdout)["provenance"]["latency_model"]
     assert model["name"] == "roofline-fit" and model["coefficients"]["memory.weights_us"] > 0, model
+
+
+def test_process_settings_apply_to_the_program_only(run_trace: Path, tmp_path: Path, monkeypatch) -> None:
+    """`blis replay` run as a program collects no garbage while importing and runs OpenBLAS with
+    one thread (unless the user set it); ``main(argv)`` called in a process that is not ours
+    changes neither."""
+    import gc
+    import os
+
+    from blis_sim.cli import main
+
+    args = ["replay", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
+            str(run_trace / "t.yaml"), "--trace-data", str(run_trace / "t.csv"),
+            "--metrics-path", str(tmp_path / "m.json")]
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    frozen = gc.get_freeze_count()
+    assert main(args) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen and "OPENBLAS_NUM_THREADS" not in os.environ
+    probe = ("import gc, os, sys; from blis_sim.cli import main; sys.argv = ['blis'] + sys.argv[1:]; "
+             "rc = main(); print(rc, gc.isenabled(), gc.get_freeze_count() > 0, "
+             "os.environ.get('OPENBLAS_NUM_THREADS'), file=sys.stderr)")
+    for env, threads in (({}, "1"), ({"OPENBLAS_NUM_THREADS": "2"}, "2")):
+        out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
+                             env={**os.environ, **env})
+        assert out.stderr.splitlines()[-1] == f"0 True True {threads}", out.stderr
