@@ -186,7 +186,9 @@ def _strings(parts: list[tuple[int, Any, bool]]) -> StrColumn:
         if const:
             codes.append(np.full(n, index.setdefault(v, len(index)), dtype=np.int32))
         else:
-            codes.append(np.fromiter(map(lambda s: index.setdefault(s, len(index)), v), dtype=np.int32, count=n))
+            for name in dict.fromkeys(v):  # the new names in order of first appearance
+                index.setdefault(name, len(index))
+            codes.append(np.fromiter(map(index.__getitem__, v), dtype=np.int32, count=n))  # no frame per row
     return StrColumn(np.concatenate(codes) if codes else np.zeros(0, np.int32), list(index))
 
 
