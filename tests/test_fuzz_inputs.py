@@ -240,12 +240,12 @@ def test_a_replay_error_about_the_trace_names_the_trace(tmp_path: Path) -> None:
 def test_parsing_yaml_keeps_no_node(text: str) -> None:
     """Found by the soak: the strict loader's shared constructor kept every node it had built, ~45 nodes and 90
     marks an input, so a long soak worker grew to 1 GB and its garbage collections into seconds."""
-    from blis_sim.formats import _strict
+    from blis_sim.formats import _strict, _yamlin
 
     with contextlib.suppress(FormatError):
         _strict.parse_yaml(text, "w.yaml")
-    assert not _strict._LOADER_SINGLETON.constructed_objects
-    assert not _strict._LOADER_SINGLETON.recursive_objects
+    assert not _yamlin._LOADER_SINGLETON.constructed_objects
+    assert not _yamlin._LOADER_SINGLETON.recursive_objects
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "-Inf"])

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from blis_sim.formats._go import yaml_float
-from blis_sim.formats._strict import _Loader
+from blis_sim.formats._yamlin import _Loader
 
 _INDENT = 4
 _resolver = _Loader("")
