@@ -26,8 +26,6 @@ _FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+\Z")
 # digits and "_./-" only (no indicator, no space, no ":" or "#"), and is no bool or null word
 _WORD = re.compile(r"[A-Za-z/][A-Za-z0-9_./-]*\Z")
 _SPECIAL_WORDS = frozenset({"yes", "no", "true", "false", "on", "off", "null", "y", "n"})
-_DOUBLE = re.compile(r'"[^"\\\x00-\x1f\x7f-\uffff]*"\Z')
-_SINGLE = re.compile(r"'[^'\x00-\x1f\x7f-\uffff]*'\Z")
 
 
 class _Unsupported(Exception):
@@ -135,6 +133,14 @@ def _scalar(text: str, path: Path_, raw: dict[Path_, str]) -> Any:
         return []
     if _WORD.match(text) and text.lower() not in _SPECIAL_WORDS:
         return text
-    if _DOUBLE.match(text) or _SINGLE.match(text):
+    if _quoted(text):
         return text[1:-1]
     raise _Unsupported
+
+
+def _quoted(text: str) -> bool:
+    """A quoted string without escapes: printable ASCII between its quotes, no quote or backslash."""
+    if len(text) < 2 or text[0] != text[-1] or text[0] not in "\"'":
+        return False
+    inner = text[1:-1]
+    return inner.isascii() and inner.isprintable() and text[0] not in inner and "\\" not in inner
