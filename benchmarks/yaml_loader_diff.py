@@ -1,6 +1,7 @@
 """Would libyaml keep the strict YAML loader's answers? A differential run over the soak's seeded inputs.
 
-``blis_sim.formats._strict.parse_yaml`` composes with PyYAML's pure-Python parser, which is most of a YAML
+``blis_sim.formats._yamlin.parse`` (what ``_strict.parse_yaml`` uses for every document the plain block
+reader ``_yaml_simple`` declines) composes with PyYAML's pure-Python parser, which is most of a YAML
 input's cost in the fuzz soak. This parses the first ``--inputs`` mutated inputs of each YAML format twice,
 as is and with the composer swapped for libyaml's (``yaml.CSafeLoader`` base, same implicit resolvers), and
 counts the inputs whose outcome differs: the error line, or the data, line map or raw plain-scalar text of a
@@ -24,24 +25,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import fuzzing  # noqa: E402  (tests/fuzzing.py: the harness the tests use)
 from blis_sim.errors import FormatError  # noqa: E402
-from blis_sim.formats import _strict  # noqa: E402
+from blis_sim.formats import _yamlin  # noqa: E402
 
 
 class _CLoader(yaml.CSafeLoader):
-    yaml_implicit_resolvers = _strict._Loader.yaml_implicit_resolvers  # the YAML 1.2 exponent floats too
+    yaml_implicit_resolvers = _yamlin._Loader.yaml_implicit_resolvers  # the YAML 1.2 exponent floats too
 
 
 def _outcome(text: str) -> tuple[Any, ...]:
     try:
-        doc = _strict.parse_yaml(text, "f.yaml")
+        data, lines, raw = _yamlin.parse(text, "f.yaml")  # PyYAML itself (parse_yaml may not use it)
     except FormatError as exc:
         return ("error", str(exc))
-    return ("loaded", repr(doc.data), sorted(doc.lines.items(), key=repr), sorted(doc.raw.items(), key=repr))
+    return ("loaded", repr(data), sorted(lines.items(), key=repr), sorted(raw.items(), key=repr))
 
 
 def _with_libyaml(text: str) -> tuple[Any, ...]:
     compose = yaml.compose
-    with mock.patch.object(_strict.yaml, "compose", lambda s, Loader=None: compose(s, Loader=_CLoader)):
+    with mock.patch.object(_yamlin.yaml, "compose", lambda s, Loader=None: compose(s, Loader=_CLoader)):
         return _outcome(text)
 
 
