@@ -153,3 +153,39 @@ def test_constructed_configs_and_metrics_match_validated_ones() -> None:
     for bad in ({"e2e_mean_ms": math.nan}, {"cache_hit_rate": 1.5}, {"completed_requests": 1.0}):
         with pytest.raises(ValidationError):
             construct(MetricsOutput, **{**m, **bad})
+
+
+def test_models_the_plain_check_does_not_model_go_to_pydantic() -> None:
+    from pydantic import ConfigDict, Field, field_validator
+
+    from blis_sim.formats._model import StrictModel
+
+    class Aliased(StrictModel):
+        x: int = Field(default=0, validation_alias="X")
+
+    class Checked(StrictModel):
+        x: int = 0
+
+        @field_validator("x")
+        @classmethod
+        def _even(cls, v: int) -> int:
+            if v % 2:
+                raise ValueError("odd")
+            return v
+
+    class Lax(StrictModel):
+        model_config = ConfigDict(strict=False)
+        x: int = 0
+
+    class Plain(StrictModel):
+        x: int = 0
+        y: list[int] = Field(default_factory=list)
+
+    for model in (Aliased, Checked, Lax):
+        assert from_data(model, {}) is None
+    with pytest.raises(ValidationError, match="odd"):
+        construct(Checked, x=3)
+    assert construct(Lax, x="4").x == 4  # pydantic's lax rules, not the plain check's
+    made = from_data(Plain, {"x": 2})
+    assert made is not None and made.y == [] and made.model_fields_set == {"x"}
+    _same(made, Plain.model_validate({"x": 2}))

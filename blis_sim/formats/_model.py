@@ -127,10 +127,15 @@ def _fast_plan(model: type[StrictModel]) -> Any:
         return plan
     cfg, decs = model.model_config, model.__pydantic_decorators__
     plan = None
-    if (cfg.get("extra") == "forbid" and cfg.get("strict") and not (decs.validators or decs.field_validators
+    if (cfg.get("extra") == "forbid" and cfg.get("strict") and cfg.get("revalidate_instances", "never") == "never"
+            and not (decs.validators or decs.field_validators
             or decs.root_validators) and all(d.info.mode == "after" for d in decs.model_validators.values())):
         keys: dict[str, tuple[str, Any, tuple[Any, ...]]] = {}
+        by_name = cfg.get("populate_by_name") or cfg.get("validate_by_name")
         for name, f in model.model_fields.items():
+            if (f.validation_alias not in (None, f.alias) or f.validate_default
+                    or (f.alias not in (None, name) and (not by_name or cfg.get("validate_by_alias") is False))):
+                return _cache_plan(model, None)  # keys or defaults this check does not model
             keys[name] = (name, f.annotation, tuple(f.metadata))
             if f.alias and f.alias != name:
                 keys[f.alias] = keys[name]
@@ -138,6 +143,10 @@ def _fast_plan(model: type[StrictModel]) -> Any:
         factories = tuple((n, f.default_factory) for n, f in model.model_fields.items()
                           if f.default_factory in (list, dict))
         plan = (keys, required, factories, tuple(d.func for d in decs.model_validators.values()))
+    return _cache_plan(model, plan)
+
+
+def _cache_plan(model: type[StrictModel], plan: Any) -> Any:
     _FAST_PLANS[model] = plan
     return plan
 
