@@ -16,8 +16,8 @@ host, disk)`` tokens) so that hit-rates can be computed over any window of reque
 counter snapshot just before the first request of the comparison window is registered.
 
 :func:`kv_port` picks the port: on the compiled cache, ``blis_sim.kv._core.RequestPort`` (the same
-calls and read-outs with the per-admission work in Cython: about a fifth of a replay's simulation
-time was these Python frames); on the pure cache, :class:`KVPort`.
+calls and read-outs, the per-admission work done in Cython instead of Python frames); on the pure
+cache, :class:`KVPort`.
 """
 from __future__ import annotations
 
