@@ -18,7 +18,7 @@ from blis_sim.formats._strict import _restore_strings, load_yaml, validate
 ROOT = Path(__file__).resolve().parents[1]
 HEADERS = [ROOT / "samples" / "blis" / "trace.yaml", ROOT / "samples" / "blis" / "trace-observed.yaml",
            ROOT / "samples" / "vllm-cpu" / "trace.yaml"]
-ODD_VALUES = [0, 1, -1, 2**70, 1.5, -0.5, 0.0, math.nan, math.inf, True, False, "x", "", "LOCAL", "lru",
+ODD_VALUES = [0, 1, -1, 2**70, 10**400, -(10**400), 1.5, -0.5, 0.0, math.nan, math.inf, True, False, "x", "", "LOCAL", "lru",
               "fs", None, [], {}, [1], {"a": 1}]
 
 

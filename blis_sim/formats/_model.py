@@ -73,6 +73,7 @@ def validate_data(model: type[Any], data: Any, *, file: str,
 M = TypeVar("M", bound=StrictModel)
 _MISS = object()  # "not covered here: ask pydantic"
 _NONE = type(None)
+_FLOAT_INT = 2 ** 1023  # ints beyond this do not convert to a float
 # per class: {key (field name or alias): (field name, annotation, metadata)}, required names, after-validators
 _FAST_PLANS: dict[type, Any] = {}
 
@@ -157,7 +158,9 @@ def _value(ann: Any, v: Any) -> Any:
     if ann is int:
         return v if t is int else _MISS
     if ann is float:
-        return float(v) if t is float or t is int else _MISS
+        if t is float:
+            return v
+        return float(v) if t is int and -_FLOAT_INT < v < _FLOAT_INT else _MISS  # (too big: pydantic says)
     if ann is str:
         return v if t is str else _MISS
     if ann is bool:
