@@ -95,3 +95,11 @@ def test_parse_yaml_takes_the_plain_path_and_keeps_its_errors(tmp_path: Path) ->
     with pytest.raises(FormatError, match="duplicate key 'a'") as exc:
         parse_yaml("a: 1\na: 2\n", "t.yaml")
     assert exc.value.location.line == 2
+
+
+def test_a_key_longer_than_pyyaml_allows_is_left_to_pyyaml() -> None:
+    """Found by a differential fuzz run against main: PyYAML refuses an implicit key over 1024
+    characters ("could not find expected ':'"); the plain reader must not accept it."""
+    assert _agree("k" * 2000 + ": 1\n") == "error"
+    assert _agree("a:\n    " + "k" * 1100 + ": x\n") == "error"
+    assert _agree("k" * 100 + ": 1\n") == "simple"

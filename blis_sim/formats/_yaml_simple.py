@@ -111,8 +111,9 @@ def _sequence(rows: list[tuple[int, int, str]], i: int, indent: int, path: Path_
 
 
 def _is_key(text: str) -> bool:
-    """A plain key YAML 1.1 reads as this string (``on``, ``null``, ... are not)."""
-    return bool(_KEY.match(text)) and text.lower() not in _SPECIAL_WORDS
+    """A plain key YAML 1.1 reads as this string (``on``, ``null``, ... are not; PyYAML refuses an
+    implicit key over 1024 characters, so long ones are left to it)."""
+    return len(text) <= 128 and bool(_KEY.match(text)) and text.lower() not in _SPECIAL_WORDS
 
 
 def _scalar(text: str, path: Path_, raw: dict[Path_, str]) -> Any:
