@@ -1,7 +1,6 @@
 """Would libyaml keep the strict YAML loader's answers? A differential run over the soak's seeded inputs.
 
-``blis_sim.formats._yamlin.parse`` (what ``_strict.parse_yaml`` uses for every document the plain block
-reader ``_yaml_simple`` declines) composes with PyYAML's pure-Python parser, which is most of a YAML
+``blis_sim.formats._yamlin.parse`` (what ``_strict.parse_yaml`` uses for every document) composes with PyYAML's pure-Python parser, which is most of a YAML
 input's cost in the fuzz soak. This parses the first ``--inputs`` mutated inputs of each YAML format twice,
 as is and with the composer swapped for libyaml's (``yaml.CSafeLoader`` base, same implicit resolvers), and
 counts the inputs whose outcome differs: the error line, or the data, line map or raw plain-scalar text of a

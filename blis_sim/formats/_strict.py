@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._yaml_simple import parse_simple
 
 Path_ = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -45,12 +44,8 @@ class YamlDoc:
 
 
 def parse_yaml(text: str, file: str = "<string>") -> YamlDoc:
-    """Parse one YAML document strictly. Empty input gives ``data=None``. The plain block YAML our
-    writers emit is read without PyYAML (:mod:`._yaml_simple`, same result); anything else by
-    PyYAML (:mod:`._yamlin`, imported then)."""
-    simple = parse_simple(text)
-    if simple is not None:
-        return YamlDoc(data=simple[0], file=file, lines=simple[1], raw=simple[2])
+    """Parse one YAML document strictly (PyYAML, :mod:`._yamlin`, imported on first use). Empty
+    input gives ``data=None``."""
     from blis_sim.formats import _yamlin
 
     data, lines, raw = _yamlin.parse(text, file)

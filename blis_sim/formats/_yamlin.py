@@ -1,8 +1,8 @@
 """The PyYAML side of :func:`blis_sim.formats._strict.parse_yaml`: one document composed by PyYAML's safe
 loader (YAML 1.2 exponent floats added), constructed with the line of every key and item, the source
 text of plain scalars that resolve to a non-string, duplicate keys and alias bombs refused, every
-error a located :class:`~blis_sim.errors.FormatError`. Imported only for documents the plain reader
-(:mod:`._yaml_simple`) leaves to it, and by the YAML writer (``_Loader``'s resolver)."""
+error a located :class:`~blis_sim.errors.FormatError`. Imported on the first document parsed, and by
+the YAML writer (``_Loader``'s resolver)."""
 from __future__ import annotations
 
 import re
