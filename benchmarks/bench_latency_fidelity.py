@@ -19,7 +19,7 @@ same replay with the emulator's own step shape written in the engine's two-row f
 ``max(compute . F, memory . F)``, no frontend term): what a fit with a memory row could reach at best, the
 rest being HTTP and scheduling jitter on this machine. Targets (issue 12): TTFT MAPE <= 15 % at every
 unsaturated load; at saturation, the maximum throughput within 5 % (TTFT MAPE reported). Ends with wall
-time, peak RSS and the load average. The emulator runs in real time: ~9 minutes with 400 requests a trace.
+time, peak RSS and the load average. The emulator runs in real time: ~10 minutes with 400 requests a trace.
 
 How precise: the verdict is the request-level MAPE, as `blis calibrate` judges it. On the 512-token mix a
 TTFT is ~30-60 ms and a step ~11-35 ms, and when a request lands within the step in progress (which the
