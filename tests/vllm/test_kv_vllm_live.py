@@ -28,20 +28,27 @@ from blis_sim.kv import KVCache, KVConfig, hash_blocks
 pytestmark = pytest.mark.vllm
 
 
-def workload(rng: random.Random, n_requests: int, unique: Any) -> list[list[int]]:
-    """Prompts with shared, truncated and repeated prefixes, and fresh ones."""
-    groups = [unique(rng, rng.randrange(600, 2200)) for _ in range(5)]
+#: The workload's shape (lengths, repeats, truncations) is seeded: with this seed eviction decides
+#: the hits of 7 of its 60 requests on the lane's tiny server (32-token blocks, 512 of them); some
+#: other shapes leave none to decide, and the test would then have no teeth. Token ids stay fresh.
+SHAPE_SEED = 1
+
+
+def workload(shape: random.Random, tokens: random.Random, n_requests: int, unique: Any) -> list[list[int]]:
+    """Prompts with shared, truncated and repeated prefixes, and fresh ones: the choices drawn from
+    ``shape``, the token ids from ``tokens``."""
+    groups = [unique(tokens, shape.randrange(600, 2200)) for _ in range(5)]
     prompts: list[list[int]] = []
     for _ in range(n_requests):
-        roll = rng.random()
+        roll = shape.random()
         if prompts and roll < 0.2:
-            prompts.append(list(rng.choice(prompts)))  # an exact repeat
+            prompts.append(list(shape.choice(prompts)))  # an exact repeat
         elif roll < 0.8:
-            g = rng.choice(groups)
-            cut = len(g) if rng.random() < 0.5 else rng.randrange(20, len(g))
-            prompts.append(g[:cut] + unique(rng, rng.randrange(0, 300)))
+            g = shape.choice(groups)
+            cut = len(g) if shape.random() < 0.5 else shape.randrange(20, len(g))
+            prompts.append(g[:cut] + unique(tokens, shape.randrange(0, 300)))
         else:
-            prompts.append(unique(rng, rng.randrange(5, 2500)))
+            prompts.append(unique(tokens, shape.randrange(5, 2500)))
     return prompts
 
 
@@ -65,10 +72,15 @@ def test_cached_tokens_match_a_real_vllm_under_eviction() -> None:
     block_size, num_gpu_blocks = int(info["block_size"]), int(info["num_gpu_blocks"])
     problems: list[str] = []
     for attempt in range(3):
-        rng = random.Random(time.time_ns())  # fresh token ids: nothing of this run is cached yet
-        prompts = workload(rng, 60, client.unique_prompt)
+        tokens = random.Random(time.time_ns())  # fresh token ids: nothing of this run is cached yet
+        prompts = workload(random.Random(SHAPE_SEED), tokens, 60, client.unique_prompt)
         total_blocks = sum(len(p) // block_size for p in prompts)
         assert total_blocks > 2 * num_gpu_blocks, "the workload must cycle the whole cache"
+        predicted = predict(prompts, block_size, num_gpu_blocks)
+        unbounded = predict(prompts, block_size, 10 * total_blocks)
+        # The test has teeth: eviction decides some hits (an unbounded cache would predict more).
+        assert predicted != unbounded, \
+            f"SHAPE_SEED {SHAPE_SEED} leaves eviction nothing to decide at {num_gpu_blocks} blocks"
 
         async def send(session: Any, prompts: list[list[int]] = prompts) -> list[Any]:
             return [await client.complete(session, url, p, 1) for p in prompts]
@@ -89,13 +101,9 @@ def test_cached_tokens_match_a_real_vllm_under_eviction() -> None:
         pytest.skip(f"inconclusive: {problems}")
     observed = [c.cached_tokens for c in done]
     assert None not in observed, "the server needs --enable-prompt-tokens-details"
-    predicted = predict(prompts, block_size, num_gpu_blocks)
     mismatches = [(i, len(prompts[i]), o, p) for i, (o, p) in enumerate(zip(observed, predicted))
                   if o != p]
     assert not mismatches, f"(request, prompt length, vLLM, predicted): {mismatches}"
-    assert deltas["prefix_cache_hits"] == sum(observed)
-    # The test has teeth: eviction changed hits (an unbounded cache would predict more).
-    unbounded = predict(prompts, block_size, 10 * total_blocks)
-    assert sum(observed) > 0 and unbounded != observed
+    assert deltas["prefix_cache_hits"] == sum(observed) > 0
     print(f"{len(prompts)} requests, {total_blocks} blocks, hits {sum(observed)} "
           f"(unbounded cache: {sum(unbounded)}), attempt {attempt + 1}")
