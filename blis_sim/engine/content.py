@@ -123,7 +123,8 @@ class ContentPlan:
         return np.where(grouped, blocks, 0)
 
     # -- groups -------------------------------------------------------------------------------
-    def _group_prefix_hashes(self, g: int) -> np.ndarray:
+    def group_prefix(self, g: int) -> np.ndarray:
+        """Prefix group ``g``'s hashed prefix (built on first use)."""
         h = self._group_hashes.get(g)
         if h is None:
             longest = int(self.shared_prefix[self.group == g].max())
@@ -179,18 +180,12 @@ class ContentPlan:
             return self._no_prefix, 0, self._root, self._seeds[i]
         return self.group_prefix(g), self._blocks_of[i], self._root, self._seeds[i]
 
-    def group_prefix(self, g: int) -> np.ndarray:
-        """Prefix group ``g``'s hashed prefix (built on first use)."""
-        prefix = self._group_hashes.get(g)
-        return prefix if prefix is not None else self._group_prefix_hashes(g)
-
     def port_columns(self) -> tuple[Any, ...]:
         """What :meth:`prefix_spec` reads, for a compiled KV port to read in place: per request the
         prompt length, session (-1: none), group (-1: none), shared group-prefix blocks (int64
-        buffers) and unique-content seed (uint64 buffer); then the chain's root hash and the number
-        of groups."""
+        buffers) and unique-content seed (uint64 buffer); then the chain's root hash."""
         return (self._prompt_of, self._session_of, self._group_of, self._blocks_of, self._seeds,
-                self._root, len(self.group_names))
+                self._root)
 
     def _session_hashes(self, i: int) -> np.ndarray:
         stream = self._round_stream(i)

@@ -248,9 +248,6 @@ class StepModel:
         w = self.weights()
         return max(1.0, float(w[0] @ features), float(w[1] @ features))
 
-    def frontend_us(self, inflight: np.ndarray) -> np.ndarray:
-        return self.frontend_base_us + self.frontend_per_inflight_us * inflight.astype(np.float64)
-
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.kind, **self.details}
         out["frontend"] = {"base_us": self.frontend_base_us,

@@ -616,13 +616,12 @@ cdef class RequestPort:
     with the per-admission work (registering a request's content on first sight, the lookup, the
     admission and its first-admission record) done here instead of in Python frames. ``content``
     is the engine's ``ContentPlan``: its per-request columns are read in place; a session round's
-    hashes and a group's prefix hashes come from its methods (once per round / group)."""
+    hashes and a group's prefix hashes come from its methods (which build each once)."""
 
     cdef CacheCore _core
     cdef object _kv, _content, _no_prefix, _root
     cdef const int64_t[::1] _prompt, _session, _group, _blocks
     cdef const uint64_t[::1] _seeds
-    cdef list _prefix  # per group: its prefix hashes, None until first needed
     cdef vector[unsigned char] _registered, _admitted
     cdef vector[int64_t] _first  # per request: device, host, disk tokens at its first admission
     cdef Py_ssize_t _n
@@ -638,7 +637,6 @@ cdef class RequestPort:
         self._root = cols[5]
         self._no_prefix = np.zeros(0, dtype=np.uint64)
         self._n = self._prompt.shape[0]
-        self._prefix = [None] * cols[6]
         self._registered.assign(self._n, 0)
         self._admitted.assign(self._n, 0)
         self._first.assign(3 * self._n, 0)
@@ -663,11 +661,8 @@ cdef class RequestPort:
             if g < 0:
                 self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i], self._prompt[i])
             else:
-                prefix = self._prefix[g]
-                if prefix is None:
-                    prefix = self._prefix[g] = self._content.group_prefix(g)
-                self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
-                                         self._prompt[i])
+                self._core._add_prefixed(i, self._content.group_prefix(g), self._blocks[i], self._root,
+                                         self._seeds[i], self._prompt[i])
         self._registered[i] = 1
         return 0
 
