@@ -23,6 +23,11 @@ NOTICEABLE = 0.01
 SATURATION_RATIO = 3.0
 
 
+#: design columns, in the fitted vector's order
+_FRONTEND_BASE = COEFFICIENT_NAMES.index("frontend.base_us")
+_ADMISSION = COEFFICIENT_NAMES.index("frontend.admission_us")
+
+
 def short_name(name: str) -> str:
     """``per_prefill_token_us`` for a step coefficient, ``frontend.base_us`` for the frontend's."""
     return name.removeprefix("step.")
@@ -43,9 +48,9 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
     c_lo, c_hi = _span(ctx)
     s_lo, s_hi = _span(feats[:, 1] + feats[:, 2])
     l_lo, l_hi = _span(load[rows])
-    ttft_rows = design.x[:, 5] > 0               # the frontend base column is 1 on TTFT rows
+    ttft_rows = design.x[:, _FRONTEND_BASE] > 0  # the frontend base column is 1 on TTFT rows
     w_lo, w_hi = _span(np.round(design.x[ttft_rows, 0])) if ttft_rows.any() else (0, 0)
-    _, q_hi = _span(design.x[ttft_rows, 7]) if ttft_rows.any() else (0, 0)  # admission places
+    _, q_hi = _span(design.x[ttft_rows, _ADMISSION]) if ttft_rows.any() else (0, 0)  # queue places
     prompts = (f"prompts span {lo}-{hi} tokens; add prompts from {min(256, lo)} to "
                f"{4 * max(hi, 1)} tokens")
     decode = (f"decode batches never exceeded {max_decode}; add concurrent requests"

@@ -37,7 +37,7 @@ import numpy as np
 from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.latency import (FitIteration, FitReport, FrontendCoefficients,
                                      LatencyCoefficients, MemoryCoefficients, StepCoefficients)
-from blis_sim.engine.prior import SHAPE_NAMES, PhysicsPrior
+from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
 from blis_sim.errors import ConfigError
@@ -50,9 +50,10 @@ _LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
                                   [0, 0, 0, 0, 0, 1]],  # per prefill attention pair
                                  dtype=np.float64).T
 N_STEP = _LINEAR_FROM_FEATURES.shape[1]
-#: the frontend's columns after the step's: base, per request in flight, admission (its index)
-N_FRONTEND, ADMISSION = 3, N_STEP + 2
+#: the frontend's columns after the step's: base, per request in flight, admission
+N_FRONTEND = 3
 N_LINEAR = N_STEP + N_FRONTEND
+ADMISSION = COEFFICIENT_NAMES.index("frontend.admission_us")
 #: the admission time the fit starts from when the start has none: it only groups the sends into
 #: busy periods for the first solve (a burst's requests, sent within it of each other)
 ADMISSION_START_US = 1000.0
