@@ -318,6 +318,9 @@ def main() -> int:
     if url is None:
         state, started = vllm_cpu.start(model="lane", owner="bench_vllm_lane")
         url = state.url
+        # This client off the model worker's core, like the server's frontend (tools/vllm_cpu_placement.py).
+        if vllm_cpu.placement.keep_off(state.host_cpus):
+            print(f"client on core(s) {','.join(map(str, state.host_cpus))}", flush=True)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-vllm-lane-"))
     lane = Lane(url=url, model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
                 num_gpu_blocks=spec.num_gpu_blocks, max_num_seqs=spec.max_num_seqs or 128,

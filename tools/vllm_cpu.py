@@ -8,6 +8,7 @@ Usage (any Python >= 3.10; the standard library only, so it runs before the proj
     python tools/vllm_cpu.py start         # serve the tiny model on 127.0.0.1:<free port>; prints the URL on stdout
     python tools/vllm_cpu.py start --model lane   # the compute-bound lane model instead (one server at a time)
     python tools/vllm_cpu.py status        # exit 0 when a healthy server is up, 1 otherwise
+    python tools/vllm_cpu.py host-cpus     # where its clients should run: taskset -c "$(...)" python -m pytest ...
     python tools/vllm_cpu.py stop          # SIGTERM to the process group this script started
     python tools/vllm_cpu.py paths         # where everything lives (JSON)
 
@@ -32,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -58,6 +60,18 @@ NUM_GPU_BLOCKS = 512  # 16,384 tokens: eviction can be elicited with ~17 distinc
 MAX_MODEL_LEN = 8192
 HEALTH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
+
+
+def _sibling(name: str):  # noqa: ANN202 - a module loaded by path (tools/ is not a package)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+placement = _sibling("vllm_cpu_placement")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,12 +334,17 @@ class ServerState:
     owner: str
     argv: tuple[str, ...]
     model: str = "tiny"  # which of MODELS it serves (state files written before the lane model: tiny)
+    # Cores of the model's worker, and of everything else of the server (empty: placement left to the kernel).
+    device_cpus: tuple[int, ...] = ()
+    host_cpus: tuple[int, ...] = ()
 
     @classmethod
     def load(cls, path: Path) -> ServerState | None:
         try:
             raw = json.loads(path.read_text())
-            raw["argv"] = tuple(raw["argv"])
+            for key in ("argv", "device_cpus", "host_cpus"):
+                if key in raw:
+                    raw[key] = tuple(raw[key])
             return cls(**raw)
         except (OSError, ValueError, TypeError, KeyError):
             return None
@@ -420,9 +439,11 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 
 def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None, model: str = "tiny",
           enforce_eager: bool = False, timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli",
-          extra: Sequence[str] = ()) -> tuple[ServerState, bool]:
+          extra: Sequence[str] = (), place: bool = True) -> tuple[ServerState, bool]:
     """Start the server of ``model`` unless a healthy one is recorded. Returns (state, started_now).
-    A recorded server of the other model is an error (one server at a time: each busy-polls ~1.6 cores)."""
+    A recorded server of the other model is an error (one server at a time: each busy-polls ~1.6 cores).
+    With ``place``, everything of the server but its model worker is kept off the worker's cores
+    (tools/vllm_cpu_placement.py); ``host_cpus`` in the state then says where clients should run."""
     paths = paths or cache_paths()
     num_gpu_blocks = lane_model(model).num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
     state, healthy = server_status(paths)
@@ -469,11 +490,15 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
         _terminate_group(proc.pid)
         paths.state_file.unlink(missing_ok=True)
         raise
+    where = placement.place_server(proc.pid) if place else placement.Placement((), (), ())
     state = dataclasses.replace(state, startup_seconds=round(time.monotonic() - began, 1),
-                                num_gpu_blocks=got_blocks, block_size=got_block_size)
+                                num_gpu_blocks=got_blocks, block_size=got_block_size,
+                                device_cpus=where.device, host_cpus=where.host)
     state.save(paths.state_file)
     _say(f"start: healthy after {state.startup_seconds:.0f} s (PID {proc.pid}, {got_blocks} GPU blocks of "
          f"{got_block_size} tokens)")
+    if place:
+        _say(f"start: {where.describe()}")
     return state, True
 
 
@@ -590,6 +615,18 @@ def _cmd_status(paths: CachePaths) -> int:
     return 0 if healthy else 1
 
 
+def _cmd_host_cpus(paths: CachePaths) -> int:
+    state, healthy = server_status(paths)
+    if state is None or not healthy:
+        print("tools/vllm_cpu.py host-cpus: no healthy server is recorded", file=sys.stderr)
+        return 1
+    if not state.host_cpus:
+        print("tools/vllm_cpu.py host-cpus: the server's placement was left to the kernel", file=sys.stderr)
+        return 1
+    print(",".join(map(str, state.host_cpus)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/vllm_cpu.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -604,6 +641,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                    for m in MODELS.values()) + ")")
     p_start.add_argument("--enforce-eager", action="store_true", help="no torch.compile: starts ~10 s faster")
     p_start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, help="seconds to wait for /health")
+    p_start.add_argument("--no-placement", action="store_true",
+                         help="leave the frontend's processes free to run on the model worker's cores")
+    sub.add_parser("host-cpus", help="the cores a client of the running server should use (for taskset -c); "
+                                     "exit 1 when no server is up or its placement was left to the kernel")
     sub.add_parser("stop", help="SIGTERM the server's process group (by the PID in the state file)")
     sub.add_parser("status", help="JSON status; exit 0 when a healthy server is up, 1 otherwise")
     sub.add_parser("paths", help="JSON: where the venv, model, state file and log live")
@@ -618,8 +659,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             with locked(paths):  # concurrent starts serialize; the later one reuses the first one's server
                 state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, model=args.model,
                                  enforce_eager=args.enforce_eager,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, place=not args.no_placement)
             print(state.url)
+        elif args.command == "host-cpus":
+            return _cmd_host_cpus(paths)
         elif args.command == "stop":
             stop(paths)
         elif args.command == "status":
