@@ -18,7 +18,7 @@ the running server: PID, port, URL, log), ``vllm-server.log``. Nothing is fetche
 
 Library API (the tests in ``tests/vllm/`` load this file by path): :func:`cache_paths`, :func:`install`,
 :func:`build_model`, :func:`start`, :func:`stop`, :func:`server_status`, :func:`installed`,
-:func:`model_built`, :func:`locked` (start/stop lock), :func:`counters_locked` (exclusive use of the server for
+:func:`model_built`, :func:`locked` (start/stop lock), ``placement`` (tools/vllm_cpu_placement.py), :func:`counters_locked` (exclusive use of the server for
 a ``/metrics`` window: ``counters.lock``), :class:`ServerState`, :class:`VllmCpuError` (``exit_code`` 2:
 not installed / bad usage, 3: the server failed). Progress goes to stderr; only results (the URL, JSON) go to stdout.
 
@@ -46,6 +46,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -62,7 +63,8 @@ HEALTH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 
 
-def _sibling(name: str):  # noqa: ANN202 - a module loaded by path (tools/ is not a package)
+def _sibling(name: str) -> ModuleType:
+    """``tools/<name>.py``, loaded by path (tools/ is not a package)."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
