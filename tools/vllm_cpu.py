@@ -645,6 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, help="seconds to wait for /health")
     p_start.add_argument("--no-placement", action="store_true",
                          help="leave the frontend's processes free to run on the model worker's cores")
+    p_start.add_argument("--log-iterations", action="store_true",
+                         help="log every engine step's batch and model time (--enable-logging-iteration-details; "
+                              "read them with tools/vllm_cpu_iterations.py)")
     sub.add_parser("host-cpus", help="the cores a client of the running server should use (for taskset -c); "
                                      "exit 1 when no server is up or its placement was left to the kernel")
     sub.add_parser("stop", help="SIGTERM the server's process group (by the PID in the state file)")
@@ -661,7 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             with locked(paths):  # concurrent starts serialize; the later one reuses the first one's server
                 state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, model=args.model,
                                  enforce_eager=args.enforce_eager,
-                                 timeout=args.timeout, place=not args.no_placement)
+                                 timeout=args.timeout, place=not args.no_placement,
+                                 extra=["--enable-logging-iteration-details"] if args.log_iterations else [])
             print(state.url)
         elif args.command == "host-cpus":
             return _cmd_host_cpus(paths)
