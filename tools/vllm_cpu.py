@@ -492,7 +492,7 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
         _terminate_group(proc.pid)
         paths.state_file.unlink(missing_ok=True)
         raise
-    where = placement.place_server(proc.pid) if place else placement.Placement((), (), ())
+    where = placement.place_server(proc.pid) if place else placement.UNPLACED
     state = dataclasses.replace(state, startup_seconds=round(time.monotonic() - began, 1),
                                 num_gpu_blocks=got_blocks, block_size=got_block_size,
                                 device_cpus=where.device, host_cpus=where.host)

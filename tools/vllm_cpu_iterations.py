@@ -48,17 +48,13 @@ def parse(lines: Iterable[str]) -> Iterator[Iteration]:
                             **{k: int(v) for k, v in g.items() if k not in ("time", "elapsed_ms")})
 
 
-def write_csv(rows: Iterable[Iteration], path: Path) -> int:
-    """Write ``rows`` with a header; returns how many."""
+def write_csv(rows: Iterable[Iteration], path: Path) -> None:
+    """Write ``rows`` with a header line of the field names."""
     fields = [f.name for f in dataclasses.fields(Iteration)]
-    count = 0
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(fields)
-        for row in rows:
-            writer.writerow([getattr(row, f) for f in fields])
-            count += 1
-    return count
+        writer.writerows([getattr(row, f) for f in fields] for row in rows)
 
 
 def main(argv: list[str] | None = None) -> int:

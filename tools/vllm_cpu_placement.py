@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Placement:
                 f"{_cores(self.host)}")
 
 
+#: nothing bound, nothing moved: placement left to the kernel
+UNPLACED = Placement(device=(), host=(), moved=())
+
+
 def _cores(cpus: tuple[int, ...]) -> str:
     return ",".join(map(str, cpus))
 
@@ -44,7 +49,7 @@ def session_pids(sid: int) -> Iterator[int]:
             continue
         try:
             # Fields after the command name: state ppid pgrp session ... (proc(5)); the name may hold spaces.
-            fields = open(f"/proc/{entry.name}/stat").read().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[3]) == sid:
@@ -84,7 +89,7 @@ def place_server(sid: int) -> Placement:
             others.append(pid)
     host = allowed - device
     if not device or not host:
-        return Placement(device=(), host=(), moved=())
+        return UNPLACED
     moved = tuple(pid for pid in others if _pin_threads(pid, host))
     return Placement(device=tuple(sorted(device)), host=tuple(sorted(host)), moved=moved)
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import sys
 from pathlib import Path
 
-from vllm_lane import TOOLS, _load
+from vllm_lane import iterations, run_tool
 
-iterations = _load("vllm_cpu_iterations")
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "vllm-cpu" / "iterations.log"
 
 
 def script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(TOOLS / "vllm_cpu_iterations.py"), *args], capture_output=True,
-                          text=True, timeout=60)
+    return run_tool("vllm_cpu_iterations", *args)
 
 
 def test_every_iteration_line_is_read_and_nothing_else() -> None:

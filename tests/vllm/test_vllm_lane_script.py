@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_lane import TOOLS, client, lane
+from vllm_lane import client, lane, run_tool
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "vllm-cpu"
 
@@ -22,8 +22,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(TOOLS / "vllm_cpu.py"), *args], capture_output=True, text=True,
-                          timeout=60)
+    return run_tool("vllm_cpu", *args)
 
 
 def test_start_without_install_is_a_clear_error(cache: Path) -> None:

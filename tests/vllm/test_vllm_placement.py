@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_lane import lane
+from vllm_lane import lane, run_tool
 
 placement = lane.placement
 CORES = sorted(os.sched_getaffinity(0))
@@ -76,7 +76,7 @@ def test_a_server_with_no_bound_process_is_left_to_the_kernel() -> None:
     try:
         time.sleep(0.1)
         where = placement.place_server(proc.pid)
-        assert where == placement.Placement((), (), ())
+        assert where == placement.UNPLACED
         assert "left to the kernel" in where.describe()
         assert os.sched_getaffinity(proc.pid) == set(CORES)
     finally:
@@ -86,8 +86,7 @@ def test_a_server_with_no_bound_process_is_left_to_the_kernel() -> None:
 
 def test_host_cpus_without_a_server_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BLIS_VLLM_CACHE", str(tmp_path))
-    out = subprocess.run([sys.executable, str(lane.__file__), "host-cpus"], capture_output=True, text=True,
-                         timeout=60)
+    out = run_tool("vllm_cpu", "host-cpus")
     assert out.returncode == 1 and out.stdout == ""
     assert "no healthy server" in out.stderr and "Traceback" not in out.stderr
 

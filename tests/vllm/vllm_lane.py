@@ -1,4 +1,4 @@
-"""Helpers shared by the real-vLLM tests: the lane script and probe client (loaded by path), the server record,
+"""Helpers shared by the real-vLLM tests: the lane's scripts (loaded by path, or run as programs), the server record,
 the skip-or-fail rule, a running server's URL, the counter-window lock, and small runners for aiohttp code.
 Imported by ``conftest.py`` and by the test modules (``from vllm_lane import``).
 """
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -37,6 +38,13 @@ def _load(name: str) -> ModuleType:
 
 lane = _load("vllm_cpu")
 client = _load("vllm_cpu_client")
+iterations = _load("vllm_cpu_iterations")
+
+
+def run_tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python tools/<name>.py ARGS`` as a user runs it (output captured as text)."""
+    return subprocess.run([sys.executable, str(TOOLS / f"{name}.py"), *args], capture_output=True, text=True,
+                          check=False, timeout=60)
 
 
 @dataclass(frozen=True)
