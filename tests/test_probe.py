@@ -55,6 +55,36 @@ def test_plan_follows_the_server_and_the_caps() -> None:
         ServerLimits(max_model_len=64, block_size=16, num_gpu_blocks=0)
 
 
+LANE = ServerLimits(max_model_len=8192, block_size=32, num_gpu_blocks=4096, max_num_seqs=32,
+                   max_num_batched_tokens=2048)
+
+
+def test_sustain_phase_holds_a_queue_of_short_mixed_requests() -> None:
+    plan = probe_plan(LANE, ProbeConfig(max_prompt=4096, decode_max=64, ramp_max=64))
+    last = plan.phases[-1]
+    assert [p.name for p in plan.phases][-2:] == ["ramp-64", "sustain-96"]  # 3 x max_num_seqs
+    prompts = [r.input_tokens for r in last.requests]
+    outputs = [r.output_tokens for r in last.requests]
+    assert min(prompts) == 64 and max(prompts) == 512 and min(outputs) == 16 and max(outputs) == 48
+    assert len(set(zip(prompts, outputs))) == 96 and 31 <= sum(outputs) / 96 <= 33
+    # the first batch the server runs already spans both ranges (they are interleaved, not ascending)
+    first = last.requests[:32]
+    assert max(r.input_tokens for r in first) - min(r.input_tokens for r in first) > 400
+    assert max(r.output_tokens for r in first) - min(r.output_tokens for r in first) > 24
+    assert max_in_flight(plan) == 96
+
+
+def test_no_sustain_phase_where_nothing_queues_and_the_ramp_stops_at_twice_the_batch() -> None:
+    within = names(LANE, ProbeConfig(max_prompt=4096, decode_max=32, ramp_max=32))
+    assert within[-1] == "ramp-32" and not any(n.startswith("sustain") for n in within)
+    # cells that send hundreds at once: the ramp still stops at 2 x max_num_seqs
+    wide = names(LANE, ProbeConfig(max_prompt=4096, decode_max=480, ramp_max=480))
+    assert [n for n in wide if n.startswith(("ramp-", "sustain-"))][-2:] == ["ramp-64", "sustain-96"]
+    # a cache too small for 3 x max_num_seqs short requests in half of it: none
+    small = ServerLimits(max_model_len=1024, block_size=16, num_gpu_blocks=256, max_num_seqs=8)
+    assert not any(n.startswith("sustain") for n in names(small))
+
+
 def test_limits_come_from_the_server() -> None:
     with start_emulator(EmulatorConfig(**SMALL)) as emu:  # type: ignore[arg-type]
         limits = read_limits(emu.url, model="tiny-llama", max_num_seqs=8)

@@ -26,7 +26,13 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
 ``ramp-<N>``          ``N`` concurrent requests of one mix (512-token prompt, 64 output tokens; less where
                       N of them would fill more than half the GPU cache), ``N``
                       doubling from 2 up to ``ramp_max``: batched prefill and, at the top, the server's
-                      maximum throughput (:func:`ramp_throughput` reads it per level).
+                      maximum throughput (:func:`ramp_throughput` reads it per level);
+``sustain-<N>``       only when the ramp goes past ``max_num_seqs`` (cells that queue requests at the server):
+                      ``N`` = 3 x ``max_num_seqs`` short requests at once (prompts spread over 64-512 tokens,
+                      outputs over 16-48), so that the server runs full for seconds with a queue, each
+                      finish letting one waiting prompt in: the steps of a saturated server (a full decode
+                      batch with one short prefill) and their per-step host time, which no drained batch of
+                      equal requests shows (they finish together, and the next batch prefills together).
 
 The longest prompt is ``min(max_model_len - output, GPU cache / 4, max_prompt)``: a quarter of the cache, so
 the probe never evicts its own prefixes. Lengths double from 64, so the median probe prompt is about the square root
@@ -35,6 +41,7 @@ of 64 times the longest.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 import re
 from typing import Any
 
@@ -51,6 +58,8 @@ MIXED_BATCHES = (4, 32)            # decoders under a mixed step (the top capped
 MIXED_OUTPUT = 256                 # long enough to still decode when the prefills arrive
 MIXED_ARRIVALS_US = (100_000, 300_000)
 RAMP_PROMPT, RAMP_OUTPUT = 512, 64
+SUSTAIN_BATCHES = 3                # the sustain phase: 3 x max_num_seqs requests, 2/3 of them queued at first
+SUSTAIN_OUTPUT = (16, 48)          # its outputs, spread (a full batch then finishes one at a time)
 MIN_LENGTH = 64
 # the trace header's workload spec: the probe's requests come from the phases, not from a client
 _PLACEHOLDER_SPEC = {"version": "2", "aggregate_rate": 1, "num_requests": 1,
@@ -144,8 +153,10 @@ def mixed_batches(limits: ServerLimits, batches: list[int]) -> list[int]:
 
 
 def ramp_levels(limits: ServerLimits, config: ProbeConfig) -> list[int]:
-    """``ramp_min``, doubling, up to ``ramp_max`` (default 2 x max_num_seqs, at most 256, within the cache)."""
-    top = config.ramp_max or min(2 * limits.max_num_seqs, 256)
+    """``ramp_min``, doubling, up to ``ramp_max`` (default 2 x max_num_seqs, at most 256, within the cache).
+    Never past 2 x max_num_seqs: beyond, the server runs as many and queues the rest, which a higher level
+    only lengthens (cells that send hundreds at once get the sustain phase for it instead)."""
+    top = min(config.ramp_max, 2 * limits.max_num_seqs) if config.ramp_max else min(2 * limits.max_num_seqs, 256)
     return doubling(config.ramp_min, top) if top >= config.ramp_min else []
 
 
@@ -155,6 +166,41 @@ def ramp_request(limits: ServerLimits, config: ProbeConfig, level: int) -> tuple
     share = limits.gpu_tokens // 2 // level
     output = max(4, min(RAMP_OUTPUT, share // 4))
     return max(16, min(RAMP_PROMPT, longest_prompt(limits, config), share - output)), output
+
+
+def spread(low: int, high: int, count: int) -> list[int]:
+    """``count`` integers spread evenly over ``[low, high]``."""
+    if count <= 1:
+        return [(low + high) // 2] * count
+    return [low + ((high - low) * k) // (count - 1) for k in range(count)]
+
+
+def interleave(values: list[int], stride: int) -> list[int]:
+    """``values`` taken ``stride`` apart, wrapping (a permutation: the stride is raised to the next
+    coprime with their count), so that any run of consecutive ones spans their range."""
+    n = len(values)
+    while n > 1 and math.gcd(stride, n) != 1:
+        stride += 1
+    return [values[(k * stride) % n] for k in range(n)] if n else []
+
+
+def sustain_requests(limits: ServerLimits, config: ProbeConfig) -> list[tuple[int, int]]:
+    """(prompt, output) of the sustain phase's requests, or none when the ramp stays within
+    ``max_num_seqs`` (nothing queues at the server there). Prompts and outputs are interleaved at two
+    strides, so the first batch the server runs and each later admission mix lengths; the phase is
+    capped at 256 requests and at half the cache."""
+    levels = ramp_levels(limits, config)
+    if not levels or levels[-1] <= limits.max_num_seqs:
+        return []
+    top = min(RAMP_PROMPT, longest_prompt(limits, config))
+    count = min(SUSTAIN_BATCHES * limits.max_num_seqs, 256,
+                limits.gpu_tokens // 2 // (top + SUSTAIN_OUTPUT[1]))
+    if count <= limits.max_num_seqs:
+        return []
+    # strides near a half and a third of the count: neighbours differ widely, and the two do not move together
+    prompts = interleave(spread(min(MIN_LENGTH, top), top, count), count // 2 - 1)
+    outputs = interleave(spread(*SUSTAIN_OUTPUT, count), count // 3 + 1)
+    return list(zip(prompts, outputs))
 
 
 class _Builder:
@@ -208,6 +254,9 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     for level in ramp_levels(limits, config):
         prompt, output = ramp_request(limits, config, level)
         b.add(f"ramp-{level}", [unique(prompt, output) for _ in range(level)])
+    sustain = sustain_requests(limits, config)
+    if sustain:
+        b.add(f"sustain-{len(sustain)}", [unique(prompt, output) for prompt, output in sustain])
     spec = WorkloadSpec.model_validate({**_PLACEHOLDER_SPEC, "seed": config.seed})
     return WorkloadPlan(seed=config.seed, spec=spec, phases=tuple(b.phases))
 
@@ -219,7 +268,7 @@ def fitted_phases(plan: WorkloadPlan) -> tuple[str, ...]:
 
 #: The names :func:`probe_plan` gives its phases.
 _PHASE_NAME = re.compile(r"warmup-\d+|cold-\d+-\d+|seed-\d+|cached-\d+-\d+|decode-\d+(-ctx\d+)?"
-                         r"|mixed-\d+-\d+|ramp-\d+")
+                         r"|mixed-\d+-\d+|ramp-\d+|sustain-\d+")
 
 
 def is_probe_trace(phases: Any) -> bool:
