@@ -24,6 +24,9 @@ stops it at the end (a server that was already up is used and left running). Ste
    (completions over first send to last completion, the same requests on both sides). A trace is
    *saturated* when its arrivals outran its completions (arrival rate >= 1.1 x completion rate).
 
+Last, the probe again (``probe-after``), judged with the first probe's fit: how far the server's speed moved while
+the traces ran, which on a machine that drifts is part of the later traces' errors.
+
 Prints one table (markdown) with the load average before and after each trace; ``--json`` writes every
 figure; ``--out`` keeps each trace, its replay and its calibration report. ``--quick`` halves the traces.
 ``--from DIR`` takes the traces an earlier run kept in DIR (``--out``) and redoes the fit on its probe and every
@@ -168,7 +171,7 @@ class Lane:
         return result.trace
 
 
-def probe(lane: Lane) -> Trace:
+def probe(lane: Lane, name: str = "probe") -> Trace:
     """The plugin's probe (pytest_blis._probe), observed, sized as for the lane scenario's cells: up to
     2 x max-num-seqs in flight, so with a queue at the server (its ramp's top level and sustain phase)."""
     from blis_sim.probe import fitted_phases
@@ -181,7 +184,7 @@ def probe(lane: Lane) -> Trace:
                           lock_dir=lane.out / "locks", namespace=str(time.time_ns()))
     plan = plan_probe(target, max_num_seqs=lane.max_num_seqs, max_num_batched_tokens=lane.max_num_batched_tokens,
                       concurrency=2 * lane.max_num_seqs)
-    return lane.observe("probe", plan, max_in_flight(plan), window=fitted_phases(plan))
+    return lane.observe(name, plan, max_in_flight(plan), window=fitted_phases(plan))
 
 
 def mix_spec(mix: str, rate: float, requests: int, seed: int) -> WorkloadSpec:
@@ -282,6 +285,12 @@ def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
     return capacity
 
 
+def _run_order(name: str) -> tuple[bool, str, float]:
+    """Saved traces in the order a run makes them: each mix by load, the session, the second probe last."""
+    mix, _, load = name.partition("-")
+    return mix == "probe", mix, float(load) if load.replace(".", "", 1).isdigit() else 0.0
+
+
 def from_saved(lane: Lane) -> None:
     """Refit on the saved probe, then replay and compare every saved trace (``--from``)."""
     probe_trace = load_trace(lane.out / "probe" / "trace.yaml", lane.out / "probe" / "trace.csv")
@@ -289,7 +298,7 @@ def from_saved(lane: Lane) -> None:
     print(f"probe fit: {lane.coeffs.model_dump_json()}", flush=True)
     print(HEADER, flush=True)
     names = sorted((d.name for d in lane.out.iterdir() if (d / "trace.csv").exists() and d.name != "probe"),
-                   key=lambda n: (n.split("-")[0], float(n.split("-")[1]) if "-" in n else 0.0))
+                   key=_run_order)
     for name in ["probe", *names]:
         trace = load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
         mix, _, load = name.partition("-")
@@ -347,6 +356,13 @@ def main() -> int:
             lane.rows.append(probe_row)
             print(fmt_row(probe_row), flush=True)
             capacity = run_traces(lane, args.quick)
+            # The same probe again, judged with the first one's fit: how far the server's speed moved while
+            # the traces ran (on a machine that drifts, the later traces' errors are partly that).
+            before = loadavg()
+            row = evaluate(lane, "probe-after", probe(lane, "probe-after"), {"mix": "probe", "load": "-"})
+            row["load_avg"] = f"{before} → {loadavg()}"
+            lane.rows.append(row)
+            print(fmt_row(row), flush=True)
     finally:
         if started:
             vllm_cpu.stop()
