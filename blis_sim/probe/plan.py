@@ -31,8 +31,8 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       ``N`` = 3 x ``max_num_seqs`` short requests at once (prompts spread over 64-512 tokens,
                       outputs over 16-48), so that the server runs full for seconds with a queue, each
                       finish letting one waiting prompt in: the steps of a saturated server (a full decode
-                      batch with one short prefill) and their per-step host time, which no drained batch of
-                      equal requests shows (they finish together, and the next batch prefills together).
+                      batch with one short prefill), which no drained batch of equal requests shows (they
+                      finish together, and the next batch prefills together).
 
 The longest prompt is ``min(max_model_len - output, GPU cache / 4, max_prompt)``: a quarter of the cache, so
 the probe never evicts its own prefixes. Lengths double from 64, so the median probe prompt is about the square root
