@@ -272,3 +272,48 @@ def test_interim_1xx_heads_are_skipped() -> None:
             await pool.close()
 
     asyncio.run(body())
+
+
+def test_observe_over_aiohttp_retries_the_keep_alive_race_once_and_only_on_a_reused_connection() -> None:
+    """The aiohttp path (https servers) gets the same rule as the pool above, through the session's
+    ``connection_reuse_trace``: a reused connection closed before any byte of an answer is retried once."""
+    import aiohttp
+
+    from blis_sim.observe.client import Target, connection_reuse_trace, send
+    from blis_sim.observe.records import STATUS_ERROR, STATUS_OK, RequestRecord, RunClock, WireRequest
+
+    answer = b'{"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]}'
+
+    def respond(req: bytes, t: asyncio.Transport, n: int) -> None:
+        # "race": the server closes a connection it has already answered on (its keep-alive timeout);
+        # "die": it drops every request unanswered
+        if b"die" in req or (b"race" in req and n > 1):
+            t.close()
+        else:
+            t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(answer), answer))
+
+    async def one(session: aiohttp.ClientSession, url: str, word: str) -> RequestRecord:
+        wire = WireRequest(prompt=f"{word} words here", max_tokens=2, streaming=False, arrival_us=0,
+                           input_tokens=3, min_tokens=2)
+        record = RequestRecord(request_id=0, wire=wire)
+        await send(session, Target(url, "m", timeout_s=5.0), record, RunClock())
+        return record
+
+    async def body() -> None:
+        async with raw_server(respond) as (url, stats), aiohttp.ClientSession(
+                trace_configs=[connection_reuse_trace()]) as session:
+            assert (await one(session, url, "first")).status == STATUS_OK
+            # reused, closed unanswered, then answered on a fresh connection: one row, ok
+            raced = await one(session, url, "race")
+            assert raced.status == STATUS_OK and raced.error_message == ""
+            assert (stats["connections"], len(stats["requests"])) == (2, 3)
+            # reused and dropped, then dropped again on a fresh one: an error, after two tries
+            dropped = await one(session, url, "die")
+            assert dropped.status == STATUS_ERROR and "ServerDisconnected" in dropped.error_message
+            assert (stats["connections"], len(stats["requests"])) == (3, 5)
+            # a fresh connection (nothing idle) that is dropped: it may have delivered the request, so no retry
+            assert (await one(session, url, "die")).status == STATUS_ERROR
+            assert (stats["connections"], len(stats["requests"])) == (4, 6)
+
+    asyncio.run(body())

@@ -123,19 +123,17 @@ async def send(session: aiohttp.ClientSession | Http1Pool, target: Target, recor
     if isinstance(session, Http1Pool):
         await _send_lean(session, target, record, body, headers)
         return
-    timeout = target.client_timeout
     record.send_ns = clock.now_ns()
     try:
-        async with session.post(target.endpoint, data=body, headers=headers, timeout=timeout) as resp:
-            record.first_byte_ns = clock.now_ns()
-            if resp.status != 200:
-                text = (await resp.content.read(_ERROR_BODY_LIMIT)).decode("utf-8", errors="replace")
-                record.fail(STATUS_ERROR, f"HTTP {resp.status}: {text.strip()}")
-                return
-            if wire.streaming:
-                await _read_stream(resp, record, clock, target.record_itl)
-            else:
-                await _read_body(resp, record, clock)
+        conn: dict[str, bool] = {}
+        try:
+            await _post(session, target, record, body, headers, clock, conn)
+        except aiohttp.ServerDisconnectedError:
+            if record.first_byte_ns or not conn.get("reused"):
+                raise
+            # The keep-alive race: the server closed an idle connection as we reused it, before any byte
+            # of an answer. Once more on another connection (aiohttp dropped that one), as Http1Pool does.
+            await _post(session, target, record, body, headers, clock, {})
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
         _timed_out(record, target, exc)
     except aiohttp.ClientError as exc:
@@ -144,6 +142,37 @@ async def send(session: aiohttp.ClientSession | Http1Pool, target: Target, recor
         record.fail(STATUS_ERROR, f"streaming error: {exc}")
     except (OSError, UnicodeError, ValueError) as exc:  # e.g. a reset below aiohttp, a broken encoding
         record.fail(STATUS_ERROR, f"HTTP error: {type(exc).__name__}: {exc}")
+
+
+def connection_reuse_trace() -> aiohttp.TraceConfig:
+    """A trace config for the session :func:`send` uses: it marks a request whose connection came from the
+    pool, the only case :func:`send` retries (a fresh connection that closes may have delivered the request).
+    """
+    trace = aiohttp.TraceConfig()
+
+    async def reused(_session: Any, ctx: Any, _params: Any) -> None:
+        if isinstance(ctx.trace_request_ctx, dict):
+            ctx.trace_request_ctx["reused"] = True
+
+    trace.on_connection_reuseconn.append(reused)
+    return trace
+
+
+async def _post(session: aiohttp.ClientSession, target: Target, record: RequestRecord, body: bytes,
+                headers: dict[str, str], clock: RunClock, conn: dict[str, bool]) -> None:
+    """One POST over aiohttp, read into ``record``; ``conn`` learns whether its connection was reused."""
+    wire = record.wire
+    async with session.post(target.endpoint, data=body, headers=headers, timeout=target.client_timeout,
+                            trace_request_ctx=conn) as resp:
+        record.first_byte_ns = clock.now_ns()
+        if resp.status != 200:
+            text = (await resp.content.read(_ERROR_BODY_LIMIT)).decode("utf-8", errors="replace")
+            record.fail(STATUS_ERROR, f"HTTP {resp.status}: {text.strip()}")
+            return
+        if wire.streaming:
+            await _read_stream(resp, record, clock, target.record_itl)
+        else:
+            await _read_body(resp, record, clock)
 
 
 async def _send_lean(pool: Http1Pool, target: Target, record: RequestRecord, body: bytes,

@@ -44,7 +44,7 @@ from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, Ph
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import capture
 from blis_sim.observe import loop as event_loop
-from blis_sim.observe.client import API_FORMATS, Target
+from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace
 from blis_sim.observe.dispatch import Dispatcher
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
@@ -252,8 +252,8 @@ class _Run:
     async def execute(self) -> ObserveResult:
         connector = aiohttp.TCPConnector(limit=self.opts.max_concurrency + PREWARM_WORKERS, limit_per_host=0,
                                          ttl_dns_cache=300)
-        async with aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"blis-observe/{__version__}"}
-                                         ) as session:
+        async with aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"blis-observe/{__version__}"},
+                                         trace_configs=[connection_reuse_trace()]) as session:
             self.session = session
             if self.opts.http_client == "lean" and Http1Pool.supports(self.base_url):
                 self.pool = Http1Pool(self.base_url, headers={"User-Agent": f"blis-observe/{__version__}"})
