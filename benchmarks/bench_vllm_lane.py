@@ -246,6 +246,14 @@ def evaluate(lane: Lane, name: str, trace: Trace, extra: dict[str, Any]) -> dict
     return row
 
 
+def report(lane: Lane, name: str, trace: Trace, extra: dict[str, Any], load_avg: str) -> None:
+    """Judge ``trace`` (:func:`evaluate`), keep its row with the load average it ran under, print it."""
+    row = evaluate(lane, name, trace, extra)
+    row["load_avg"] = load_avg
+    lane.rows.append(row)
+    print(fmt_row(row), flush=True)
+
+
 def fmt_row(r: dict[str, Any]) -> str:
     sat = "yes" if r["saturated"] else "no"
     verdict = (f"tput {'ok' if abs(r['tput_error']) <= 0.05 else 'FAIL'}" if r["saturated"]
@@ -272,16 +280,10 @@ def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
             before = loadavg()
             plan = generate_workload(mix_spec(mix, load * capacity[mix], n, seed=seed + 10 * k + len(mix)))
             trace = lane.observe(name, plan, concurrency=1024)
-            row = evaluate(lane, name, trace, {"mix": mix, "load": load})
-            row["load_avg"] = f"{before} → {loadavg()}"
-            lane.rows.append(row)
-            print(fmt_row(row), flush=True)
+            report(lane, name, trace, {"mix": mix, "load": load}, f"{before} → {loadavg()}")
     before = loadavg()
     trace = lane.observe("session", generate_workload(session_spec(seed, rate=2.0)), concurrency=1024)
-    row = evaluate(lane, "session", trace, {"mix": "chat", "load": "-"})
-    row["load_avg"] = f"{before} → {loadavg()}"
-    lane.rows.append(row)
-    print(fmt_row(row), flush=True)
+    report(lane, "session", trace, {"mix": "chat", "load": "-"}, f"{before} → {loadavg()}")
     return capacity
 
 
@@ -302,10 +304,7 @@ def from_saved(lane: Lane) -> None:
     for name in ["probe", *names]:
         trace = load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
         mix, _, load = name.partition("-")
-        row = evaluate(lane, name, trace, {"mix": {"session": "chat"}.get(mix, mix), "load": load or "-"})
-        row["load_avg"] = "(saved trace)"
-        lane.rows.append(row)
-        print(fmt_row(row), flush=True)
+        report(lane, name, trace, {"mix": {"session": "chat"}.get(mix, mix), "load": load or "-"}, "(saved trace)")
 
 
 def main() -> int:
@@ -351,18 +350,13 @@ def main() -> int:
             (out / "probe" / "latency.json").write_text(lane.coeffs.model_dump_json(indent=2) + "\n")
             print(f"probe fit ({before} → {loadavg()}): {lane.coeffs.model_dump_json()}", flush=True)
             print(HEADER, flush=True)
-            probe_row = evaluate(lane, "probe", probe_trace, {"mix": "probe", "load": "-"})
-            probe_row["load_avg"] = f"{before} → {loadavg()}"
-            lane.rows.append(probe_row)
-            print(fmt_row(probe_row), flush=True)
+            report(lane, "probe", probe_trace, {"mix": "probe", "load": "-"}, f"{before} → {loadavg()}")
             capacity = run_traces(lane, args.quick)
             # The same probe again, judged with the first one's fit: how far the server's speed moved while
             # the traces ran (on a machine that drifts, the later traces' errors are partly that).
             before = loadavg()
-            row = evaluate(lane, "probe-after", probe(lane, "probe-after"), {"mix": "probe", "load": "-"})
-            row["load_avg"] = f"{before} → {loadavg()}"
-            lane.rows.append(row)
-            print(fmt_row(row), flush=True)
+            report(lane, "probe-after", probe(lane, "probe-after"), {"mix": "probe", "load": "-"},
+                   f"{before} → {loadavg()}")
     finally:
         if started:
             vllm_cpu.stop()
