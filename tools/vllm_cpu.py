@@ -36,6 +36,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -86,6 +87,7 @@ class LaneModel:
     num_gpu_blocks: int  # the default ``--num-gpu-blocks-override``
     max_num_seqs: int | None = None  # ``--max-num-seqs`` (None: vLLM's default, 128 on CPU)
     max_num_batched_tokens: int | None = None  # ``--max-num-batched-tokens`` (None: vLLM's, 2048 on CPU)
+    sized_to_cpu: bool = False  # its depth is chosen for this CPU at build (rebuilt on another one)
 
 
 #: ``tiny``: the counter tests' model (a step is mostly vLLM's overhead); 512 blocks so that ~17 distinct
@@ -94,7 +96,8 @@ class LaneModel:
 #: sequences never preempt each other and a saturated server queues in ``waiting`` instead.
 MODELS: dict[str, LaneModel] = {
     "tiny": LaneModel("tiny", "tiny-llama", SERVED_MODEL_NAME, NUM_GPU_BLOCKS),
-    "lane": LaneModel("lane", "lane-llama", "lane-llama", 4096, max_num_seqs=32, max_num_batched_tokens=2048),
+    "lane": LaneModel("lane", "lane-llama", "lane-llama", 4096, max_num_seqs=32, max_num_batched_tokens=2048,
+                      sized_to_cpu=True),
 }
 
 
@@ -268,14 +271,35 @@ def _model_recipe_hash(name: str = "tiny") -> str:
     return digest.hexdigest()[:16]
 
 
+#: the CPU features the lane model's depth depends on (bfloat16 matrix units make its prefill ~4x faster)
+_SIZING_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_signature() -> str:
+    """The CPU model and its bfloat16-relevant flags: a model sized on another CPU is rebuilt, not trusted."""
+    model, flags = platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return " ".join([model, *[f for f in _SIZING_FLAGS if f in flags]])
+
+
 def model_built(paths: CachePaths | None = None, name: str = "tiny") -> bool:
-    """True when the model folder was completed by the current builder script."""
+    """True when the model folder was completed by the current builder script (on this CPU, for the lane
+    model, whose depth is sized to the machine)."""
     paths = paths or cache_paths()
     try:
         stamp = json.loads(paths.model_stamp(name).read_text())
     except (OSError, ValueError):
         return False
-    return stamp.get("recipe") == _model_recipe_hash(name)
+    same_cpu = not lane_model(name).sized_to_cpu or stamp.get("cpu") == cpu_signature()
+    return stamp.get("recipe") == _model_recipe_hash(name) and same_cpu
 
 
 def build_model(paths: CachePaths | None = None, names: Sequence[str] = tuple(MODELS)) -> bool:
@@ -313,6 +337,7 @@ def _build_one(paths: CachePaths, name: str) -> None:
     out = _run(cmd, f"build-model {name}", env=env)
     info = json.loads(out.strip().splitlines()[-1])
     info["recipe"] = _model_recipe_hash(name)
+    info["cpu"] = cpu_signature()
     (partial / paths.model_stamp(name).name).write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)

@@ -131,6 +131,31 @@ def test_the_two_models_live_side_by_side(cache: Path) -> None:
     assert out.returncode == 2 and "not installed" in out.stderr  # the install is checked first, for either model
 
 
+def test_a_lane_model_sized_on_another_cpu_is_rebuilt_the_tiny_one_is_kept(cache: Path) -> None:
+    paths = lane.cache_paths()
+    for name in lane.MODELS:
+        paths.model_dir(name).mkdir(parents=True)
+        stamp = {"recipe": lane._model_recipe_hash(name), "cpu": lane.cpu_signature()}
+        paths.model_stamp(name).write_text(json.dumps(stamp))
+        assert lane.model_built(paths, name)
+        paths.model_stamp(name).write_text(json.dumps({**stamp, "cpu": "another CPU avx2"}))
+    assert lane.model_built(paths, "tiny")       # its size does not depend on the CPU
+    assert not lane.model_built(paths, "lane")   # its depth does (tools/vllm_cpu_model.py lane_layers)
+    assert lane.cpu_signature() == lane.cpu_signature() != ""
+
+
+@pytest.mark.parametrize(("linear_ms", "layers"), [(15.0, 4), (7.0, 9), (4.4, 14), (1.0, 14)])
+def test_the_lane_model_is_as_deep_as_a_02_s_prefill_needs_within_4_to_14_layers(
+        monkeypatch: pytest.MonkeyPatch, linear_ms: float, layers: int) -> None:
+    builder = lane._sibling("vllm_cpu_model")  # imports torch only when it times or builds
+    monkeypatch.setattr(builder, "linear_ms", lambda geometry: linear_ms)
+    geometry, sizing = builder.geometry_of("lane")
+    assert geometry["num_hidden_layers"] == layers and sizing == {"linear_ms_per_layer_1k": linear_ms}
+    assert {k: v for k, v in geometry.items() if k != "num_hidden_layers"} == {
+        k: v for k, v in builder.SIZES["lane"].items() if k != "num_hidden_layers"}
+    assert builder.geometry_of("tiny") == (builder.SIZES["tiny"], {})
+
+
 def test_the_lane_model_is_served_with_its_own_limits(cache: Path) -> None:
     paths = lane.cache_paths()
     tiny = lane.server_argv(paths, 8000)
