@@ -98,3 +98,28 @@ def test_non_streamed_observe_rows_cannot_be_fitted() -> None:
     with pytest.raises(ConfigError, match="no completed request with a usable TTFT"):
         fit(trace, EngineOptions(model="tiny-llama", block_size=32, num_gpu_blocks=512),
             max_iterations=1)
+
+
+def _as_probe(trace, head: str, tail: str, late_us: int):
+    """``trace`` relabelled as a probe's: its first 100 rows in phase ``head`` with their first token
+    ``late_us`` later (rows no model of the rest can fit), the others in ``tail``."""
+    records = []
+    for i, r in enumerate(sorted(trace.records, key=lambda r: r.arrival_time_us)):
+        update: dict = {"phase": head if i < 100 else tail}
+        if i < 100:
+            update.update(first_chunk_time_us=r.first_chunk_time_us + late_us,
+                          first_content_time_us=(r.first_content_time_us + late_us) if r.first_content_time_us else 0)
+        records.append(r.model_copy(update=update))
+    return trace.model_copy(update={"records": records})
+
+
+def test_a_probe_with_a_sustain_phase_replays_its_ramp_but_does_not_fit_it() -> None:
+    trace = generated(7)
+    with_sustain = fit(_as_probe(trace, "ramp-64", "sustain-96", 200_000), OPTS)
+    assert with_sustain.fit is not None and with_sustain.fit.requests == 200  # the ramp's 100 rows left out
+    assert abs(with_sustain.step.base_us - 8000.0) <= 0.02 * 8000.0
+    assert abs(with_sustain.frontend.base_us - 20000.0) <= 0.02 * 20000.0
+    # without a sustain phase the ramp is fitted: its late first tokens pull the model off the truth
+    without = fit(_as_probe(trace, "ramp-64", "cold-64-0", 200_000), OPTS)
+    assert without.fit is not None and without.fit.requests == 300
+    assert abs(without.frontend.base_us - 20000.0) > 0.1 * 20000.0

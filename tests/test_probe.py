@@ -12,7 +12,7 @@ from blis_sim.emulator import EmulatorConfig, FaultConfig, start_emulator
 from blis_sim.errors import ConfigError, ServerError
 from blis_sim.formats.trace import load_trace
 from blis_sim.probe import ProbeConfig, ProbeOptions, ServerLimits, probe_plan, read_limits, run_probe
-from blis_sim.probe.plan import max_in_flight
+from blis_sim.probe.plan import max_in_flight, replayed_only
 
 H100 = ServerLimits(max_model_len=40960, block_size=16, num_gpu_blocks=17600, max_num_seqs=1024)
 # a small server: 8 sequences, 1024-token context, 256 blocks of 16 (4096 tokens)
@@ -83,6 +83,15 @@ def test_no_sustain_phase_where_nothing_queues_and_the_ramp_stops_at_twice_the_b
     # a cache too small for 3 x max_num_seqs short requests in half of it: none
     small = ServerLimits(max_model_len=1024, block_size=16, num_gpu_blocks=256, max_num_seqs=8)
     assert not any(n.startswith("sustain") for n in names(small))
+
+
+def test_with_a_sustain_phase_the_ramp_is_replayed_but_not_fitted() -> None:
+    lane = names(LANE, ProbeConfig(max_prompt=4096, decode_max=64, ramp_max=64))
+    assert replayed_only(lane) == {n for n in lane if n.startswith("ramp-")} == {
+        "ramp-2", "ramp-4", "ramp-8", "ramp-16", "ramp-32", "ramp-64"}
+    within = names(LANE, ProbeConfig(max_prompt=4096, decode_max=32, ramp_max=32))  # no sustain: all fitted
+    assert replayed_only(within) == frozenset()
+    assert replayed_only(["ramp-2", "sustain-96", "steady"]) == frozenset()  # not a probe trace
 
 
 def test_limits_come_from_the_server() -> None:

@@ -25,7 +25,8 @@ coefficients of a trace the engine generated itself to well under 0.1 %.
 Which requests: ``status ok`` rows with a first token (in observe traces, streamed ones only: a
 non-streamed response has no first-token time); TTFT = first content (else first chunk) − send;
 ITL mean = (last chunk − first chunk) / (output tokens − 1) for rows with ≥ 2 outputs.
-Rows outside the comparison window (warm-up) are simulated but not fitted.
+Rows outside the comparison window (warm-up) are simulated but not fitted; so are a probe trace's ramp
+rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says why).
 """
 from __future__ import annotations
 
@@ -105,9 +106,12 @@ def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
                      for r in outcome.table.source])
     from blis_sim.engine.simulate import inflight_at_arrival
 
+    from blis_sim.probe.plan import replayed_only
+
     load = inflight_at_arrival(send, last).astype(np.float64)
+    skipped = replayed_only(r.phase for r in outcome.table.source)
     for i, r in enumerate(outcome.table.source):
-        if r.status != "ok" or not outcome.table.in_window[i] or r.send_time_us <= 0:
+        if r.status != "ok" or not outcome.table.in_window[i] or r.send_time_us <= 0 or r.phase in skipped:
             continue
         if mode == "real" and not r.streaming:
             continue

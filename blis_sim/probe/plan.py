@@ -32,7 +32,8 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       outputs over 16-48), so that the server runs full for seconds with a queue, each
                       finish letting one waiting prompt in: the steps of a saturated server (a full decode
                       batch with one short prefill), which no drained batch of equal requests shows (they
-                      finish together, and the next batch prefills together).
+                      finish together, and the next batch prefills together). With it, the fit replays the
+                      ramp but does not fit its rows (:func:`replayed_only`).
 
 The longest prompt is ``min(max_model_len - output, GPU cache / 4, max_prompt)``: a quarter of the cache, so
 the probe never evicts its own prefixes. Lengths double from 64, so the median probe prompt is about the square root
@@ -40,6 +41,7 @@ of 64 times the longest.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 import math
 import re
@@ -264,6 +266,20 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
 def fitted_phases(plan: WorkloadPlan) -> tuple[str, ...]:
     """The phases the fit uses: all but the warm-up."""
     return tuple(p.name for p in plan.phases if not p.name.startswith("warmup"))
+
+
+def replayed_only(phases: Iterable[str]) -> frozenset[str]:
+    """The phases of a trace that a fit replays but does not fit: in a probe trace with a ``sustain`` phase,
+    its ``ramp`` phases. Their drained batches of equal requests prefill together and finish together, steps
+    that a server with a queue never runs; the linear model cannot price both those and the sustained steps
+    (a full decode batch with one short prefill) on one set of coefficients, and fitted on both it predicted
+    a saturated server 6-7 % faster than it was (on the lane, against 1.4-2 % without the ramp's rows). The
+    ramp still runs: it warms the batch sizes, and :func:`blis_sim.probe.ramp_throughput` reads it. Empty
+    for any other trace."""
+    names = set(phases)
+    if not is_probe_trace(names) or not any(n.startswith("sustain-") for n in names):
+        return frozenset()
+    return frozenset(n for n in names if n.startswith("ramp-"))
 
 
 #: The names :func:`probe_plan` gives its phases.
