@@ -14,7 +14,10 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       then the longest the server takes, sent alone: per-step base, per-prefill-token and
                       attention terms;
 ``seed-<L>``, ``cached-<L>-<k>``  one prompt whose prefix the next two repeat with new suffixes: what a
-                      cached prefix saves against the per-request (frontend) time that stays;
+                      cached prefix saves against the per-request (frontend) time that stays; then a third
+                      (``cached-<L>-2``) with 512 new tokens: a prefill whose attention reads a long cached
+                      context (``k x L`` pairs), as a chat's next turn or a cell's repeat does, which prompts
+                      sent cold (``k²/2`` pairs) do not show;
 ``decode-<B>``        ``B`` concurrent short prompts with long outputs, ``B`` = 1, 2, 4, ... up to
                       ``max_num_seqs`` (capped by the KV cache): closed-loop decode batches, the
                       per-decode-sequence term and where a step stops being flat;
@@ -53,6 +56,7 @@ from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan
 SUFFIX = 32                        # fresh tokens after each prefix
 COLD_SAMPLES = 2                   # two cold samples per length (one hiccup is set aside)
 CACHED_REPEATS = 2                 # cached TTFTs are short: two samples each
+CACHED_LONG_SUFFIX = 512           # then one with 512 new tokens: a prefill attending to a long cached context
 TTFT_OUTPUT = 4                    # TTFT requests: a few tokens, so they end quickly
 DECODE_PROMPT, DECODE_OUTPUT = 64, 64
 CONTEXT_BATCHES = (1, 16)          # decode batch sizes repeated with long prompts
@@ -241,6 +245,11 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
         b.add(f"seed-{length}", [group])
         for k in range(CACHED_REPEATS):
             b.add(f"cached-{length}-{k}", [group])
+        # within the model's length and, like every probe prompt, a quarter of the cache
+        extend = min(CACHED_LONG_SUFFIX, limits.max_model_len - length - TTFT_OUTPUT, limits.gpu_tokens // 4 - length)
+        if extend > SUFFIX:
+            b.add(f"cached-{length}-{CACHED_REPEATS}",
+                  [{**group, "input_tokens": length + extend, "new_input_tokens": extend}])
     batches = decode_batches(limits, config)
     for batch in batches:
         b.add(f"decode-{batch}", [unique(DECODE_PROMPT, DECODE_OUTPUT) for _ in range(batch)])
