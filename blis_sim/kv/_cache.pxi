@@ -125,6 +125,7 @@ cdef class CacheCore:
     cdef vector[double] _rt, _wt  # read/write time per tier
     cdef vector[int64_t] _deltas
     cdef vector[uint64_t] _keys_tmp, _stored, _put
+    cdef vector[int64_t] _stored_slots, _put_slots  # the slots _prepare_store made for them
 
     def __init__(self, config):
         self.config = config
@@ -386,7 +387,7 @@ cdef class CacheCore:
         for i in range(<Py_ssize_t>r.plan.size()):
             t, a, b = r.plan[i].tier, r.plan[i].a, r.plan[i].b
             if t:
-                if not cpu._prepare_store(keys + a, b - a, now, INF, self._put):
+                if not cpu._prepare_store(keys + a, b - a, now, INF, self._put, self._put_slots):
                     self._tc[AF] += 1
                     break
                 st = <Station>self.stations[t]
@@ -394,7 +395,7 @@ cdef class CacheCore:
                 self._tc[t * _TC_INTS + RB] += (b - a) * cb
                 self._rt[t] += svc
                 self._tc[t * _TC_INTS + RJ] += 1
-                cpu._set_ready(self._put.data(), self._put.size(), done)
+                cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done)
                 self._tc[PC] += self._put.size()
                 tier = <ChunkStore>self.tiers[t]
                 tier._touch(keys, a, b)
@@ -489,7 +490,7 @@ cdef class CacheCore:
             if not eligible.size():
                 return 0
             keys, nkeys = eligible.data(), eligible.size()
-        ok = cpu._prepare_store(keys, nkeys, now, INF, self._stored)
+        ok = cpu._prepare_store(keys, nkeys, now, INF, self._stored, self._stored_slots)
         self._epoch += 1
         if not ok:
             self._tc[SK] += nkeys
@@ -504,11 +505,11 @@ cdef class CacheCore:
         self._wt[0] += svc
         self._tc[WJ] += 1
         self._tc[SC] += n
-        cpu._set_ready(self._stored.data(), n, done)
+        cpu._set_ready_slots(self._stored_slots.data(), n, done)
         # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written.
         for t in range(1, self.ntiers):
             tier = <ChunkStore>self.tiers[t]
-            if not tier._prepare_store(self._stored.data(), n, done, INF, self._put):
+            if not tier._prepare_store(self._stored.data(), n, done, INF, self._put, self._put_slots):
                 self._tc[t * _TC_INTS + SK] += n
                 self._tc[t * _TC_INTS + AF] += 1
                 continue
@@ -521,8 +522,8 @@ cdef class CacheCore:
             self._wt[t] += t_svc
             self._tc[t * _TC_INTS + WJ] += 1
             self._tc[t * _TC_INTS + SC] += m
-            tier._set_ready(self._put.data(), m, t_done)
-            cpu._pin(self._stored.data(), 0, n, t_done)
+            tier._set_ready_slots(self._put_slots.data(), m, t_done)
+            cpu._pin_slots(self._stored_slots.data(), n, t_done)
         return 0
 
     def free(self, int64_t rid):
