@@ -342,6 +342,7 @@ cdef class BlockPool:
     cdef int32_t _head, _tail
     cdef unordered_map[int64_t, vector[int32_t]] _req
     cdef unordered_map[int64_t, int64_t] _req_cached
+    cdef vector[int32_t] _hits, _front  # scratch of _allocate / _free (no allocation per call)
 
     def __init__(self, int num_blocks, int block_size, bint enable_caching=True):
         if num_blocks < 2 or block_size < 1:
@@ -450,9 +451,11 @@ cdef class BlockPool:
         cdef Py_ssize_t i, evictable = 0
         cdef int32_t b
         cdef uint64_t h
-        cdef vector[int32_t] hit_ids
+        cdef vector[int32_t]* hit_ids = &self._hits
+        cdef vector[int32_t]* blocks
         if n_new < 0:
             n_new = 0
+        hit_ids.clear()
         for i in range(hits):
             b = <int32_t>self._map.find(hashes[i])
             hit_ids.push_back(b)
@@ -460,12 +463,14 @@ cdef class BlockPool:
                 evictable += 1
         if n_new + evictable > self.num_free:
             return False
-        if not known:
-            self._req[rid] = vector[int32_t]()
+        if known:
+            blocks = &deref(it).second
+        else:
+            blocks = &self._req[rid]
             self._req_cached[rid] = 0
-        cdef vector[int32_t]* blocks = &self._req[rid]
+        blocks.reserve(have + hits + n_new)
         for i in range(<Py_ssize_t>hit_ids.size()):
-            b = hit_ids[i]
+            b = deref(hit_ids)[i]
             if self._ref[b] == 0:
                 self._unlink(b)
             self._ref[b] += 1
@@ -524,10 +529,12 @@ cdef class BlockPool:
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
-        cdef vector[int32_t] blocks = deref(it).second
+        cdef vector[int32_t] blocks
+        blocks.swap(deref(it).second)  # taken, not copied
         self._req.erase(it)
         self._req_cached.erase(rid)
-        cdef vector[int32_t] front
+        cdef vector[int32_t]* front = &self._front
+        front.clear()
         cdef Py_ssize_t i
         cdef int32_t b
         for i in range(<Py_ssize_t>blocks.size() - 1, -1, -1):
@@ -539,7 +546,7 @@ cdef class BlockPool:
                 else:
                     front.push_back(b)
         for i in range(<Py_ssize_t>front.size() - 1, -1, -1):
-            self._push_front(front[i])
+            self._push_front(deref(front)[i])
         return blocks.size()
 
     def _map_items(self):
