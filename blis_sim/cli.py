@@ -49,6 +49,20 @@ def _start_program(command: str | None) -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _end_program(code: int) -> int:
+    """Leave without the interpreter's teardown, for :data:`_ONE_BLAS_THREAD` commands run as a
+    program: their files are written and closed, so all that teardown does is free every module
+    and the simulation's objects one by one (~0.01 s of a 10k-request replay). stdout and stderr
+    are flushed first; if that fails (a closed pipe), returns ``code`` so that the interpreter
+    reports it as it always has. No atexit handler of ours exists to be skipped."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return code
+    os._exit(code)
+
+
 def _imports_done() -> None:
     """The imported modules' objects live as long as the process: out of the collector's sight."""
     gc.freeze()
@@ -95,6 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program:
         _imports_done()
     args = parser.parse_args(argv)
+    code = _run(args)
+    if program and args.command in _ONE_BLAS_THREAD:
+        return _end_program(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The subcommand's exit code (errors reported on stderr as one line)."""
     try:
         return int(args.func(args) or 0)
     except BlisError as exc:

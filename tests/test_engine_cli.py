@@ -220,10 +220,34 @@ def test_process_settings_apply_to_the_program_only(run_trace: Path, tmp_path: P
     frozen = gc.get_freeze_count()
     assert main(args) == 0
     assert gc.isenabled() and gc.get_freeze_count() == frozen and "OPENBLAS_NUM_THREADS" not in os.environ
-    probe = ("import gc, os, sys; from blis_sim.cli import main; sys.argv = ['blis'] + sys.argv[1:]; "
-             "rc = main(); print(rc, gc.isenabled(), gc.get_freeze_count() > 0, "
+    probe = ("import gc, os, sys; import blis_sim.cli as cli; sys.argv = ['blis'] + sys.argv[1:]; "
+             "cli._end_program = lambda code: code; "  # return to this probe (see the next test)
+             "rc = cli.main(); print(rc, gc.isenabled(), gc.get_freeze_count() > 0, "
              "os.environ.get('OPENBLAS_NUM_THREADS'), file=sys.stderr)")
     for env, threads in (({}, "1"), ({"OPENBLAS_NUM_THREADS": "2"}, "2")):
         out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True,
                              env={**os.environ, **env})
         assert out.stderr.splitlines()[-1] == f"0 True True {threads}", out.stderr
+
+
+def test_replay_as_a_program_leaves_without_teardown_but_with_everything_written(
+        run_trace: Path, tmp_path: Path) -> None:
+    """`blis replay` run as a program ends with os._exit after flushing (no interpreter
+    teardown): its stdout, its files and its exit codes are as complete as before, and code
+    after ``main()`` in that process does not run."""
+    import os
+
+    args = ["replay", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
+            str(run_trace / "t.yaml"), "--trace-data", str(run_trace / "t.csv"),
+            "--metrics-path", str(tmp_path / "m.json"), "--results-path", str(tmp_path / "r.json")]
+    probe = ("import sys; from blis_sim.cli import main; sys.argv = ['blis'] + sys.argv[1:]; "
+             "main(); print('after main', file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+    assert out.returncode == 0 and "after main" not in out.stderr, out.stderr
+    shown = json.loads(out.stdout)  # the whole of it, flushed before leaving
+    saved = json.loads((tmp_path / "m.json").read_text())
+    assert shown["completed_requests"] == saved["completed_requests"] == 200
+    assert len(json.loads((tmp_path / "r.json").read_text())) == 200
+    bad = subprocess.run([sys.executable, "-c", probe, *args[:-4], "--tp", "0"], capture_output=True,
+                         text=True, env={**os.environ})
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("--tp must be ≥ 1, got 0"), bad.stderr

@@ -225,6 +225,26 @@ def test_add_prefixed_is_add_request_of_prefixed_hashes(backend: str, n: int, sh
         a.add_prefixed(1, prefix, shared, root, seed, prompt)
 
 
+@needs_cython
+def test_compiled_add_prefixed_takes_only_a_contiguous_native_uint64_vector() -> None:
+    """The compiled cache reads the prefix in place, so it checks its layout in C: any 8-byte
+    unsigned integer vector in native byte order and contiguous is taken (as ``dtype ==
+    np.uint64`` would), anything else is refused before a byte is read."""
+    prefix = _core_py.hash_blocks(np.arange(8 * BS, dtype=np.int64), BS)
+    root = _core_py.root_hash(0)
+    cache = KVCache(KVConfig(num_gpu_blocks=64, block_size=BS), backend="cython")
+    cache.add_prefixed(0, prefix, 8, root, 7, 8 * BS)
+    cache.add_prefixed(1, prefix.astype(np.ulonglong), 8, root, 7, 8 * BS)  # the other 8-byte code
+    assert cache.lookup(1, 0.0) == cache.lookup(0, 0.0)
+    bad = [prefix.astype(np.int64), prefix.astype(np.float64), prefix.astype(">u8"),
+           np.repeat(prefix, 2)[::2], prefix.reshape(2, 4), prefix.astype(np.uint32)]
+    for k, arr in enumerate(bad, start=2):
+        with pytest.raises(SimulationError, match="contiguous uint64"):
+            cache.add_prefixed(k, arr, 4, root, 7, 8 * BS)
+    with pytest.raises(SimulationError, match="contiguous uint64"):
+        cache.add_prefixed(20, prefix, 9, root, 7, 8 * BS)  # more shared blocks than it holds
+
+
 @pytest.mark.parametrize("backend", ["python", pytest.param("cython", marks=needs_cython)])
 def test_hash_chain_matches_iff_prefix_matches(backend: str) -> None:
     from blis_sim.kv import load_core

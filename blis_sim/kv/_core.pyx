@@ -342,6 +342,7 @@ cdef class BlockPool:
     cdef int32_t _head, _tail
     cdef unordered_map[int64_t, vector[int32_t]] _req
     cdef unordered_map[int64_t, int64_t] _req_cached
+    cdef vector[int32_t] _hits, _front  # scratch of _allocate / _free (no allocation per call)
 
     def __init__(self, int num_blocks, int block_size, bint enable_caching=True):
         if num_blocks < 2 or block_size < 1:
@@ -450,9 +451,11 @@ cdef class BlockPool:
         cdef Py_ssize_t i, evictable = 0
         cdef int32_t b
         cdef uint64_t h
-        cdef vector[int32_t] hit_ids
+        cdef vector[int32_t]* hit_ids = &self._hits
+        cdef vector[int32_t]* blocks
         if n_new < 0:
             n_new = 0
+        hit_ids.clear()
         for i in range(hits):
             b = <int32_t>self._map.find(hashes[i])
             hit_ids.push_back(b)
@@ -460,12 +463,14 @@ cdef class BlockPool:
                 evictable += 1
         if n_new + evictable > self.num_free:
             return False
-        if not known:
-            self._req[rid] = vector[int32_t]()
+        if known:
+            blocks = &deref(it).second
+        else:
+            blocks = &self._req[rid]
             self._req_cached[rid] = 0
-        cdef vector[int32_t]* blocks = &self._req[rid]
+        blocks.reserve(have + hits + n_new)
         for i in range(<Py_ssize_t>hit_ids.size()):
-            b = hit_ids[i]
+            b = deref(hit_ids)[i]
             if self._ref[b] == 0:
                 self._unlink(b)
             self._ref[b] += 1
@@ -524,10 +529,12 @@ cdef class BlockPool:
         cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
-        cdef vector[int32_t] blocks = deref(it).second
+        cdef vector[int32_t] blocks
+        blocks.swap(deref(it).second)  # taken, not copied
         self._req.erase(it)
         self._req_cached.erase(rid)
-        cdef vector[int32_t] front
+        cdef vector[int32_t]* front = &self._front
+        front.clear()
         cdef Py_ssize_t i
         cdef int32_t b
         for i in range(<Py_ssize_t>blocks.size() - 1, -1, -1):
@@ -539,7 +546,7 @@ cdef class BlockPool:
                 else:
                     front.push_back(b)
         for i in range(<Py_ssize_t>front.size() - 1, -1, -1):
-            self._push_front(front[i])
+            self._push_front(deref(front)[i])
         return blocks.size()
 
     def _map_items(self):
@@ -586,7 +593,10 @@ cdef class ChunkStore:
     # (key, ready) per chunk only (the pure twin ignores touch and pin there too).
     cdef bint _compact
     cdef BlisTable[BlisEntry] _c
-    cdef BlisFlatMap _seen  # scratch of _prepare_store (left empty between calls)
+    # scratch of _prepare_store: keys seen in this call (open addressing, zeroed per call; one
+    # probe per new key where a map's find + set + erase took three)
+    cdef vector[uint64_t] _seen
+    cdef bint _seen0
     cdef vector[int64_t] _victims  # scratch of _evict_lru
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
@@ -823,7 +833,8 @@ cdef class ChunkStore:
 
     def prepare_store(self, const uint64_t[::1] keys, double now, double ready):
         cdef vector[uint64_t] todo
-        if not self._prepare_store(_ptr(keys), keys.shape[0], now, ready, todo):
+        cdef vector[int64_t] slots
+        if not self._prepare_store(_ptr(keys), keys.shape[0], now, ready, todo, slots):
             return None
         out = np.empty(todo.size(), dtype=np.uint64)
         cdef uint64_t[::1] o = out
@@ -832,25 +843,48 @@ cdef class ChunkStore:
             o[i] = todo[i]
         return out
 
+    cdef inline bint _first_sight(self, uint64_t k) noexcept:
+        """Whether ``k`` is new to this call's scratch set (and now in it)."""
+        if k == 0:
+            if self._seen0:
+                return False
+            self._seen0 = True
+            return True
+        cdef uint64_t mask = self._seen.size() - 1
+        cdef uint64_t i = (k * 0x9E3779B97F4A7C15ULL) >> 32 & mask
+        cdef uint64_t c
+        while True:
+            c = self._seen[i]
+            if c == k:
+                return False
+            if c == 0:
+                self._seen[i] = k
+                return True
+            i = (i + 1) & mask
+
     cdef bint _prepare_store(self, const uint64_t* keys, Py_ssize_t nkeys, double now,
-                             double ready, vector[uint64_t]& todo) except -1:
-        """Fills ``todo`` with the keys stored (in order, duplicates and residents left out);
+                             double ready, vector[uint64_t]& todo,
+                             vector[int64_t]& slots) except -1:
+        """Fills ``todo`` with the keys stored (in order, duplicates and residents left out) and
+        ``slots`` with their new slots (for _set_ready_slots / _pin_slots: no second probe);
         ``False``: not enough evictable room, nothing changed."""
         cdef Py_ssize_t i
-        cdef uint64_t k
+        cdef uint64_t k, cap
         cdef int64_t need, s
         cdef bint ok
         todo.clear()
+        slots.clear()
         self._prefetch(keys, 0, nkeys)
+        if nkeys > 1:
+            cap = 16
+            while cap < <uint64_t>(2 * nkeys):
+                cap <<= 1
+            self._seen.assign(cap, 0)
+            self._seen0 = False
         for i in range(nkeys):
             k = keys[i]
-            if self._resident(k) < 0 and (nkeys == 1 or self._seen.find(k) < 0):
+            if self._resident(k) < 0 and (nkeys == 1 or self._first_sight(k)):
                 todo.push_back(k)
-                if nkeys > 1:
-                    self._seen.set(k, 0)
-        if nkeys > 1:
-            for i in range(<Py_ssize_t>todo.size()):
-                self._seen.erase(todo[i])
         if todo.size() == 0:
             return True
         if self.capacity > 0:
@@ -862,11 +896,37 @@ cdef class ChunkStore:
                     return False
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
-            s = -1 if self._compact else self._t.find(k)  # (a compact store's keys are resident)
-            if s >= 0:
-                self._drop_slot(s)
-            self._new_slot(k, 0, ready, ready)
+            if self.arc:  # a ghost (B1/B2) entry of the key gives way (LRU keeps no ghosts)
+                s = self._t.find(k)
+                if s >= 0:
+                    self._drop_slot(s)
+            slots.push_back(self._new_slot(k, 0, ready, ready))
         return True
+
+    cdef void _set_ready_slots(self, const int64_t* slots, Py_ssize_t n, double ready) noexcept:
+        """:meth:`_set_ready` on the slots a :meth:`_prepare_store` just made."""
+        cdef Py_ssize_t i
+        cdef BlisSlot* p
+        if self._compact:
+            for i in range(n):
+                self._c.at(slots[i]).ready = ready
+            return
+        for i in range(n):
+            p = self._t.at(slots[i])
+            p.ready = ready
+            if p.busy < ready or p.busy == INF:
+                p.busy = ready
+
+    cdef void _pin_slots(self, const int64_t* slots, Py_ssize_t n, double until) noexcept:
+        """:meth:`_pin` on the slots a :meth:`_prepare_store` made (still resident)."""
+        cdef Py_ssize_t i
+        cdef BlisSlot* p
+        if self._compact:
+            return
+        for i in range(n):
+            p = self._t.at(slots[i])
+            if p.busy < until:
+                p.busy = until
 
     def _walk(self, int lst):
         out = []
