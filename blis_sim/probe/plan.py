@@ -14,10 +14,10 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       then the longest the server takes, sent alone: per-step base, per-prefill-token and
                       attention terms;
 ``seed-<L>``, ``cached-<L>-<k>``  one prompt whose prefix the next two repeat with new suffixes: what a
-                      cached prefix saves against the per-request (frontend) time that stays; then a third
-                      (``cached-<L>-2``) with 512 new tokens: a prefill whose attention reads a long cached
-                      context (``k x L`` pairs), as a chat's next turn or a cell's repeat does, which prompts
-                      sent cold (``k²/2`` pairs) do not show;
+                      cached prefix saves against the per-request (frontend) time that stays; later, after
+                      the decode batches, a third (``cached-<L>-2``) with 512 new tokens: a prefill whose
+                      attention reads a long cached context (``k x L`` pairs), as a chat's next turn or a
+                      cell's repeat does, which prompts sent cold (``k²/2`` pairs) do not show;
 ``decode-<B>``        ``B`` concurrent short prompts with long outputs, ``B`` = 1, 2, 4, ... up to
                       ``max_num_seqs`` (capped by the KV cache): closed-loop decode batches, the
                       per-decode-sequence term and where a step stops being flat;
@@ -237,6 +237,7 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     for k in range(2):
         b.add(f"warmup-{k}", [unique(MIN_LENGTH, TTFT_OUTPUT)])
     lengths = probe_lengths(limits, config)
+    extended: list[tuple[str, list[dict[str, Any]]]] = []
     for n, length in enumerate(lengths):
         group = {"prefix_group": f"{tag}-{n}", "prefix_length": length, "input_tokens": length + SUFFIX,
                  "new_input_tokens": SUFFIX, "output_tokens": TTFT_OUTPUT}
@@ -248,11 +249,15 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
         # within the model's length and, like every probe prompt, a quarter of the cache
         extend = min(CACHED_LONG_SUFFIX, limits.max_model_len - length - TTFT_OUTPUT, limits.gpu_tokens // 4 - length)
         if extend > SUFFIX:
-            b.add(f"cached-{length}-{CACHED_REPEATS}",
-                  [{**group, "input_tokens": length + extend, "new_input_tokens": extend}])
+            extended.append((f"cached-{length}-{CACHED_REPEATS}",
+                             [{**group, "input_tokens": length + extend, "new_input_tokens": extend}]))
     batches = decode_batches(limits, config)
     for batch in batches:
         b.add(f"decode-{batch}", [unique(DECODE_PROMPT, DECODE_OUTPUT) for _ in range(batch)])
+    # after other work, as a chat's next turn meets its context: not straight after the same prefix's last use,
+    # when its KV is still in the CPU's caches (on a CPU server that prices the prefill's attention low)
+    for name, reqs in extended:
+        b.add(name, reqs)
     context = min(2048, lengths[-1])
     for batch in CONTEXT_BATCHES:
         if batch <= batches[-1] and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
