@@ -127,8 +127,8 @@ def test_the_session_cell_accumulates_context() -> None:
     for r in reqs:
         assert r.accumulate and r.prefix_group == "system" and r.prefix_length == 512
         rounds.setdefault(r.session_id, []).append(r.input_tokens)
-    # 512-token system prompt + 256 new tokens per round + the previous round's 32 output tokens.
-    assert list(rounds.values()) == [[768, 1056, 1344, 1632]] * 4
+    # 8 sessions: 512-token system prompt + 256 new tokens per round + the previous round's 32 output tokens.
+    assert list(rounds.values()) == [[768, 1056, 1344, 1632]] * 8
 
 
 def test_the_saturation_cell_outruns_the_server() -> None:
