@@ -754,15 +754,12 @@ cdef class ChunkStore:
                    double until) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s
-        cdef BlisSlot* p
         if self._compact:
             return
         for i in range(start, end):
             s = self._resident(keys[i])
             if s >= 0:
-                p = self._t.at(s)
-                if p.busy < until:
-                    p.busy = until
+                self._pin_slot(s, until)
 
     def set_ready(self, const uint64_t[::1] keys, double ready):
         self._set_ready(_ptr(keys), keys.shape[0], ready)
@@ -770,7 +767,6 @@ cdef class ChunkStore:
     cdef void _set_ready(self, const uint64_t* keys, Py_ssize_t n, double ready) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s
-        cdef BlisSlot* p
         if self._compact:
             for i in range(n):
                 s = self._c.find(keys[i])
@@ -780,10 +776,20 @@ cdef class ChunkStore:
         for i in range(n):
             s = self._resident(keys[i])
             if s >= 0:
-                p = self._t.at(s)
-                p.ready = ready
-                if p.busy < ready or p.busy == INF:
-                    p.busy = ready
+                self._ready_slot(s, ready)
+
+    cdef inline void _ready_slot(self, int64_t s, double ready) noexcept:
+        """Slot ``s`` (of the full table) ready at ``ready``, busy until then at least."""
+        cdef BlisSlot* p = self._t.at(s)
+        p.ready = ready
+        if p.busy < ready or p.busy == INF:
+            p.busy = ready
+
+    cdef inline void _pin_slot(self, int64_t s, double until) noexcept:
+        """Slot ``s`` (of the full table) kept from eviction until ``until``."""
+        cdef BlisSlot* p = self._t.at(s)
+        if p.busy < until:
+            p.busy = until
 
     cdef inline bint _evictable(self, int64_t s, double now) noexcept:
         cdef BlisSlot* p = self._t.at(s)
@@ -906,27 +912,20 @@ cdef class ChunkStore:
     cdef void _set_ready_slots(self, const int64_t* slots, Py_ssize_t n, double ready) noexcept:
         """:meth:`_set_ready` on the slots a :meth:`_prepare_store` just made."""
         cdef Py_ssize_t i
-        cdef BlisSlot* p
         if self._compact:
             for i in range(n):
                 self._c.at(slots[i]).ready = ready
             return
         for i in range(n):
-            p = self._t.at(slots[i])
-            p.ready = ready
-            if p.busy < ready or p.busy == INF:
-                p.busy = ready
+            self._ready_slot(slots[i], ready)
 
     cdef void _pin_slots(self, const int64_t* slots, Py_ssize_t n, double until) noexcept:
         """:meth:`_pin` on the slots a :meth:`_prepare_store` made (still resident)."""
         cdef Py_ssize_t i
-        cdef BlisSlot* p
         if self._compact:
             return
         for i in range(n):
-            p = self._t.at(slots[i])
-            if p.busy < until:
-                p.busy = until
+            self._pin_slot(slots[i], until)
 
     def _walk(self, int lst):
         out = []
