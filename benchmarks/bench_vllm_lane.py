@@ -277,8 +277,8 @@ def fmt_row(r: dict[str, Any]) -> str:
             f"{r['load_avg']} |")
 
 
-HEADER = ("| trace | mix | load (x capacity): asked (arrived) | requests | saturated | TTFT median ms | TTFT MAPE | E2E MAPE | "
-          "observed req/s | predicted req/s | verdict | load avg before→after |\n"
+HEADER = ("| trace | mix | load (x capacity): asked (arrived) | requests | saturated | TTFT median ms | TTFT MAPE | "
+          "E2E MAPE | observed req/s | predicted req/s | verdict | load avg before→after |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 

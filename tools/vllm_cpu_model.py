@@ -43,7 +43,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 32},
-    "lane": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,  # layers: lane_layers
+    # lane: 4 layers here, as many as lane_layers says when built
+    "lane": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
              "num_key_value_heads": 4, "head_dim": 64},
 }
 # The lane model's depth (:func:`lane_layers`): a 1024-token prefill of ~0.2 s on one core, as the lane's cells were

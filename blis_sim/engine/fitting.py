@@ -105,7 +105,6 @@ def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
     last = np.array([float(r.last_chunk_time_us) if r.last_chunk_time_us > 0 else np.nan
                      for r in outcome.table.source])
     from blis_sim.engine.simulate import inflight_at_arrival
-
     from blis_sim.probe.plan import replayed_only
 
     load = inflight_at_arrival(send, last).astype(np.float64)
