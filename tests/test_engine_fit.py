@@ -37,7 +37,8 @@ SPEC = STEADY_SPEC.replace("{a}", "0.3").replace("{u}", "0.2") + """  - {{id: s,
 STEADY_SPEC = STEADY_SPEC.replace("{a}", "0.4").replace("{u}", "0.3")
 TRUTH = LatencyCoefficients(
     step=StepCoefficients(base_us=8000.0, per_prefill_token_us=6.0, per_decode_seq_us=30.0,
-                          per_context_token_us=0.2, per_prefill_attention_us=0.002),
+                          per_context_token_us=0.2, per_prefill_attention_us=0.002,
+                          per_prefill_context_us=0.5),
     frontend=FrontendCoefficients(base_us=20000.0, per_inflight_us=500.0, admission_us=1500.0))
 OPTS = EngineOptions(num_gpu_blocks=4000)
 
@@ -58,6 +59,7 @@ def test_fit_recovers_known_coefficients_within_two_percent(fitted) -> None:
     pairs = {"base": (c.step.base_us, 8000.0), "prefill": (c.step.per_prefill_token_us, 6.0),
              "decode": (c.step.per_decode_seq_us, 30.0), "context": (c.step.per_context_token_us, 0.2),
              "attention": (c.step.per_prefill_attention_us, 0.002),
+             "prefill context": (c.step.per_prefill_context_us, 0.5),
              "frontend": (c.frontend.base_us, 20000.0), "inflight": (c.frontend.per_inflight_us, 500.0),
              "admission": (c.frontend.admission_us, 1500.0)}
     for name, (got, want) in pairs.items():

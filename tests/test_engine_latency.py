@@ -48,6 +48,20 @@ def test_yaml_and_json_coefficient_files_round_trip(tmp_path: Path) -> None:
     assert json.loads(j.read_text())["step"]["base_us"] == 12000
 
 
+def test_a_prefill_reads_its_context_at_its_own_price_or_the_decodes_when_unset(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(GOOD)
+    unset = load_coefficients(p).to_step_model()  # a file from before the coefficient existed
+    assert unset.step_time(features(tp=32, cp=4096)) == pytest.approx(12000 + 4.6 * 32 + 0.095 * 4096)
+    assert "per_prefill_context_us" not in unset.describe()["step"]
+    p.write_text(GOOD.replace("  per_context_token_us: 0.095\n",
+                              "  per_context_token_us: 0.095\n  per_prefill_context_us: 0.3\n"))
+    own = load_coefficients(p).to_step_model()
+    assert own.step_time(features(tp=32, cp=4096)) == pytest.approx(12000 + 4.6 * 32 + 0.3 * 4096)
+    assert own.step_time(features(td=1, cd=4096)) == pytest.approx(12000 + 4.5 + 0.095 * 4096)
+    assert own.describe()["step"]["per_prefill_context_us"] == 0.3
+
+
 @pytest.mark.parametrize("text,where", [
     (GOOD.replace("  per_decode_seq_us: 4.5\n", ""), "field 'step.per_decode_seq_us'"),
     (GOOD + "extra: 1\n", ":10: field 'extra'"),

@@ -59,6 +59,8 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
     return [(f"steps computed {s_lo}-{s_hi} tokens; add light load (one request at a time) "
              "next to heavy"), prompts, decode,
             f"decode contexts span {c_lo}-{c_hi} tokens; add longer prompts and outputs", prompts,
+            ("prefills read little cached context; add repeated prefixes with new suffixes, and "
+             "prompts longer than max_num_batched_tokens"),
             f"TTFTs span {w_lo}-{w_hi} steps; add load so requests queue through more steps",
             f"requests in flight at send span {l_lo}-{l_hi}; add sparse and bursty arrivals",
             (f"at most {q_hi + 1} request(s) queued for admission at once; add bursts (many "

@@ -47,14 +47,16 @@ from blis_sim.errors import ConfigError
 _LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
                                   [0, 1, 0, 0, 0, 0],   # per prefill token
                                   [0, 0, 1, 0, 0, 0],   # per decode sequence
-                                  [0, 0, 0, 1, 1, 0],   # per context token (decode + prefill)
-                                  [0, 0, 0, 0, 0, 1]],  # per prefill attention pair
+                                  [0, 0, 0, 1, 0, 0],   # per decode context token
+                                  [0, 0, 0, 0, 0, 1],   # per prefill attention pair
+                                  [0, 0, 0, 0, 1, 0]],  # per prefill context token
                                  dtype=np.float64).T
 N_STEP = _LINEAR_FROM_FEATURES.shape[1]
 #: the frontend's columns after the step's: base, per request in flight, admission
 N_FRONTEND = 3
 N_LINEAR = N_STEP + N_FRONTEND
 ADMISSION = COEFFICIENT_NAMES.index("frontend.admission_us")
+PREFILL_CONTEXT = COEFFICIENT_NAMES.index("step.per_prefill_context_us")
 #: the admission time the fit starts from when the start has none: it only groups the sends into
 #: busy periods for the first solve (a burst's requests, sent within it of each other)
 ADMISSION_START_US = 1000.0
@@ -186,23 +188,28 @@ def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "
                   np.concatenate(requests))
 
 
-def _to_coefficients(values: np.ndarray) -> LatencyCoefficients:
-    """The coefficient file of a fitted vector (8 values: linear; 10: the two-row shape)."""
+def _to_coefficients(values: np.ndarray, shared_context: bool = False) -> LatencyCoefficients:
+    """The coefficient file of a fitted vector (9 values: linear; 11: the two-row shape).
+    ``shared_context``: the prefill-context column was empty (no prefill read a context), so the
+    file leaves ``per_prefill_context_us`` unset (= ``per_context_token_us``) rather than 0."""
     c = [float(v) for v in values]
-    memory = MemoryCoefficients(weights_us=c[8], per_context_token_us=c[9]) if len(c) > N_LINEAR else None
+    memory = (MemoryCoefficients(weights_us=c[N_LINEAR], per_context_token_us=c[N_LINEAR + 1])
+              if len(c) > N_LINEAR else None)
     return LatencyCoefficients(
         model="roofline-fit" if memory else "linear",
         step=StepCoefficients(base_us=c[0], per_prefill_token_us=c[1], per_decode_seq_us=c[2],
-                              per_context_token_us=c[3], per_prefill_attention_us=c[4]),
-        memory=memory, frontend=FrontendCoefficients(base_us=c[5], per_inflight_us=c[6],
-                                                     admission_us=c[7]))
+                              per_context_token_us=c[3], per_prefill_attention_us=c[4],
+                              per_prefill_context_us=None if shared_context else c[5]),
+        memory=memory, frontend=FrontendCoefficients(base_us=c[6], per_inflight_us=c[7],
+                                                     admission_us=c[8]))
 
 
 def _vector(coeffs: LatencyCoefficients) -> np.ndarray:
     s, f, m = coeffs.step, coeffs.frontend, coeffs.memory
     mem = [m.weights_us, m.per_context_token_us] if m is not None else []
+    prefill_context = s.per_context_token_us if s.per_prefill_context_us is None else s.per_prefill_context_us
     return np.array([s.base_us, s.per_prefill_token_us, s.per_decode_seq_us,
-                     s.per_context_token_us, s.per_prefill_attention_us, f.base_us,
+                     s.per_context_token_us, s.per_prefill_attention_us, prefill_context, f.base_us,
                      f.per_inflight_us, f.admission_us, *mem])
 
 
@@ -368,7 +375,8 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
         "best_iteration": best_index, "convergence": history,
         "condition_number": cond if np.isfinite(cond) else None, "coefficients": ests,
         "warnings": warnings})
-    return _to_coefficients(best.coef).model_copy(update={"fit": report})
+    shared = not best.design.used[PREFILL_CONTEXT]
+    return _to_coefficients(best.coef, shared_context=shared).model_copy(update={"fit": report})
 
 
 def _zero_when_unused(obs: Observed) -> frozenset[str]:

@@ -21,8 +21,9 @@ Models:
 
 * **linear** (:class:`LatencyCoefficients`, read from a small YAML/JSON file with
   :func:`load_coefficients`, written by ``blis fit``): ``base + per_prefill_token · Tp +
-  per_decode_seq · Td + per_context_token · (Cd + Cp) + per_prefill_attention · Ap`` (linear in its
-  coefficients; Ap makes prefill superlinear in the prompt, as attention is); ``memory`` is zero.
+  per_decode_seq · Td + per_context_token · Cd + per_prefill_context · Cp + per_prefill_attention · Ap``
+  (linear in its coefficients; Ap makes prefill superlinear in the prompt, as attention is;
+  ``per_prefill_context`` defaults to ``per_context_token``); ``memory`` is zero.
 * **roofline-fit** (the same file with ``model: roofline-fit`` and a ``memory:`` row,
   :class:`MemoryCoefficients`; ``blis fit --step-shape roofline``): ``base + max(the linear terms
   without the base, weights + per_context_token · (Cd + Cp))``, for a server with a
@@ -72,6 +73,10 @@ class StepCoefficients(BaseModel):
     # prefill attention: per (new token, attended token) pair, Σ t·(cached + (t+1)/2) per chunk —
     # what makes prefill superlinear in the prompt length (0 = off)
     per_prefill_attention_us: float = Field(default=0.0, ge=0)
+    # per token of context a prefill chunk reads (its cached prefix and earlier chunks), once per
+    # chunk: a prefill's KV read goes another way than a decode's (on vLLM's CPU backend ~2x
+    # per token). None: per_context_token_us, as in files written before it.
+    per_prefill_context_us: float | None = Field(default=None, ge=0)
 
 
 class MemoryCoefficients(BaseModel):
@@ -262,10 +267,13 @@ def _linear_step_model(step: dict[str, float], frontend_base_us: float,
                        memory: dict[str, float] | None = None, *,
                        frontend_admission_us: float = 0.0) -> StepModel:
     """A linear model's StepModel, or with ``memory`` (a roofline-fit's memory row) the two-row one."""
+    prefill_context = step.get("per_prefill_context_us")
+    if prefill_context is None:
+        prefill_context = step["per_context_token_us"]
     compute = (step["base_us"], step["per_prefill_token_us"], step["per_decode_seq_us"],
-               step["per_context_token_us"], step["per_context_token_us"],
-               step["per_prefill_attention_us"])
-    details: dict[str, Any] = {"step": dict(step)}
+               step["per_context_token_us"], prefill_context, step["per_prefill_attention_us"])
+    # unset coefficients are left out: the provenance of earlier models' outputs stays as it was
+    details: dict[str, Any] = {"step": {k: v for k, v in step.items() if v is not None}}
     row: tuple[float, ...] = (0.0,) * N_FEATURES
     if memory is not None:
         # the base (per-step overhead) is outside the max: it is in both rows

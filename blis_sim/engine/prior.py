@@ -9,8 +9,8 @@ CPU trace) would pull unidentified coefficients to wrong values, so no hardware 
 Prior of each coefficient (docs/engine.md, "The fit's physics prior"), from :func:`roofline_terms`:
 ``base`` = reading every weight once; ``per_prefill_token`` = one token through the linear layers
 (plus its KV write); ``per_decode_seq`` = one decode token through the linear layers and the LM
-head; ``per_context_token`` = reading one token's KV; ``per_prefill_attention`` = one attention
-pair. The frontend has no physics: it gets no prior, only a heuristic plausible range.
+head; ``per_context_token`` and ``per_prefill_context`` = reading one token's KV; ``per_prefill_attention`` =
+one attention pair. The frontend has no physics: it gets no prior, only a heuristic plausible range.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from blis_sim.engine.latency import Hardware, ModelGeometry, get_hardware, roofl
 #: The fitted vector's order (also the names in the fit report).
 COEFFICIENT_NAMES = ("step.base_us", "step.per_prefill_token_us", "step.per_decode_seq_us",
                      "step.per_context_token_us", "step.per_prefill_attention_us",
-                     "frontend.base_us", "frontend.per_inflight_us", "frontend.admission_us")
+                     "step.per_prefill_context_us", "frontend.base_us", "frontend.per_inflight_us",
+                     "frontend.admission_us")
 #: The two-row (``roofline-fit``) model's vector: the linear one's, then the memory row.
 ROOFLINE_FIT_NAMES = COEFFICIENT_NAMES + ("memory.weights_us", "memory.per_context_token_us")
 #: Step shapes ``blis fit`` can fit, and the coefficient names of each.
@@ -33,7 +34,7 @@ PLAUSIBLE_FACTOR = 8.0
 #: Coefficients whose true marginal cost can be ~0: a small decode batch is memory bound on the
 #: weights, so one more decode sequence, or one more context token, may cost almost nothing.
 MAY_BE_ZERO = frozenset({"step.per_decode_seq_us", "step.per_context_token_us",
-                         "memory.per_context_token_us"})
+                         "step.per_prefill_context_us", "memory.per_context_token_us"})
 #: Heuristic ranges of the frontend terms, µs (API server, tokenisation, streaming): no physics.
 FRONTEND_RANGE = {"frontend.base_us": (0.0, 100_000.0), "frontend.per_inflight_us": (0.0, 2_000.0),
                   "frontend.admission_us": (0.0, 20_000.0)}
@@ -63,10 +64,11 @@ def physics_prior(geom: ModelGeometry, hw: Hardware, tp: int = 1, source: str = 
     values: list[float | None]
     if shape == "linear":
         values = [t.weights_us, t.prefill_token_us + t.kv_token_us, t.decode_seq_us,
-                  t.kv_token_us, t.attention_pair_us, None, None, None]
+                  t.kv_token_us, t.attention_pair_us, t.kv_token_us, None, None, None]
     else:
         values = [None, t.prefill_token_us, t.decode_seq_us, t.attention_pair_us,
-                  t.attention_pair_us, None, None, None, t.weights_us, t.kv_token_us]
+                  t.attention_pair_us, t.attention_pair_us, None, None, None, t.weights_us,
+                  t.kv_token_us]
     names = SHAPE_NAMES[shape]
     low, high = [], []
     for name, v in zip(names, values):
