@@ -19,8 +19,9 @@ stops it at the end (a server that was already up is used and left running). Ste
    two prompt mixes (``short``: 128-1024 tokens, ``long``: 1024-4096, up to 4x the probe's median prompt),
    each at four open-loop Poisson loads (0.25, 0.5, 0.8 and 2 x the predicted capacity; the last keeps a
    growing queue, over ~30 s: 360 short or 48 long requests; below capacity ~30 s of arrivals, at least 64
-   short or 24 long requests, so that the realized load is near the one asked for; the table shows both), and a
-   multi-turn chat (sessions sharing a system prompt, context accumulated).
+   short or 24 long requests), each Poisson path scaled to arrive at the rate asked for (``at_rate``; the table
+   shows the load asked and the load the sends realized), and a multi-turn chat (8 sessions of 4 turns sharing
+   a system prompt, context accumulated).
    Per trace: TTFT MAPE and E2E MAPE (``blis calibrate``), and observed vs predicted throughput
    (completions over first send to last completion, the same requests on both sides). A trace is
    *saturated* when its arrivals outran its completions (arrival rate >= 1.1 x completion rate).
@@ -46,7 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -64,7 +65,7 @@ from blis_sim.engine import (
 from blis_sim.formats.trace import Trace, load_trace
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
-from blis_sim.workload import generate_workload
+from blis_sim.workload import WorkloadPlan, generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADS = (0.25, 0.5, 0.8, 2.0)  # x the predicted capacity; 2.0: past it, the queue grows
@@ -85,15 +86,13 @@ MIXES: dict[str, dict[str, Any]] = {
                                                                     "max": 48}}},
 }
 REQUESTS = {"short": 64, "long": 24}  # per trace at least (halved by --quick)
-# below capacity: as many as arrive in ~30 s, so the realized load is the one asked for. 64 Poisson arrivals
-# realize their rate only within ~12 % (sd), and near capacity that decides the queue: a 0.8 trace of 64 once
-# came at 0.94 x capacity, its TTFT all queueing.
+# below capacity: as many as arrive in ~30 s, at the rate asked for exactly (at_rate)
 WINDOW_S = 30.0
 # past capacity: ~30 s of the server's throughput, not ~5. A short window measures the machine's speed of the
 # moment (the same 96-request window ran at 13.8-17.5 req/s minutes apart), a long one its average.
 SATURATED_REQUESTS = {"short": 360, "long": 48}
 # each turn 384 new tokens (TTFT ~80-120 ms, see the short mix), after a shared 512-token system prompt
-SESSION = {"sessions": 6, "rounds": 4, "system": 512, "turn": 384, "output": 32, "think_us": 300_000}
+SESSION = {"sessions": 8, "rounds": 4, "system": 512, "turn": 384, "output": 32, "think_us": 300_000}
 
 
 def load_tool(name: str) -> ModuleType:
@@ -203,6 +202,25 @@ def mix_spec(mix: str, rate: float, requests: int, seed: int) -> WorkloadSpec:
                                         "num_requests": requests, "clients": [client]})
 
 
+def at_rate(plan: WorkloadPlan, rate: float) -> WorkloadPlan:
+    """``plan``'s Poisson arrivals stretched so that they come at ``rate`` exactly: a Poisson path scaled to put
+    its n-th arrival (n - 1)/rate after its first is a path drawn given that (the arrivals between stay uniform
+    order statistics), so the bunching stays Poisson's and the load is the one asked for. Unscaled, 40 arrivals
+    realize their rate only within ~16 % (sd), and near capacity that decides the queue: 0.8 traces came at
+    0.89 and 0.94 x capacity, their TTFT mostly queueing."""
+    phases = []
+    for phase in plan.phases:
+        t = [r.arrival_us for r in phase.requests]
+        span = max(t) - min(t) if t else 0
+        if span <= 0:
+            phases.append(phase)
+            continue
+        k = (len(t) - 1) / rate * 1e6 / span
+        requests = tuple(replace(r, arrival_us=min(t) + round((r.arrival_us - min(t)) * k)) for r in phase.requests)
+        phases.append(replace(phase, requests=requests))
+    return replace(plan, phases=tuple(phases))
+
+
 def session_spec(seed: int, rate: float) -> WorkloadSpec:
     s = SESSION
     client = {"id": "chat", "rate_fraction": 1, "streaming": True, "prefix_group": f"system-{seed}",
@@ -293,7 +311,7 @@ def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
             n //= 2 if quick else 1
             name = f"{mix}-{load}"
             before = loadavg()
-            plan = generate_workload(mix_spec(mix, rate, n, seed=seed + 10 * k + len(mix)))
+            plan = at_rate(generate_workload(mix_spec(mix, rate, n, seed=seed + 10 * k + len(mix))), rate)
             trace = lane.observe(name, plan, concurrency=1024)
             report(lane, name, trace, {"mix": mix, "load": load, "capacity_rps": round(capacity[mix], 3)},
                    f"{before} → {loadavg()}")
