@@ -52,12 +52,15 @@ def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
 
 @pytest.fixture(scope="session")
 def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[..., Any]:
-    """``blis_latency_model(target, server_spec=None, concurrency=1) -> LatencyCoefficients``: the
-    engine's linear latency model fitted on a probe of that server (once per server, concurrency and
-    worker; ``concurrency`` is the most requests in flight the cells judged with it will have)."""
+    """``blis_latency_model(target, server_spec=None, concurrency=1, sequential=False) -> LatencyCoefficients``:
+    the engine's linear latency model fitted on a probe of that server (once per server, concurrency and
+    worker; ``concurrency`` is the most requests in flight the cells judged with it will have).
+    ``sequential``: the fit on the probe's one-at-a-time phases, for a cell that sends one request at a
+    time (pytest_blis._probe.ProbeFit)."""
     cache = pytestconfig.stash.setdefault(_LATENCY, {})
 
-    def get(target: ServerTarget, server_spec: ServerSpec | None = None, concurrency: int = 1) -> Any:
+    def get(target: ServerTarget, server_spec: ServerSpec | None = None, concurrency: int = 1,
+            sequential: bool = False) -> Any:
         from pytest_blis._probe import run_probe
         from pytest_blis._scenario import ServerSpec
 
@@ -67,7 +70,7 @@ def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -
             cache[key] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
                                    max_num_batched_tokens=spec.max_num_batched_tokens, concurrency=concurrency,
                                    step_shape=spec.step_shape)
-        return cache[key]
+        return cache[key].sequential if sequential else cache[key].all
     return get
 
 
@@ -117,7 +120,8 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
         target = blis_server(point.spec.server, Path(point.file).parent)
         # One probe per server covers every cell of the run: fitted up to the run's highest concurrency.
         concurrency = request.config.stash.get(_session.MAX_CONCURRENCY, point.spec.concurrency)
-        latency = blis_latency_model(target, point.spec.server, max(concurrency, point.spec.concurrency))
+        latency = blis_latency_model(target, point.spec.server, max(concurrency, point.spec.concurrency),
+                                     sequential=point.spec.concurrency <= 1)
         ctx = CellContext(point=point, target=target, options=blis_options, latency=latency,
                           paths=CellPaths(blis_artifacts))
         return run_cell(ctx, request, replay_options(ctx))

@@ -11,9 +11,16 @@ The phases are blis_sim.probe's (docs/probe.md), sized to what the cells need:
 * mixed prefill+decode phases and a ramp ``2, 4, ... concurrency`` only when cells send concurrently:
   sequential cells (concurrency 1) get neither, so the load terms are not fitted, which is right for
   them (nothing else is in flight when they arrive).
+
+Two fits of the one probe (:class:`ProbeFit`): on every phase, for cells that send concurrently, and on the
+phases that send one request at a time (``latency-sequential.json``; :func:`blis_sim.probe.plan.one_at_a_time`),
+for cells that do too: the whole probe's fit is a compromise between the two regimes that priced 4096-token
+prompts sent alone 8-19 % short on the lane's CPU vLLM (docs/vllm-cpu-calibration.md). A probe for sequential
+cells only has no other phases, and one fit serves both.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +31,15 @@ from pytest_blis._session import worker_id
 from pytest_blis._steps import CellPaths, observe_step
 
 MAX_PROMPT = 4096  # the scenarios' longest prefix
+
+
+@dataclass(frozen=True)
+class ProbeFit:
+    """A probe's latency models (engine ``LatencyCoefficients``): ``all`` fitted on every phase, ``sequential``
+    on the phases that send one request at a time (the same object when there are no others)."""
+
+    all: Any
+    sequential: Any
 
 
 def probe_config(target: ServerTarget, concurrency: int = 1) -> ProbeConfig:
@@ -52,12 +68,12 @@ def plan_probe(target: ServerTarget, *, max_num_seqs: int, max_num_batched_token
 
 
 def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, max_num_batched_tokens: int,
-              concurrency: int = 1, step_shape: str = "linear") -> Any:
-    """Observe the probe and fit the latency model; returns the engine's ``LatencyCoefficients``.
-    ``concurrency``: the highest concurrency the cells judged with this fit will use; ``step_shape``
-    the fitted model's shape (the scenario's ``server.step_shape``)."""
+              concurrency: int = 1, step_shape: str = "linear") -> ProbeFit:
+    """Observe the probe and fit the latency models (:class:`ProbeFit`). ``concurrency``: the highest
+    concurrency the cells judged with them will use; ``step_shape`` the fitted model's shape (the scenario's
+    ``server.step_shape``)."""
     from blis_sim.observe.run import ObserveOptions
-    from blis_sim.probe.plan import max_in_flight
+    from blis_sim.probe.plan import max_in_flight, one_at_a_time
     from pytest_blis._replay import fit_latency_model
 
     paths = CellPaths(artifacts_dir / f"probe-{target.key}-{worker_id()}")
@@ -67,5 +83,12 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
     with target.exclusive():
         result = observe_step(target.url, plan, options, paths)
-    return fit_latency_model(result.trace, target, paths.root / "latency.json", step_shape=step_shape,
-                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+    every = fit_latency_model(result.trace, target, paths.root / "latency.json", step_shape=step_shape, **limits)
+    fitted = set(fitted_phases(plan))
+    alone = one_at_a_time(fitted)
+    if not alone or alone == fitted:
+        return ProbeFit(every, every)
+    sequential = fit_latency_model(result.trace, target, paths.root / "latency-sequential.json",
+                                   step_shape=step_shape, phases=alone, **limits)
+    return ProbeFit(every, sequential)

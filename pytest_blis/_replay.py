@@ -2,6 +2,7 @@
 scheduler limits, and the latency model fitted on the server's probe."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +43,13 @@ def replay_options(ctx: CellContext) -> EngineOptions:
 
 
 def fit_latency_model(trace: Any, target: ServerTarget, out: Path, *, step_shape: str = "linear",
-                      **limits: int) -> Any:
+                      phases: Collection[str] | None = None, **limits: int) -> Any:
     """Fit the engine's latency model (``step_shape``: linear, or the two-row roofline-fit) on a
-    probe trace; the coefficients are written to ``out``."""
+    probe trace (only its ``phases`` if given, the rest replayed); the coefficients are written to ``out``."""
     from blis_sim.engine import fit
 
-    coeffs = fit(trace, engine_options(target, **limits), name="probe", shape=step_shape)
+    name = "probe" if phases is None else "probe's one-at-a-time phases"
+    coeffs = fit(trace, engine_options(target, **limits), name=name, shape=step_shape, phases=phases)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(coeffs.model_dump_json(indent=2) + "\n")
     return coeffs

@@ -125,3 +125,13 @@ def test_a_probe_with_a_sustain_phase_replays_its_ramp_but_does_not_fit_it() -> 
     without = fit(_as_probe(trace, "ramp-64", "cold-64-0", 200_000), OPTS)
     assert without.fit is not None and without.fit.requests == 300
     assert abs(without.frontend.base_us - 20000.0) > 0.1 * 20000.0
+
+
+def test_a_fit_on_some_phases_replays_the_others_but_does_not_fit_them() -> None:
+    trace = generated(7)
+    late = _as_probe(trace, "late", "on-time", 200_000)  # the first 100 rows 200 ms late
+    only = fit(late, OPTS, phases={"on-time"})
+    assert only.fit is not None and only.fit.requests == 200
+    assert abs(only.step.base_us - 8000.0) <= 0.02 * 8000.0
+    every = fit(late, OPTS)
+    assert abs(every.step.base_us - 8000.0) > 0.02 * 8000.0 or abs(every.frontend.base_us - 20000.0) > 400.0

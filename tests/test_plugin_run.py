@@ -159,6 +159,27 @@ def test_user_test_uses_the_fixtures(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
+def test_sequential_cells_get_the_fit_on_the_probes_one_at_a_time_phases(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fits='''
+        from pytest_blis import ServerSpec
+
+        def test_two_fits_of_one_probe(blis_server, blis_latency_model, blis_options):
+            spec = ServerSpec(block_size=16, num_gpu_blocks=256, profile="zero")
+            target = blis_server(spec)
+            every = blis_latency_model(target, spec, concurrency=4)
+            alone = blis_latency_model(target, spec, concurrency=4, sequential=True)
+            assert every.fit.trace == "probe" and alone.fit.trace == "probe's one-at-a-time phases"
+            assert 0 < alone.fit.requests < every.fit.requests
+            (probe,) = blis_options.artifacts_dir.glob("probe-*")
+            assert {p.name for p in probe.glob("latency*.json")} == {"latency.json", "latency-sequential.json"}
+            # a probe for sequential cells has no other phases: one fit serves both
+            only = blis_latency_model(target, spec, concurrency=1)
+            assert blis_latency_model(target, spec, concurrency=1, sequential=True) is only
+    ''')
+    result = _run(pytester, "-q")
+    result.assert_outcomes(passed=1)
+
+
 def test_allure_results_with_plots_titles_and_parameters(pytester: pytest.Pytester) -> None:
     pytester.makefile(".blis.yaml", cells=CELLS)
     result = _run(pytester, "-k", "prefix-256 or not-elicited", "--alluredir", "allure")

@@ -12,7 +12,7 @@ from blis_sim.emulator import EmulatorConfig, FaultConfig, start_emulator
 from blis_sim.errors import ConfigError, ServerError
 from blis_sim.formats.trace import load_trace
 from blis_sim.probe import ProbeConfig, ProbeOptions, ServerLimits, probe_plan, read_limits, run_probe
-from blis_sim.probe.plan import max_in_flight, replayed_only
+from blis_sim.probe.plan import max_in_flight, one_at_a_time, replayed_only
 
 H100 = ServerLimits(max_model_len=40960, block_size=16, num_gpu_blocks=17600, max_num_seqs=1024)
 # a small server: 8 sequences, 1024-token context, 256 blocks of 16 (4096 tokens)
@@ -92,6 +92,15 @@ def test_with_a_sustain_phase_the_ramp_is_replayed_but_not_fitted() -> None:
     within = names(LANE, ProbeConfig(max_prompt=4096, decode_max=32, ramp_max=32))  # no sustain: all fitted
     assert replayed_only(within) == frozenset()
     assert replayed_only(["ramp-2", "sustain-96", "steady"]) == frozenset()  # not a probe trace
+
+
+def test_the_phases_that_send_one_request_at_a_time() -> None:
+    lane = names(LANE, ProbeConfig(max_prompt=4096, decode_max=64, ramp_max=64))
+    alone = one_at_a_time(lane)
+    assert {"cold-4096-0", "seed-4096", "cached-4096-1", "cached-4096-2", "decode-1", "decode-1-ctx2048"} <= alone
+    assert all(n.startswith(("cold-", "seed-", "cached-", "decode-1")) for n in alone)
+    assert not alone & {"decode-16", "decode-16-ctx2048", "mixed-4-512", "ramp-2", "sustain-96", "warmup-0"}
+    assert one_at_a_time(["cold-64-0", "steady"]) == frozenset()  # not a probe trace
 
 
 def test_limits_come_from_the_server() -> None:

@@ -30,6 +30,7 @@ rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -97,9 +98,11 @@ class Observed:
     send_us: np.ndarray   # each send (the admission queue's arrivals)
 
 
-def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
+def observed(outcome: SimOutcome, mode: str = "generated",
+             phases: Collection[str] | None = None) -> Observed:
     """The trace's own latencies per table row. In an observe trace (``mode: real``) only
-    streamed requests have a TTFT and ITLs (a non-streamed response arrives in one piece)."""
+    streamed requests have a TTFT and ITLs (a non-streamed response arrives in one piece).
+    ``phases``: only rows of these phases (the others are replayed, not fitted)."""
     n = len(outcome.table)
     ttft = np.full(n, np.nan)
     itl = np.full(n, np.nan)
@@ -113,6 +116,8 @@ def observed(outcome: SimOutcome, mode: str = "generated") -> Observed:
     skipped = replayed_only(r.phase for r in outcome.table.source)
     for i, r in enumerate(outcome.table.source):
         if r.status != "ok" or not outcome.table.in_window[i] or r.send_time_us <= 0 or r.phase in skipped:
+            continue
+        if phases is not None and r.phase not in phases:
             continue
         if mode == "real" and not r.streaming:
             continue
@@ -279,11 +284,11 @@ def _keep_best_and_last(tried: list[_Iterate]) -> None:
 
 
 def _replayed(trace: Any, options: EngineOptions, coef: np.ndarray, kind: str, name: str,
-              shape: str) -> _Iterate:
+              shape: str, phases: Collection[str] | None = None) -> _Iterate:
     model = _to_coefficients(coef).to_step_model()
     out = replay_outcome(trace, replace(options, latency=model, latency_source="fit"),
                          log_steps=True).outcome
-    obs = observed(out, trace.header.mode)
+    obs = observed(out, trace.header.mode, phases)
     return _Iterate(kind, coef, _report(out, obs, name, 0), out, obs, _design(out, obs, coef, shape))
 
 
@@ -291,7 +296,7 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
         burn_in: int = 3, tolerance: float = 1e-6, name: str = "",
         prior: PhysicsPrior | None = None, prior_label: str = "", prior_strength: float = 0.01,
         bootstrap_resamples: int = 100, seed: int = 0, start: str = "",
-        shape: str = "linear") -> LatencyCoefficients:
+        shape: str = "linear", phases: Collection[str] | None = None) -> LatencyCoefficients:
     """Fit the linear model to ``trace`` (see the module docstring); ``options`` sets the KV and
     scheduler knobs of the replay, and the starting coefficients if linear (``start`` names
     where they came from, for the report).
@@ -309,6 +314,10 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     step ``base + max(compute, memory)``; each iteration's solve puts every step of the schedule
     on the side its current estimate binds (:func:`_step_columns`), so the same fixed point fits
     both rows (``prior`` must then be ``physics_prior(..., shape="roofline")``).
+
+    ``phases``: fit only the rows of these phases; the rest of the trace is replayed (it shapes the
+    schedule and the cache) but not fitted, e.g. a probe's one-at-a-time phases for cells that send
+    one request at a time (:func:`blis_sim.probe.plan.one_at_a_time`).
     """
     from blis_sim.engine import fit_checks
     from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
@@ -325,21 +334,21 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     options = options or EngineOptions()
     start_coeffs, start_label = _start(options)
     tried = [_replayed(trace, options, _start_vector(start_coeffs, shape, prior), "start", name,
-                       shape)]
+                       shape, phases)]
     fitted: list[np.ndarray] = []
     for _ in range(max_iterations):
         c = solve(tried[-1].design, prior, prior_strength).coef
         converged = bool(fitted) and bool(np.all(
             np.abs(c - fitted[-1]) <= tolerance * np.maximum(np.abs(fitted[-1]), 1.0)))
         fitted.append(c)
-        tried.append(_replayed(trace, options, c, "iterate", name, shape))
+        tried.append(_replayed(trace, options, c, "iterate", name, shape, phases))
         _keep_best_and_last(tried)
         if converged:
             break
     settled = fitted[min(burn_in, len(fitted) - 1):]
     if len(settled) > 1:
         tried.append(_replayed(trace, options, np.median(np.array(settled), axis=0), "median", name,
-                               shape))
+                               shape, phases))
     best_index = min((i for i, t in enumerate(tried) if t.kind != "start"),
                      key=lambda i: tried[i].objective)
     best = tried[best_index]

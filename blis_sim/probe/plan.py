@@ -296,6 +296,23 @@ def replayed_only(phases: Iterable[str]) -> frozenset[str]:
     return frozenset(n for n in names if n.startswith("ramp-"))
 
 
+#: The phases that send one request at a time, each alone on the server.
+_ONE_AT_A_TIME = re.compile(r"cold-\d+-\d+|seed-\d+|cached-\d+-\d+|decode-1(-ctx\d+)?")
+
+
+def one_at_a_time(phases: Iterable[str]) -> frozenset[str]:
+    """The phases of a probe trace that send one request at a time (cold, seed and cached prompts, the
+    single decodes): what a cell that sends one request at a time meets. A fit on the whole probe prices
+    them and the batched phases on one set of coefficients, a compromise between two regimes whose time
+    outside the engine's steps differs; on the lane's CPU vLLM it put 4096-token prompts sent alone 8-19 %
+    short in two CI runs of five, where the fit on these phases alone kept every sequential cell within
+    11 % over ten runs (docs/vllm-cpu-calibration.md). Empty for a trace that is not a probe's."""
+    names = set(phases)
+    if not is_probe_trace(names):
+        return frozenset()
+    return frozenset(n for n in names if _ONE_AT_A_TIME.fullmatch(n))
+
+
 #: The names :func:`probe_plan` gives its phases.
 _PHASE_NAME = re.compile(r"warmup-\d+|cold-\d+-\d+|seed-\d+|cached-\d+-\d+|decode-\d+(-ctx\d+)?"
                          r"|mixed-\d+-\d+|ramp-\d+|sustain-\d+")
