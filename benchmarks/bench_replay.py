@@ -138,8 +138,9 @@ def cli_once(prefix: str, out_dir: str, tree: str | None = None) -> tuple[float,
 def _print_cli(n: int, tree: str | None, runs: list[tuple[float, float, float]], no_compile: bool) -> None:
     walls, cpus = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
     label = f"baseline {tree}" if tree else "`blis replay`"
-    print(f"{n:>7} requests: {label} {walls[0]:.2f} s wall (median {walls[len(runs) // 2]:.2f} of "
-          f"{len(runs)}), CPU {cpus[0]:.2f} s (median {cpus[len(runs) // 2]:.2f}), peak RSS "
+    # milliseconds shown: passes now differ by a few percent of a ~0.3 s command
+    print(f"{n:>7} requests: {label} {walls[0]:.3f} s wall (median {walls[len(runs) // 2]:.3f} of "
+          f"{len(runs)}), CPU {cpus[0]:.3f} s (median {cpus[len(runs) // 2]:.3f}), peak RSS "
           f"{max(r[2] for r in runs):.0f} MB; machine load average {os.getloadavg()[0]:.1f}"
           f"{' [no bytecode]' if no_compile else ''}", flush=True)
 

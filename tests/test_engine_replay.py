@@ -269,6 +269,50 @@ def test_the_compiled_port_records_what_the_python_port_records(case: int, monke
     assert a.loop.preemption_count == b.loop.preemption_count
 
 
+@pytest.mark.parametrize("case", range(2))
+def test_the_compiled_ports_c_calls_answer_as_its_methods(case: int, monkeypatch) -> None:
+    """The compiled loop calls ``RequestPort``'s C functions (``c_calls``); through its Python
+    methods (a port without ``c_calls``) the same run must give the same outcome."""
+    from blis_sim.engine import simulate
+    from blis_sim.kv import COMPILED
+
+    if not COMPILED:
+        pytest.skip("the Cython KV core is not built")
+    _, (base, options) = _port_cases()[case]
+
+    class MethodsOnly:
+        """The port, its ``c_calls`` hidden."""
+
+        def __init__(self, port: object) -> None:
+            self._port = port
+            self.lookup, self.admit, self.grow = port.lookup, port.admit, port.grow
+            self.computed, self.preempt, self.finish = port.computed, port.preempt, port.finish
+
+        def __getattr__(self, name: str) -> object:
+            if name == "c_calls":
+                raise AttributeError(name)
+            return getattr(self._port, name)
+
+        def __len__(self) -> int:
+            return len(self._port)
+
+    def go() -> object:
+        if isinstance(base, Trace):
+            return replay_outcome(base, replace(options, kv_backend="cython")).outcome
+        return run_outcome(base, replace(options, kv_backend="cython")).outcome
+
+    a = go()
+    real = simulate.kv_port
+    monkeypatch.setattr(simulate, "kv_port", lambda *args, **kw: MethodsOnly(real(*args, **kw)))
+    b = go()
+    assert a.cached.tolist() == b.cached.tolist() and a.cached.any()
+    assert a.admitted.tolist() == b.admitted.tolist()
+    assert a.hit_rates == b.hit_rates and a.kv_counters == b.kv_counters
+    for name in ("finish_us", "first_token_us", "first_sched_us", "itl_values"):
+        assert np.array_equal(getattr(a.loop, name), getattr(b.loop, name), equal_nan=True)
+    assert a.loop.preemption_count == b.loop.preemption_count and a.loop.steps == b.loop.steps
+
+
 SESSIONS = """
 version: "2"
 seed: 5

@@ -3,8 +3,9 @@
 """The step loop, compiled. Same algorithm and floating-point order as ``_loop_py.py`` (read that
 file's docstring for the contract); tests check that both give byte-identical results.
 
-Per-request state lives in typed numpy arrays, the queues in C++ containers; the only Python calls
-per step are the KV port's (lookup/admit at admission, grow per scheduled request, free).
+Per-request state lives in typed numpy arrays, the queues in C++ containers; the only calls out
+per step are the KV port's (lookup/admit at admission, grow per scheduled request, free): C
+functions on the compiled port (its ``c_calls``), Python calls on any other.
 """
 import numpy as np
 cimport numpy as cnp
@@ -13,7 +14,11 @@ from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
 from libcpp.utility cimport pair
 from libc.math cimport isnan, ceil
+from libc.stdint cimport int64_t
 from libc.string cimport memcpy
+from cpython.pycapsule cimport PyCapsule_GetPointer
+
+from blis_sim.kv._port_calls cimport Admitted, PortCalls
 
 cnp.import_array()
 
@@ -48,6 +53,68 @@ cdef inline object _tuple(object x):
     if not isinstance(x, tuple):
         raise TypeError(f"a KV port answered {type(x).__name__}, not a tuple")
     return x
+
+
+# -- the port's calls: its C functions when it offers them (the compiled port's ``c_calls``), else
+# its Python methods; the same answers either way
+cdef int _lookup(PortCalls* c, object port, object lookup, long i, double t, long* gpu,
+                 long* external) except -1:
+    cdef int64_t g, e
+    if c != NULL:
+        c.lookup(port, i, t, &g, &e)
+        gpu[0], external[0] = g, e
+        return 0
+    # the ports answer tuples (namedtuples): read as tuples, not generic sequences
+    lk = _tuple(lookup(i, t))
+    gpu[0], external[0] = (<tuple>lk)[0], (<tuple>lk)[1]
+    return 0
+
+
+cdef int _admit(PortCalls* c, object port, object admit, long i, long k, double t, long* computed,
+                double* done) except -1:
+    """1 admitted (``computed``, and ``done`` unless NULL: the load's ready time), 0 no room."""
+    cdef Admitted a
+    if c != NULL:
+        if not c.admit(port, i, k, t, &a):
+            return 0
+        computed[0] = a.computed
+        if done != NULL:
+            done[0] = a.ready
+        return 1
+    res = admit(i, k, t)
+    if res is None:
+        return 0
+    computed[0] = (<tuple>_tuple(res))[0]
+    if done != NULL:
+        done[0] = (<tuple>res)[len(<tuple>res) - 1]
+    return 1
+
+
+cdef inline int _grow(PortCalls* c, object port, object grow, long i, long n) except -1:
+    if c != NULL:
+        return c.grow(port, i, n)
+    return 1 if grow(i, n) else 0
+
+
+cdef inline int _computed(PortCalls* c, object port, object computed, long i, double t) except -1:
+    if c != NULL:
+        return c.computed(port, i, t)
+    computed(i, t)
+    return 0
+
+
+cdef inline int _preempt(PortCalls* c, object port, object preempt, long i) except -1:
+    if c != NULL:
+        return c.preempt(port, i)
+    preempt(i)
+    return 0
+
+
+cdef inline int _finish(PortCalls* c, object port, object finish, long i) except -1:
+    if c != NULL:
+        return c.finish(port, i)
+    finish(i)
+    return 0
 
 
 cdef struct ItlGap:
@@ -149,6 +216,10 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     # the port's calls bound once: otherwise each call looks the name up and makes a bound method
     port_lookup, port_admit, port_grow = port.lookup, port.admit, port.grow
     port_computed, port_preempt, port_finish = port.computed, port.preempt, port.finish
+    cdef PortCalls* calls = NULL
+    capsule = getattr(port, "c_calls", None)
+    if capsule is not None:
+        calls = <PortCalls*>PyCapsule_GetPointer(capsule, b"blis_sim.kv._port_calls.PortCalls")
     cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
     cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
 
@@ -223,12 +294,12 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             ok = True
             end = computed[i] + k
             if (end + block_size - 1) // block_size > (kv_end[i] + block_size - 1) // block_size:
-                while not port_grow(i, end - kv_end[i]):
+                while not _grow(calls, port, port_grow, i, end - kv_end[i]):
                     victim = running.back()
                     running.pop_back()
                     if kv_end[victim] < computed[victim]:
-                        port_grow(victim, computed[victim] - kv_end[victim])
-                    port_preempt(victim)
+                        _grow(calls, port, port_grow, victim, computed[victim] - kv_end[victim])
+                    _preempt(calls, port, port_preempt, victim)
                     status[victim] = WAITING
                     computed[victim] = 0
                     kv_end[victim] = 0
@@ -258,19 +329,13 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     continue
                 total = plen[i] + num_out[i]
                 if not in_kv[i]:
-                    # the ports answer tuples (namedtuples): read as tuples, not generic sequences
-                    lk = _tuple(port_lookup(i, t))
-                    local = (<tuple>lk)[0]
-                    external = (<tuple>lk)[1]
+                    _lookup(calls, port, port_lookup, i, t, &local, &external)
                     if external > 0:
-                        res = port_admit(i, 0, t)
-                        if res is None:
+                        if not _admit(calls, port, port_admit, i, 0, t, &computed[i], &done):
                             break
                         waiting.pop_front()
                         in_kv[i] = 1
-                        computed[i] = (<tuple>_tuple(res))[0]
                         kv_end[i] = computed[i]
-                        done = (<tuple>res)[len(<tuple>res) - 1]
                         if done > t:
                             status[i] = LOADING
                             load_done[i] = done
@@ -284,11 +349,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         k = long_prefill_token_threshold
                     if k > budget:
                         k = budget
-                    res = port_admit(i, k, t)
-                    if res is None:
+                    if not _admit(calls, port, port_admit, i, k, t, &computed[i], NULL):
                         break
                     in_kv[i] = 1
-                    computed[i] = (<tuple>_tuple(res))[0]
                     kv_end[i] = computed[i] + k
                 else:
                     k = total - computed[i]
@@ -296,7 +359,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         k = long_prefill_token_threshold
                     if k > budget:
                         k = budget
-                    if not port_grow(i, computed[i] + k - kv_end[i]):
+                    if not _grow(calls, port, port_grow, i, computed[i] + k - kv_end[i]):
                         break
                     kv_end[i] = computed[i] + k
                 waiting.pop_front()
@@ -317,7 +380,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     victim = waiting[x]
                     break
             if victim >= 0 and victim != waiting.front():
-                port_preempt(victim)
+                _preempt(calls, port, port_preempt, victim)
                 in_kv[victim] = 0
                 computed[victim] = 0
                 kv_end[victim] = 0
@@ -390,9 +453,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     lim = plen[i]
                 if lim // store_chunk_tokens > old // store_chunk_tokens:
                     if kv_end[i] < computed[i]:
-                        port_grow(i, computed[i] - kv_end[i])
+                        _grow(calls, port, port_grow, i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]
-                    port_computed(i, t_end)
+                    _computed(calls, port, port_computed, i, t_end)
             if computed[i] == plen[i] + num_out[i]:
                 num_out[i] += 1
                 if num_out[i] == 1:
@@ -407,11 +470,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 last_tok[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:
-                        port_grow(i, computed[i] - kv_end[i])
+                        _grow(calls, port, port_grow, i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]
                     status[i] = FINISHED
                     finish[i] = t_end
-                    port_finish(i)
+                    _finish(calls, port, port_finish, i)
                     finished_any = True
                     j = nxt_round[i]
                     if j >= 0:

@@ -4,6 +4,9 @@
 # two give identical states, counters and float times (tests/test_kv_parity.py); the docstrings and
 # the reasoning live in the pure modules.
 cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_New
+
+from blis_sim.kv._port_calls cimport Admitted, PortCalls
 
 from blis_sim.errors import SimulationError
 from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
@@ -83,6 +86,15 @@ cdef class _Req:
     cdef vector[Span] plan
     cdef vector[unsigned char] flags  # tiers × flags_cols: (tier, chunk) counted bits
     cdef Py_ssize_t flags_cols
+
+
+cdef inline object _as_lookup(_Req r):
+    """``r``'s last lookup as a :class:`Lookup` (built without a Python frame)."""
+    return tuple.__new__(Lookup, (r.lk[0], r.lk[1], r.lk[2], r.lk[3]))
+
+
+cdef inline object _as_admission(Admitted* a):
+    return tuple.__new__(Admission, (a.computed, a.gpu, a.external, a.host, a.disk, a.ready))
 
 
 # one tier's counters: the ints of new_tier_counters() by index (_TC_INT_NAMES), then its two
@@ -259,12 +271,9 @@ cdef class CacheCore:
 
     # ------------------------------------------------------------------------------- lookup
     def lookup(self, int64_t rid, double now):
-        return self._lookup_result(rid, now)
-
-    cdef object _lookup_result(self, int64_t rid, double now):
         cdef _Req r = self._req(rid)
         self._lookup(r, now)
-        return tuple.__new__(Lookup, (r.lk[0], r.lk[1], r.lk[2], r.lk[3]))  # no Python frame
+        return _as_lookup(r)
 
     cdef int _lookup(self, _Req r, double now) except -1:
         cdef int64_t bs = self.block_size, ct = self.chunk_tokens
@@ -312,9 +321,11 @@ cdef class CacheCore:
 
     # ------------------------------------------------------------------------------- admission
     def admit(self, int64_t rid, int64_t num_new_tokens, double now):
-        return self._admit(rid, num_new_tokens, now)
+        cdef Admitted a
+        return _as_admission(&a) if self._admit(rid, num_new_tokens, now, &a) else None
 
-    cdef object _admit(self, int64_t rid, int64_t num_new_tokens, double now):
+    cdef bint _admit(self, int64_t rid, int64_t num_new_tokens, double now, Admitted* out) except -1:
+        """The admission into ``out``; False (nothing changed) when the GPU has no room."""
         cdef _Req r = self._req(rid)
         cdef int64_t bs = self.block_size
         cdef int64_t gpu, gpu_blocks, total, before, ext, host, disk, computed, cache_to, new_blocks
@@ -329,7 +340,7 @@ cdef class CacheCore:
         total = gpu + r.lk[1] + num_new_tokens
         before = self._pool._num_blocks_of(rid)
         if not self._pool._allocate(rid, r.hashes.data(), gpu_blocks, total):
-            return None
+            return False
         self._epoch += 1
         r.has_lk = False
         ext, host, disk, ready = r.lk[1], r.lk[2], r.lk[3], now
@@ -369,7 +380,8 @@ cdef class CacheCore:
             self._ensure_hashes(r, (r.end + bs - 1) // bs)
         r.ncached = cache_to // bs
         self._pool._cache(rid, r.hashes.data(), r.hashes.size(), r.ncached)
-        return tuple.__new__(Admission, (computed, gpu, ext, host, disk, ready))
+        out.computed, out.gpu, out.external, out.host, out.disk, out.ready = computed, gpu, ext, host, disk, ready
+        return True
 
     cdef double _load(self, _Req r, int64_t gpu, double now, int64_t* out) except? -1:
         """Promote fs-resident chunks into the CPU tier, then load CPU → GPU: ``out`` = loaded
@@ -427,6 +439,9 @@ cdef class CacheCore:
 
     # ------------------------------------------------------------------------------- running
     def allocate(self, int64_t rid, int64_t num_new_tokens):
+        return self._grow(rid, num_new_tokens)
+
+    cdef bint _grow(self, int64_t rid, int64_t num_new_tokens) except -1:
         cdef _Req r = self._req(rid)
         cdef int64_t end = r.end + num_new_tokens, bs = self.block_size
         cdef int64_t need = (end + bs - 1) // bs, full = end // bs
@@ -463,18 +478,22 @@ cdef class CacheCore:
         return True
 
     def computed(self, int64_t rid, double now):
+        self._computed(rid, now)
+
+    cdef int _computed(self, int64_t rid, double now) except -1:
         cdef _Req r = self._req(rid)
         cdef int64_t limit, nchunks
         cdef const uint64_t* keys
         if not self.ntiers:
-            return
+            return 0
         limit = min(r.end, r.num_prompt) if self.prompt_only else r.end
         nchunks = limit // self.chunk_tokens
         if nchunks <= r.stored:
-            return
+            return 0
         keys = self._chunk_keys(r, nchunks)
         self._store(keys + r.stored, nchunks - r.stored, now)
         r.stored = nchunks
+        return 0
 
     cdef int _store(self, const uint64_t* keys, Py_ssize_t nkeys, double now) except -1:
         cdef int64_t cb = self.chunk_bytes, n, m
@@ -530,19 +549,28 @@ cdef class CacheCore:
         return 0
 
     def free(self, int64_t rid):
+        cdef _Req r = self._finish(rid)
+        return {"device": r.cached[0], "host": r.cached[1], "disk": r.cached[2]}
+
+    cdef _Req _finish(self, int64_t rid):
+        """Release ``rid``: its state, no longer registered."""
         cdef _Req r = self._req(rid)
         self._pool._free(rid)
         self._epoch += 1
         del self._reqs[rid]
-        return {"device": r.cached[0], "host": r.cached[1], "disk": r.cached[2]}
+        return r
 
     def preempt(self, int64_t rid):
+        self._preempt(rid)
+
+    cdef int _preempt(self, int64_t rid) except -1:
         cdef _Req r = self._req(rid)
         self._pool._free(rid)
         self._epoch += 1
         r.end = r.nblocks = r.ncached = 0
         r.preempted = True
         r.has_lk = False
+        return 0
 
     # ------------------------------------------------------------------------------- reading
     def cached_by_source(self, int64_t rid):
@@ -676,22 +704,42 @@ cdef class RequestPort:
         return 0
 
     def lookup(self, int64_t i, double now):
-        if not 0 <= i < self._n:
-            raise IndexError(f"request {i} is not in the port's content ({self._n} requests)")
+        return _as_lookup(self._lookup(i, now))
+
+    cdef _Req _lookup(self, int64_t i, double now):
+        """Look request ``i`` up (registered on first sight); its state holds the result."""
+        self._check(i)
         if not self._registered[i]:
             self._register(i)
-        return self._core._lookup_result(i, now)
+        cdef _Req r = self._core._req(i)
+        self._core._lookup(r, now)
+        return r
 
     def admit(self, int64_t i, int64_t num_new_tokens, double now):
+        cdef Admitted a
+        return _as_admission(&a) if self._admit(i, num_new_tokens, now, &a) else None
+
+    cdef bint _admit(self, int64_t i, int64_t num_new_tokens, double now, Admitted* out) except -1:
+        self._check(i)
+        if not self._core._admit(i, num_new_tokens, now, out):
+            return False
+        if not self._admitted[i]:
+            self._admitted[i] = 1
+            self._first[3 * i] = out.gpu
+            self._first[3 * i + 1] = out.host
+            self._first[3 * i + 2] = out.disk
+        return True
+
+    cdef int _check(self, int64_t i) except -1:
         if not 0 <= i < self._n:
             raise IndexError(f"request {i} is not in the port's content ({self._n} requests)")
-        res = self._core._admit(i, num_new_tokens, now)
-        if res is not None and not self._admitted[i]:
-            self._admitted[i] = 1
-            self._first[3 * i] = (<tuple>res)[1]
-            self._first[3 * i + 1] = (<tuple>res)[3]
-            self._first[3 * i + 2] = (<tuple>res)[4]
-        return res
+        return 0
+
+    @property
+    def c_calls(self):
+        """The port's calls as C functions (a capsule of :c:type:`PortCalls`), for the compiled
+        step loop: the same calls without a Python object per argument and result."""
+        return _PORT_CALLS_CAPSULE
 
     @property
     def admitted(self):
@@ -712,3 +760,41 @@ cdef class RequestPort:
         for i in range(self._n):
             o[i, 0], o[i, 1], o[i, 2] = self._first[3 * i], self._first[3 * i + 1], self._first[3 * i + 2]
         return out
+
+
+# -- RequestPort.c_calls: the port's calls for the compiled step loop -------------------------------
+cdef int _port_lookup(object port, int64_t i, double now, int64_t* gpu, int64_t* external) except -1:
+    cdef _Req r = (<RequestPort>port)._lookup(i, now)
+    gpu[0], external[0] = r.lk[0], r.lk[1]
+    return 0
+
+
+cdef int _port_admit(object port, int64_t i, int64_t num_new_tokens, double now, Admitted* out) except -1:
+    return (<RequestPort>port)._admit(i, num_new_tokens, now, out)
+
+
+cdef int _port_grow(object port, int64_t i, int64_t num_new_tokens) except -1:
+    return (<RequestPort>port)._core._grow(i, num_new_tokens)
+
+
+cdef int _port_computed(object port, int64_t i, double now) except -1:
+    return (<RequestPort>port)._core._computed(i, now)
+
+
+cdef int _port_preempt(object port, int64_t i) except -1:
+    return (<RequestPort>port)._core._preempt(i)
+
+
+cdef int _port_finish(object port, int64_t i) except -1:
+    (<RequestPort>port)._core._finish(i)
+    return 0
+
+
+cdef PortCalls _PORT_CALLS
+_PORT_CALLS.lookup = _port_lookup
+_PORT_CALLS.admit = _port_admit
+_PORT_CALLS.grow = _port_grow
+_PORT_CALLS.computed = _port_computed
+_PORT_CALLS.preempt = _port_preempt
+_PORT_CALLS.finish = _port_finish
+_PORT_CALLS_CAPSULE = PyCapsule_New(&_PORT_CALLS, b"blis_sim.kv._port_calls.PortCalls", NULL)
