@@ -108,7 +108,9 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
                if width > CI_LIMIT else "")
         short = short_name(name)
         if why:
-            fallback = (f"; its prior ({p:.4g}) settles what the data leave open" if p else "")
+            fallback = (f"; its prior ({p:.4g}) settles what the data leave open" if p else
+                        "; the file leaves it unset: a prefill's read is priced as a decode's"
+                        if name == "step.per_prefill_context_us" and not used[j] else "")
             warnings.append(f"{short} not identified ({why}): {hints[j]}{fallback}")
         plo = prior.low[j] if prior is not None else None
         phi = prior.high[j] if prior is not None else None
