@@ -211,12 +211,13 @@ def at_rate(plan: WorkloadPlan, rate: float) -> WorkloadPlan:
     phases = []
     for phase in plan.phases:
         t = [r.arrival_us for r in phase.requests]
-        span = max(t) - min(t) if t else 0
+        t0 = min(t, default=0)
+        span = max(t, default=0) - t0
         if span <= 0:
             phases.append(phase)
             continue
         k = (len(t) - 1) / rate * 1e6 / span
-        requests = tuple(replace(r, arrival_us=min(t) + round((r.arrival_us - min(t)) * k)) for r in phase.requests)
+        requests = tuple(replace(r, arrival_us=t0 + round((r.arrival_us - t0) * k)) for r in phase.requests)
         phases.append(replace(phase, requests=requests))
     return replace(plan, phases=tuple(phases))
 
@@ -270,7 +271,7 @@ def evaluate(lane: Lane, name: str, trace: Trace, extra: dict[str, Any]) -> dict
            "arrival_rps": round(arrival_rate, 3), "real_rps": round(real_tput, 3),
            "sim_rps": round(throughput(send, sim_finish), 3),
            # a chat's next turn waits for its last one: its queue cannot outgrow its sessions, whatever the rates say
-           "saturated": not extra.get("closed_loop") and bool(arrival_rate >= SATURATED_RATIO * real_tput)}
+           "saturated": not any(r.session_id for r in ok) and bool(arrival_rate >= SATURATED_RATIO * real_tput)}
     row["tput_error"] = row["sim_rps"] / row["real_rps"] - 1
     return row
 
@@ -318,7 +319,7 @@ def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
                    f"{before} → {loadavg()}")
     before = loadavg()
     trace = lane.observe("session", generate_workload(session_spec(seed, rate=2.0)), concurrency=1024)
-    report(lane, "session", trace, {"mix": "chat", "load": "-", "closed_loop": True}, f"{before} → {loadavg()}")
+    report(lane, "session", trace, {"mix": "chat", "load": "-"}, f"{before} → {loadavg()}")
     return capacity
 
 
@@ -341,8 +342,6 @@ def from_saved(lane: Lane) -> None:
         trace = load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
         mix, _, load = name.partition("-")
         extra: dict[str, Any] = {"mix": {"session": "chat"}.get(mix, mix), "load": load or "-"}
-        if mix == "session":
-            extra["closed_loop"] = True
         if mix in capacity and load:
             extra["capacity_rps"] = round(capacity[mix], 3)
         report(lane, name, trace, extra, "(saved trace)")

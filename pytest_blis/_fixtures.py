@@ -121,7 +121,7 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
         # One probe per server covers every cell of the run: fitted up to the run's highest concurrency.
         concurrency = request.config.stash.get(_session.MAX_CONCURRENCY, point.spec.concurrency)
         latency = blis_latency_model(target, point.spec.server, max(concurrency, point.spec.concurrency),
-                                     sequential=point.spec.concurrency <= 1)
+                                     sequential=point.spec.sequential)
         ctx = CellContext(point=point, target=target, options=blis_options, latency=latency,
                           paths=CellPaths(blis_artifacts))
         return run_cell(ctx, request, replay_options(ctx))

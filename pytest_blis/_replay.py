@@ -39,7 +39,7 @@ def replay_options(ctx: CellContext) -> EngineOptions:
                           # A cell at concurrency 1 sent each request when the previous had finished;
                           # replayed open loop, a simulator a few % slower per request would queue
                           # them and the lag would grow along the cell (docs/plugin.md).
-                          sequential=ctx.point.spec.concurrency == 1)
+                          sequential=ctx.point.spec.sequential)
 
 
 def fit_latency_model(trace: Any, target: ServerTarget, out: Path, *, step_shape: str = "linear",

@@ -234,6 +234,12 @@ class Scenario(_Strict):
                     raise ValueError(f"simulator_sweep axis '{axis}': {exc}") from None
         return v
 
+    @property
+    def sequential(self) -> bool:
+        """One request at a time: each sent when the previous has finished (replayed so, and judged against
+        the probe's one-at-a-time fit)."""
+        return self.concurrency == 1
+
     def simulator_settings(self) -> list[dict[str, Any]]:
         """Every combination of ``simulator_sweep`` (first axis slowest), values as written."""
         axes = list(self.simulator_sweep)
