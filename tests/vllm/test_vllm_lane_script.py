@@ -140,20 +140,43 @@ def test_a_lane_model_sized_on_another_cpu_is_rebuilt_the_tiny_one_is_kept(cache
         assert lane.model_built(paths, name)
         paths.model_stamp(name).write_text(json.dumps({**stamp, "cpu": "another CPU avx2"}))
     assert lane.model_built(paths, "tiny")       # its size does not depend on the CPU
-    assert not lane.model_built(paths, "lane")   # its depth does (tools/vllm_cpu_model.py lane_layers)
+    assert not lane.model_built(paths, "lane")   # its size does (tools/vllm_cpu_model.py lane_sizing)
     assert lane.cpu_signature() == lane.cpu_signature() != ""
 
 
-@pytest.mark.parametrize(("linear_ms", "layers"), [(15.0, 4), (7.0, 9), (4.4, 14), (1.0, 14)])
-def test_the_lane_model_is_as_deep_as_a_02_s_prefill_needs_within_4_to_14_layers(
-        monkeypatch: pytest.MonkeyPatch, linear_ms: float, layers: int) -> None:
+@pytest.mark.parametrize(("timed", "dtype", "width", "layers"), [
+    # a wide layer's linear maps on 1024 tokens, ms, in (bfloat16, float32); a narrow layer's are a quarter
+    ((15.0, 40.0), "bfloat16", 512, 4),     # a CPU without AMX: at least 4 layers
+    ((7.0, 20.0), "bfloat16", 512, 9),
+    ((4.4, 20.0), "bfloat16", 512, 14),     # AMX
+    ((1.0, 0.9), "float32", 512, 8),        # float32's KV (twice bfloat16's) fits 8 layers in the KV space
+    ((830.0, 150.0), "float32", 256, 2),    # AVX2 only: 4 wide layers would take ~1.9 s, so the narrow geometry
+])
+def test_the_lane_model_is_sized_for_a_02_s_prefill_in_the_faster_dtype(
+        monkeypatch: pytest.MonkeyPatch, timed: tuple[float, float], dtype: str, width: int, layers: int) -> None:
     builder = lane._sibling("vllm_cpu_model")  # imports torch only when it times or builds
-    monkeypatch.setattr(builder, "linear_ms", lambda geometry: linear_ms)
+    ms = dict(zip(("bfloat16", "float32"), timed))
+    monkeypatch.setattr(builder, "linear_ms", lambda geometry, dtype: ms[dtype] * (geometry["hidden_size"] / 512) ** 2)
     geometry, sizing = builder.geometry_of("lane")
-    assert geometry["num_hidden_layers"] == layers and sizing == {"linear_ms_per_layer_1k": linear_ms}
+    assert (sizing["dtype"], geometry["hidden_size"], geometry["num_hidden_layers"]) == (dtype, width, layers)
+    assert sizing["linear_ms_per_layer_1k"] == ms
+    shape = builder.SIZES["lane"] if width == 512 else builder.LANE_NARROW
     assert {k: v for k, v in geometry.items() if k != "num_hidden_layers"} == {
-        k: v for k, v in builder.SIZES["lane"].items() if k != "num_hidden_layers"}
-    assert builder.geometry_of("tiny") == (builder.SIZES["tiny"], {})
+        k: v for k, v in shape.items() if k != "num_hidden_layers"}
+    assert builder.geometry_of("tiny") == (builder.SIZES["tiny"], {"dtype": "bfloat16"})
+
+
+def test_a_model_is_served_in_the_dtype_it_was_built_in(cache: Path) -> None:
+    paths = lane.cache_paths()
+
+    def dtype(model: str) -> str:
+        argv = lane.server_argv(paths, 8000, model=model)
+        return argv[argv.index("--dtype") + 1]
+
+    assert dtype("lane") == "bfloat16"  # no stamp: as built before the dtype was recorded
+    paths.model_dir("lane").mkdir(parents=True)
+    paths.model_stamp("lane").write_text(json.dumps({"dtype": "float32"}))
+    assert (dtype("lane"), dtype("tiny")) == ("float32", "bfloat16")
 
 
 def test_the_lane_model_is_served_with_its_own_limits(cache: Path) -> None:
