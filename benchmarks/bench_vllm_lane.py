@@ -26,12 +26,17 @@ stops it at the end (a server that was already up is used and left running). Ste
    (completions over first send to last completion, the same requests on both sides). A trace is
    *saturated* when its arrivals outran its completions (arrival rate >= 1.1 x completion rate).
 
-Last, the probe again (``probe-after``), judged with the first probe's fit: how far the server's speed moved while
-the traces ran, which on a machine that drifts is part of the later traces' errors.
+Each trace is predicted by the fit of a probe observed **right before it** (``probe-<trace>``), not by the first
+probe's: on a 2-vCPU VM whose speed moves up to ~10 % within minutes, a fit made minutes earlier measures the
+machine of that moment, and the drift since then would be counted as model error (in earlier runs the saturated
+windows' errors followed it: -2 to -3 % when the server sped up, +8 to +11 % when it slowed). The fit is still
+on a probe only, never on the trace. Each row also shows the same trace replayed with the first probe's fit, and
+how far the server's speed had moved since the first probe (its probe replayed with the first probe's fit).
+``--one-probe`` fits once, before the traces, as earlier runs did.
 
 Prints one table (markdown) with the load average before and after each trace; ``--json`` writes every
 figure; ``--out`` keeps each trace, its replay and its calibration report. ``--quick`` halves the traces.
-``--from DIR`` takes the traces an earlier run kept in DIR (``--out``) and redoes the fit on its probe and every
+``--from DIR`` takes the traces an earlier run kept in DIR (``--out``) and redoes the fits on its probes and every
 replay and comparison, without a server: a changed simulator or fit judged on the same observations.
 Targets (issue 13): TTFT MAPE <= 15 % on every unsaturated trace; throughput within 5 % at saturation.
 """
@@ -145,7 +150,7 @@ async def characterize(url: str, model: str, quick: bool) -> dict[str, Any]:
 
 @dataclass
 class Lane:
-    """The server under test and where the traces go."""
+    """The server under test, where the traces go, and the first probe's fit."""
 
     url: str
     model: str
@@ -154,13 +159,13 @@ class Lane:
     max_num_seqs: int
     max_num_batched_tokens: int
     out: Path
-    coeffs: LatencyCoefficients | None = None
+    first: LatencyCoefficients | None = None  # the first probe's fit: the load levels' capacity, the drift
     rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def engine(self) -> EngineOptions:
+    def engine(self, coeffs: LatencyCoefficients | None) -> EngineOptions:
         extra: dict[str, Any] = {}
-        if self.coeffs is not None:
-            extra = {"latency": self.coeffs.to_step_model(), "latency_source": "probe fit"}
+        if coeffs is not None:
+            extra = {"latency": coeffs.to_step_model(), "latency_source": "probe fit"}
         return EngineOptions(model=self.model, block_size=self.block_size, num_gpu_blocks=self.num_gpu_blocks,
                              max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                              **extra)
@@ -194,6 +199,42 @@ def probe(lane: Lane, name: str = "probe") -> Trace:
     plan = plan_probe(target, max_num_seqs=lane.max_num_seqs, max_num_batched_tokens=lane.max_num_batched_tokens,
                       concurrency=2 * lane.max_num_seqs)
     return lane.observe(name, plan, max_in_flight(plan), window=fitted_phases(plan))
+
+
+@dataclass(frozen=True)
+class ProbeFit:
+    """A probe's fit, and how much slower the server ran in it than in the first probe (its requests' summed
+    E2E against the first probe's fit replaying them: +5 % = the server took 5 % longer)."""
+
+    name: str
+    coeffs: LatencyCoefficients
+    slowdown: float
+
+
+def slowdown(lane: Lane, trace: Trace) -> float:
+    """How much longer the server took over ``trace``'s requests (summed E2E) than the first probe's fit
+    replaying them says: +0.05 = 5 % slower than in the first probe."""
+    sim = {r.request_id: r.e2e_us for r in replay_outcome(trace, lane.engine(lane.first)).results}
+    ok = [r for r in trace.records if r.status == "ok" and not r.warmup and r.request_id in sim]
+    return sum(r.last_chunk_time_us - r.send_time_us for r in ok) / sum(sim[r.request_id] for r in ok) - 1
+
+
+def fit_probe(lane: Lane, name: str, trace: Trace) -> ProbeFit:
+    """Fit ``trace`` (a probe) alone; the first probe's fit becomes ``lane.first``."""
+    coeffs = fit(trace, lane.engine(None), name=name)
+    (lane.out / name / "latency.json").write_text(coeffs.model_dump_json(indent=2) + "\n")
+    if lane.first is None:
+        lane.first = coeffs
+    return ProbeFit(name, coeffs, slowdown(lane, trace))
+
+
+def probe_and_fit(lane: Lane, name: str) -> ProbeFit:
+    """Observe a probe named ``name`` and fit it (:func:`fit_probe`); print the fit and the drift."""
+    before = loadavg()
+    fitted = fit_probe(lane, name, probe(lane, name))
+    print(f"{name} ({before} → {loadavg()}): server {fitted.slowdown * 100:+.1f} % slower than in the first "
+          f"probe; fit {fitted.coeffs.model_dump_json()}", flush=True)
+    return fitted
 
 
 def mix_spec(mix: str, rate: float, requests: int, seed: int) -> WorkloadSpec:
@@ -236,9 +277,9 @@ def session_spec(seed: int, rate: float) -> WorkloadSpec:
 
 
 def predicted_capacity(lane: Lane, mix: str) -> float:
-    """Completions per second of a simulated burst far past capacity (the fitted model's capacity)."""
+    """Completions per second of a simulated burst far past capacity (the first probe's fitted capacity)."""
     n = 4 * lane.max_num_seqs
-    out = run_outcome(mix_spec(mix, 1000.0, n, seed=1), lane.engine()).outcome
+    out = run_outcome(mix_spec(mix, 1000.0, n, seed=1), lane.engine(lane.first)).outcome
     finish = out.loop.finish_us[~np.isnan(out.loop.finish_us)]
     return float(len(finish) / ((finish.max() - out.loop.arrival_us.min()) / 1e6))
 
@@ -248,37 +289,47 @@ def throughput(send_us: np.ndarray, finish_us: np.ndarray) -> float:
     return float(len(finish_us) / ((finish_us.max() - send_us.min()) / 1e6))
 
 
-def evaluate(lane: Lane, name: str, trace: Trace, extra: dict[str, Any]) -> dict[str, Any]:
-    """Replay with the probe's fit, calibrate, and compare throughput; one table row."""
-    outcome = replay_outcome(trace, lane.engine())
+def judge(lane: Lane, trace: Trace, coeffs: LatencyCoefficients | None, folder: Path | None = None
+          ) -> dict[str, Any]:
+    """Replay ``trace`` with ``coeffs``, calibrate, and compare throughput (kept in ``folder`` when given)."""
+    outcome = replay_outcome(trace, lane.engine(coeffs))
     report = calibrate(trace, outcome.results, outcome.metrics(),
                        options=CalibrateOptions(hit_rate_tolerance_pp=1.0, ttft_mape_threshold=0.15))
-    folder = lane.out / name
-    outcome.write_outputs(folder / "sim.json", folder / "simagg.json")
-    (folder / "calibration.json").write_text(report.model_dump_json(indent=2) + "\n")
+    if folder is not None:
+        outcome.write_outputs(folder / "sim.json", folder / "simagg.json")
+        (folder / "calibration.json").write_text(report.model_dump_json(indent=2) + "\n")
     ok = [r for r in trace.records if r.status == "ok" and not r.warmup]
     send = np.array([r.send_time_us for r in ok], dtype=float)
-    last = np.array([r.last_chunk_time_us for r in ok], dtype=float)
     sim = {r.request_id: r for r in outcome.results}
     sim_finish = np.array([r.send_time_us + sim[r.request_id].e2e_us for r in ok if r.request_id in sim])
-    real_tput = throughput(send, last)
-    arrival_rate = (len(send) - 1) / ((send.max() - send.min()) / 1e6) if len(send) > 1 else 0.0
-    ttft = [(r.first_chunk_time_us - r.send_time_us) / 1e3 for r in ok]
-    row = {"trace": name, **extra, "requests": len(ok),
-           "ttft_median_ms": round(statistics.median(ttft), 1),
-           "ttft_mape": report.metrics["ttft"].request_level.mape,
-           "e2e_mape": report.metrics["e2e"].request_level.mape,
-           "arrival_rps": round(arrival_rate, 3), "real_rps": round(real_tput, 3),
-           "sim_rps": round(throughput(send, sim_finish), 3),
-           # a chat's next turn waits for its last one: its queue cannot outgrow its sessions, whatever the rates say
-           "saturated": not any(r.session_id for r in ok) and bool(arrival_rate >= SATURATED_RATIO * real_tput)}
-    row["tput_error"] = row["sim_rps"] / row["real_rps"] - 1
+    real = throughput(send, np.array([r.last_chunk_time_us for r in ok], dtype=float))
+    predicted = throughput(send, sim_finish)
+    return {"ttft_mape": report.metrics["ttft"].request_level.mape,
+            "e2e_mape": report.metrics["e2e"].request_level.mape,
+            "real_rps": round(real, 3), "sim_rps": round(predicted, 3), "tput_error": predicted / real - 1}
+
+
+def evaluate(lane: Lane, name: str, trace: Trace, extra: dict[str, Any], fitted: ProbeFit) -> dict[str, Any]:
+    """One table row: ``trace`` judged with ``fitted`` (the probe right before it), and with the first probe's fit."""
+    ok = [r for r in trace.records if r.status == "ok" and not r.warmup]
+    send = [r.send_time_us for r in ok]
+    arrival_rate = (len(send) - 1) / ((max(send) - min(send)) / 1e6) if len(send) > 1 else 0.0
+    row = {"trace": name, **extra, "requests": len(ok), "probe": fitted.name,
+           "probe_slowdown": fitted.slowdown,
+           "ttft_median_ms": round(statistics.median((r.first_chunk_time_us - r.send_time_us) / 1e3 for r in ok), 1),
+           "arrival_rps": round(arrival_rate, 3),
+           **judge(lane, trace, fitted.coeffs, lane.out / name)}
+    first = judge(lane, trace, lane.first) if fitted.coeffs is not lane.first else row
+    row["first_probe"] = {k: first[k] for k in ("ttft_mape", "e2e_mape", "sim_rps", "tput_error")}
+    # a chat's next turn waits for its last one: its queue cannot outgrow its sessions, whatever the rates say
+    row["saturated"] = (not any(r.session_id for r in ok)
+                        and bool(arrival_rate >= SATURATED_RATIO * row["real_rps"]))
     return row
 
 
-def report(lane: Lane, name: str, trace: Trace, extra: dict[str, Any], load_avg: str) -> None:
+def report(lane: Lane, name: str, trace: Trace, extra: dict[str, Any], fitted: ProbeFit, load_avg: str) -> None:
     """Judge ``trace`` (:func:`evaluate`), keep its row with the load average it ran under, print it."""
-    row = evaluate(lane, name, trace, extra)
+    row = evaluate(lane, name, trace, extra, fitted)
     row["load_avg"] = load_avg
     lane.rows.append(row)
     print(fmt_row(row), flush=True)
@@ -291,60 +342,74 @@ def fmt_row(r: dict[str, Any]) -> str:
     load = r.get("load", "-")
     if r.get("capacity_rps"):  # the load asked for, then the one the arrivals realized
         load = f"{load} ({r['arrival_rps'] / r['capacity_rps']:.2f})"
+    first = r["first_probe"]
     return (f"| {r['trace']} | {r.get('mix', '-')} | {load} | {r['requests']} | {sat} | "
             f"{r['ttft_median_ms']:.0f} | {r['ttft_mape'] * 100:.1f} % | {r['e2e_mape'] * 100:.1f} % | "
             f"{r['real_rps']:.2f} | {r['sim_rps']:.2f} ({r['tput_error'] * 100:+.1f} %) | {verdict} | "
-            f"{r['load_avg']} |")
+            f"{r['probe_slowdown'] * 100:+.1f} % | {first['ttft_mape'] * 100:.1f} % / "
+            f"{first['tput_error'] * 100:+.1f} % | {r['load_avg']} |")
 
 
 HEADER = ("| trace | mix | load (x capacity): asked (arrived) | requests | saturated | TTFT median ms | TTFT MAPE | "
-          "E2E MAPE | observed req/s | predicted req/s | verdict | load avg before→after |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "E2E MAPE | observed req/s | predicted req/s | verdict | server slower than in the first probe | "
+          "first probe's fit: TTFT MAPE / throughput | load avg before→after |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def run_traces(lane: Lane, quick: bool) -> dict[str, float]:
+def run_traces(lane: Lane, first: ProbeFit, quick: bool, each: bool) -> dict[str, float]:
+    """Every trace, each after its own probe (``each``) or all with the first probe's fit."""
     seed = time.time_ns() % 1_000_000  # fresh content every run: nothing cached from an earlier one
     capacity = {mix: predicted_capacity(lane, mix) for mix in MIXES}
     print(f"predicted capacity (req/s): {json.dumps({k: round(v, 2) for k, v in capacity.items()})}", flush=True)
+
+    def run(name: str, plan: WorkloadPlan, extra: dict[str, Any]) -> None:
+        fitted = probe_and_fit(lane, f"probe-{name}") if each else first
+        before = loadavg()
+        trace = lane.observe(name, plan, concurrency=1024)
+        report(lane, name, trace, extra, fitted, f"{before} → {loadavg()}")
+
     for mix in MIXES:
         for k, load in enumerate(LOADS):
             rate = load * capacity[mix]
             n = SATURATED_REQUESTS[mix] if load > 1 else max(REQUESTS[mix], round(rate * WINDOW_S))
             n //= 2 if quick else 1
-            name = f"{mix}-{load}"
-            before = loadavg()
             plan = at_rate(generate_workload(mix_spec(mix, rate, n, seed=seed + 10 * k + len(mix))), rate)
-            trace = lane.observe(name, plan, concurrency=1024)
-            report(lane, name, trace, {"mix": mix, "load": load, "capacity_rps": round(capacity[mix], 3)},
-                   f"{before} → {loadavg()}")
-    before = loadavg()
-    trace = lane.observe("session", generate_workload(session_spec(seed, rate=2.0)), concurrency=1024)
-    report(lane, "session", trace, {"mix": "chat", "load": "-"}, f"{before} → {loadavg()}")
+            run(f"{mix}-{load}", plan, {"mix": mix, "load": load, "capacity_rps": round(capacity[mix], 3)})
+    run("session", generate_workload(session_spec(seed, rate=2.0)), {"mix": "chat", "load": "-"})
     return capacity
 
 
-def _run_order(name: str) -> tuple[bool, str, float]:
-    """Saved traces in the order a run makes them: each mix by load, the session, the second probe last."""
+def _run_order(name: str) -> tuple[str, float]:
+    """Saved traces in the order a run makes them: each mix by load, then the session."""
     mix, _, load = name.partition("-")
-    return mix == "probe", mix, float(load) if load.replace(".", "", 1).isdigit() else 0.0
+    return mix, float(load) if load.replace(".", "", 1).isdigit() else 0.0
 
 
 def from_saved(lane: Lane) -> None:
-    """Refit on the saved probe, then replay and compare every saved trace (``--from``)."""
-    probe_trace = load_trace(lane.out / "probe" / "trace.yaml", lane.out / "probe" / "trace.csv")
-    lane.coeffs = fit(probe_trace, lane.engine(), name="probe")
-    print(f"probe fit: {lane.coeffs.model_dump_json()}", flush=True)
+    """Refit on the saved probes, then replay and compare every saved trace (``--from``): each with the probe
+    saved right before it (``probe-<trace>``), or the first probe where a run kept only that one."""
+    def load(name: str) -> Trace:
+        return load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
+
+    first = fit_probe(lane, "probe", load("probe"))
+    print(f"probe fit: {first.coeffs.model_dump_json()}", flush=True)
     capacity = {mix: predicted_capacity(lane, mix) for mix in MIXES}
     print(HEADER, flush=True)
-    names = sorted((d.name for d in lane.out.iterdir() if (d / "trace.csv").exists() and d.name != "probe"),
-                   key=_run_order)
-    for name in ["probe", *names]:
-        trace = load_trace(lane.out / name / "trace.yaml", lane.out / name / "trace.csv")
-        mix, _, load = name.partition("-")
-        extra: dict[str, Any] = {"mix": {"session": "chat"}.get(mix, mix), "load": load or "-"}
-        if mix in capacity and load:
+    report(lane, "probe", load("probe"), {"mix": "probe", "load": "-"}, first, "(saved trace)")
+    names = sorted((d.name for d in lane.out.iterdir() if (d / "trace.csv").exists()
+                    and not d.name.startswith("probe")), key=_run_order)
+    for name in names:
+        mix, _, level = name.partition("-")
+        extra: dict[str, Any] = {"mix": {"session": "chat"}.get(mix, mix), "load": level or "-"}
+        if mix in capacity and level:
             extra["capacity_rps"] = round(capacity[mix], 3)
-        report(lane, name, trace, extra, "(saved trace)")
+        own = f"probe-{name}"
+        fitted = fit_probe(lane, own, load(own)) if (lane.out / own / "trace.csv").exists() else first
+        report(lane, name, load(name), extra, fitted, "(saved trace)")
+    if (lane.out / "probe-after" / "trace.csv").exists():  # runs made with --one-probe
+        after = load("probe-after")
+        report(lane, "probe-after", after, {"mix": "probe", "load": "-"},
+               ProbeFit("probe", lane.first, slowdown(lane, after)), "(saved trace)")
 
 
 def main() -> int:
@@ -353,17 +418,24 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="keep traces, replays and reports here (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--quick", action="store_true", help="half the requests per trace, 2 samples per length")
+    parser.add_argument("--one-probe", action="store_true",
+                        help="fit once, before every trace, instead of on a probe right before each trace")
     parser.add_argument("--from", dest="saved", type=Path, help="refit and replay the traces kept in this --out dir")
     args = parser.parse_args()
     vllm_cpu = load_tool("vllm_cpu")
     spec = vllm_cpu.MODELS["lane"]
-    if args.saved is not None:
-        lane = Lane(url="", model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
+
+    def lane_at(url: str, out: Path) -> Lane:
+        return Lane(url=url, model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
                     num_gpu_blocks=spec.num_gpu_blocks, max_num_seqs=spec.max_num_seqs or 128,
-                    max_num_batched_tokens=spec.max_num_batched_tokens, out=args.saved)
+                    max_num_batched_tokens=spec.max_num_batched_tokens, out=out)
+
+    if args.saved is not None:
+        lane = lane_at("", args.saved)
         from_saved(lane)
+        print_table(lane)
         if args.json:
-            args.json.write_text(json.dumps({"from": str(args.saved), "fit": lane.coeffs.model_dump(),
+            args.json.write_text(json.dumps({"from": str(args.saved), "fit": lane.first.model_dump(),
                                              "rows": lane.rows}, indent=2) + "\n")
         return 0
     started = False
@@ -374,10 +446,7 @@ def main() -> int:
         # This client off the model worker's core, like the server's frontend (tools/vllm_cpu_placement.py).
         if vllm_cpu.placement.keep_off(state.host_cpus):
             print(f"client on core(s) {','.join(map(str, state.host_cpus))}", flush=True)
-    out = args.out or Path(tempfile.mkdtemp(prefix="bench-vllm-lane-"))
-    lane = Lane(url=url, model=spec.served_name, block_size=vllm_cpu.BLOCK_SIZE,
-                num_gpu_blocks=spec.num_gpu_blocks, max_num_seqs=spec.max_num_seqs or 128,
-                max_num_batched_tokens=spec.max_num_batched_tokens, out=out)
+    lane = lane_at(url, args.out or Path(tempfile.mkdtemp(prefix="bench-vllm-lane-")))
     began = time.monotonic()
     try:
         with vllm_cpu.counters_locked():  # nobody else's traffic in these windows
@@ -386,25 +455,34 @@ def main() -> int:
                   f"prefill {json.dumps(server['prefill'])}; decode {json.dumps(server['decode'])}", flush=True)
             before = loadavg()
             probe_trace = probe(lane)
-            lane.coeffs = fit(probe_trace, lane.engine(), name="probe")
-            (out / "probe" / "latency.json").write_text(lane.coeffs.model_dump_json(indent=2) + "\n")
-            print(f"probe fit ({before} → {loadavg()}): {lane.coeffs.model_dump_json()}", flush=True)
+            first = fit_probe(lane, "probe", probe_trace)
+            print(f"probe fit ({before} → {loadavg()}): {first.coeffs.model_dump_json()}", flush=True)
             print(HEADER, flush=True)
-            report(lane, "probe", probe_trace, {"mix": "probe", "load": "-"}, f"{before} → {loadavg()}")
-            capacity = run_traces(lane, args.quick)
-            # The same probe again, judged with the first one's fit: how far the server's speed moved while
-            # the traces ran (on a machine that drifts, the later traces' errors are partly that).
-            before = loadavg()
-            report(lane, "probe-after", probe(lane, "probe-after"), {"mix": "probe", "load": "-"},
-                   f"{before} → {loadavg()}")
+            report(lane, "probe", probe_trace, {"mix": "probe", "load": "-"}, first, f"{before} → {loadavg()}")
+            capacity = run_traces(lane, first, args.quick, each=not args.one_probe)
+            if args.one_probe:
+                # The same probe again, judged with the first one's fit: how far the server's speed moved while
+                # the traces ran (on a machine that drifts, the later traces' errors are partly that).
+                before = loadavg()
+                after = probe(lane, "probe-after")
+                report(lane, "probe-after", after, {"mix": "probe", "load": "-"},
+                       ProbeFit("probe", first.coeffs, slowdown(lane, after)), f"{before} → {loadavg()}")
     finally:
         if started:
             vllm_cpu.stop()
-    print(f"wall {time.monotonic() - began:.0f} s; artifacts: {out}")
+    print(f"wall {time.monotonic() - began:.0f} s; artifacts: {lane.out}")
+    print_table(lane)
     if args.json:
-        args.json.write_text(json.dumps({"url": url, "server": server, "fit": lane.coeffs.model_dump(),
+        args.json.write_text(json.dumps({"url": url, "server": server, "fit": first.coeffs.model_dump(),
                                          "predicted_capacity_rps": capacity, "rows": lane.rows}, indent=2) + "\n")
     return 0
+
+
+def print_table(lane: Lane) -> None:
+    """Every row again, as one markdown table (the rows printed as they came are interleaved with the probes)."""
+    print(HEADER)
+    for row in lane.rows:
+        print(fmt_row(row))
 
 
 if __name__ == "__main__":
