@@ -7,6 +7,7 @@ sign of the cache path it is about is an error ("not elicited"), never a pass.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,15 +39,17 @@ class CellContext:
     options: BlisOptions
     latency: Any  # fitted latency coefficients for this server (engine type)
     paths: CellPaths
+    probe_notes: tuple[str, ...] = ()  # what the probe says about the server itself (its repeatability)
 
 
-def fit_notes(latency: Any, failed: list[VerdictRow]) -> list[str]:
+def fit_notes(latency: Any, failed: list[VerdictRow], probe_notes: Sequence[str] = ()) -> list[str]:
     """When TTFT is out of tolerance: what the latency fit said about itself (its own error,
-    prior, coefficient intervals, first warnings), since an untrustworthy fit is a likely cause."""
-    report = getattr(latency, "fit", None)
-    if report is None or not any(r.unit == "mape" for r in failed):
+    prior, coefficient intervals, first warnings), since an untrustworthy fit is a likely cause, and how
+    well the server repeated itself in the probe, since a server that does not is the other one."""
+    if not any(r.unit == "mape" for r in failed):
         return []
-    return [report.summary()]
+    report = getattr(latency, "fit", None)
+    return ([report.summary()] if report is not None else []) + list(probe_notes)
 
 
 def cell_id(point: SweepPoint) -> str:
@@ -251,7 +254,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         failure = CellFailure(f"{cid}: {problem}", rows, notes)
     elif failed:
         failure = CellFailure(f"{cid}: {len(failed)} verdict(s) out of tolerance", rows,
-                              notes + fit_notes(ctx.latency, failed))
+                              notes + fit_notes(ctx.latency, failed, ctx.probe_notes))
     elif report.hit_rate is None:
         failure = CellFailure(f"{cid}: no hit-rate comparison (the server's counters were not scraped)", rows,
                               notes + [f"warning: {w}" for w in report.notes or []])

@@ -50,6 +50,23 @@ def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
     return get
 
 
+def _probe_fit(config: pytest.Config, options: BlisOptions, target: ServerTarget,
+               server_spec: ServerSpec | None, concurrency: int) -> Any:
+    """The probe's fits of ``target`` (pytest_blis._probe.ProbeFit), run once per server, concurrency, step
+    shape and worker."""
+    from pytest_blis._probe import run_probe
+    from pytest_blis._scenario import ServerSpec
+
+    cache = config.stash.setdefault(_LATENCY, {})
+    spec = server_spec or ServerSpec()
+    key = (target.url, concurrency, spec.step_shape)
+    if key not in cache:
+        cache[key] = run_probe(target, options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
+                               max_num_batched_tokens=spec.max_num_batched_tokens, concurrency=concurrency,
+                               step_shape=spec.step_shape)
+    return cache[key]
+
+
 @pytest.fixture(scope="session")
 def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[..., Any]:
     """``blis_latency_model(target, server_spec=None, concurrency=1, sequential=False) -> LatencyCoefficients``:
@@ -57,20 +74,9 @@ def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -
     worker; ``concurrency`` is the most requests in flight the cells judged with it will have).
     ``sequential``: the fit on the probe's one-at-a-time phases, for a cell that sends one request at a
     time (pytest_blis._probe.ProbeFit)."""
-    cache = pytestconfig.stash.setdefault(_LATENCY, {})
-
     def get(target: ServerTarget, server_spec: ServerSpec | None = None, concurrency: int = 1,
             sequential: bool = False) -> Any:
-        from pytest_blis._probe import run_probe
-        from pytest_blis._scenario import ServerSpec
-
-        spec = server_spec or ServerSpec()
-        key = (target.url, concurrency, spec.step_shape)
-        if key not in cache:
-            cache[key] = run_probe(target, blis_options.artifacts_dir, max_num_seqs=spec.max_num_seqs,
-                                   max_num_batched_tokens=spec.max_num_batched_tokens, concurrency=concurrency,
-                                   step_shape=spec.step_shape)
-        return cache[key].sequential if sequential else cache[key].all
+        return _probe_fit(pytestconfig, blis_options, target, server_spec, concurrency).model(sequential)
     return get
 
 
@@ -109,8 +115,7 @@ def blis_calibrate() -> Callable[..., Any]:
 
 @pytest.fixture
 def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
-                  blis_server: Callable[..., ServerTarget], blis_latency_model: Callable[[ServerTarget], Any],
-                  blis_artifacts: Path) -> Callable[[SweepPoint], Any]:
+                  blis_server: Callable[..., ServerTarget], blis_artifacts: Path) -> Callable[[SweepPoint], Any]:
     """What a scenario item calls: run one sweep point end to end and assert its verdicts."""
     from pytest_blis._cell import CellContext, run_cell
     from pytest_blis._replay import replay_options
@@ -120,10 +125,11 @@ def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
         target = blis_server(point.spec.server, Path(point.file).parent)
         # One probe per server covers every cell of the run: fitted up to the run's highest concurrency.
         concurrency = request.config.stash.get(_session.MAX_CONCURRENCY, point.spec.concurrency)
-        latency = blis_latency_model(target, point.spec.server, max(concurrency, point.spec.concurrency),
-                                     sequential=point.spec.sequential)
-        ctx = CellContext(point=point, target=target, options=blis_options, latency=latency,
-                          paths=CellPaths(blis_artifacts))
+        probe = _probe_fit(request.config, blis_options, target, point.spec.server,
+                           max(concurrency, point.spec.concurrency))
+        ctx = CellContext(point=point, target=target, options=blis_options,
+                          latency=probe.model(point.spec.sequential), paths=CellPaths(blis_artifacts),
+                          probe_notes=(f"probe: {probe.repeatability}",) if probe.repeatability else ())
         return run_cell(ctx, request, replay_options(ctx))
     return run
 

@@ -36,10 +36,16 @@ MAX_PROMPT = 4096  # the scenarios' longest prefix
 @dataclass(frozen=True)
 class ProbeFit:
     """A probe's latency models (engine ``LatencyCoefficients``): ``all`` fitted on every phase, ``sequential``
-    on the phases that send one request at a time (the same object when there are no others)."""
+    on the phases that send one request at a time (the same object when there are no others); and how well
+    the server repeated itself in the probe (:mod:`blis_sim.probe.repeat`, one line; empty without repeats)."""
 
     all: Any
     sequential: Any
+    repeatability: str = ""
+
+    def model(self, sequential: bool) -> Any:
+        """The fit a cell is judged with: ``sequential`` for one that sends one request at a time."""
+        return self.sequential if sequential else self.all
 
 
 def probe_config(target: ServerTarget, concurrency: int = 1) -> ProbeConfig:
@@ -85,10 +91,28 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
         result = observe_step(target.url, plan, options, paths)
     limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     every = fit_latency_model(result.trace, target, paths.root / "latency.json", step_shape=step_shape, **limits)
+    repeats = write_repeatability(result.trace, paths.root / "repeatability.json")
     fitted = set(fitted_phases(plan))
     alone = one_at_a_time(fitted)
     if not alone or alone == fitted:
-        return ProbeFit(every, every)
+        return ProbeFit(every, every, repeats)
     sequential = fit_latency_model(result.trace, target, paths.root / "latency-sequential.json",
                                    step_shape=step_shape, phases=alone, **limits)
-    return ProbeFit(every, sequential)
+    return ProbeFit(every, sequential, repeats)
+
+
+def write_repeatability(trace: Any, out: Path) -> str:
+    """The TTFT spread of the probe's identical lone requests (:mod:`blis_sim.probe.repeat`), written to
+    ``out`` (JSON); returns its one-line description, empty when the probe sent no repeats."""
+    import dataclasses
+    import json
+
+    from blis_sim.probe.repeat import describe, repeat_floor, repeat_groups
+
+    groups = repeat_groups(trace.records)
+    if not groups:
+        return ""
+    line = describe(groups)
+    out.write_text(json.dumps({"floor": repeat_floor(groups), "summary": line,
+                               "groups": [dataclasses.asdict(g) for g in groups]}, indent=2) + "\n")
+    return line

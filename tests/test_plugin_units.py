@@ -115,6 +115,9 @@ def test_a_ttft_failure_shows_what_the_latency_fit_said_about_itself() -> None:
     assert "per_prefill_attention_us 0.002 [0, 0.01]?" in text and "prompts span 929-1047" in text
     assert fit_notes(latency, [hit]) == []             # a hit-rate failure: not the fit's business
     assert fit_notes(DEFAULT_COEFFICIENTS, [ttft]) == []  # no fit, nothing to say
+    # and how well the server repeated itself in the probe, the other likely cause
+    repeat = "probe: identical requests sent alone repeat their TTFT within 11.0 %"
+    assert fit_notes(latency, [ttft], [repeat])[-1] == repeat and fit_notes(latency, [hit], [repeat]) == []
 
 
 def _sample_report() -> object:
