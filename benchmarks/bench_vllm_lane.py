@@ -70,6 +70,7 @@ from blis_sim.engine import (
 from blis_sim.formats.trace import Trace, load_trace
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
+from blis_sim.probe.repeat import describe, repeat_groups
 from blis_sim.workload import WorkloadPlan, generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,7 @@ class Lane:
     max_num_batched_tokens: int
     out: Path
     first: LatencyCoefficients | None = None  # the first probe's fit: the load levels' capacity, the drift
+    first_ratio: float = 1.0  # the first probe's summed real over simulated E2E under its own fit
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def engine(self, coeffs: LatencyCoefficients | None) -> EngineOptions:
@@ -211,12 +213,17 @@ class ProbeFit:
     slowdown: float
 
 
-def slowdown(lane: Lane, trace: Trace) -> float:
-    """How much longer the server took over ``trace``'s requests (summed E2E) than the first probe's fit
-    replaying them says: +0.05 = 5 % slower than in the first probe."""
+def e2e_ratio(lane: Lane, trace: Trace) -> float:
+    """``trace``'s summed real E2E over what the first probe's fit replays for it."""
     sim = {r.request_id: r.e2e_us for r in replay_outcome(trace, lane.engine(lane.first)).results}
     ok = [r for r in trace.records if r.status == "ok" and not r.warmup and r.request_id in sim]
-    return sum(r.last_chunk_time_us - r.send_time_us for r in ok) / sum(sim[r.request_id] for r in ok) - 1
+    return sum(r.last_chunk_time_us - r.send_time_us for r in ok) / sum(sim[r.request_id] for r in ok)
+
+
+def slowdown(lane: Lane, trace: Trace) -> float:
+    """How much slower the server ran over ``trace`` (a probe) than in the first probe, both measured against
+    the first probe's fit: +0.05 = its requests took 5 % longer, relative to the model, than the first probe's."""
+    return e2e_ratio(lane, trace) / lane.first_ratio - 1
 
 
 def fit_probe(lane: Lane, name: str, trace: Trace) -> ProbeFit:
@@ -225,15 +232,17 @@ def fit_probe(lane: Lane, name: str, trace: Trace) -> ProbeFit:
     (lane.out / name / "latency.json").write_text(coeffs.model_dump_json(indent=2) + "\n")
     if lane.first is None:
         lane.first = coeffs
+        lane.first_ratio = e2e_ratio(lane, trace)
     return ProbeFit(name, coeffs, slowdown(lane, trace))
 
 
 def probe_and_fit(lane: Lane, name: str) -> ProbeFit:
     """Observe a probe named ``name`` and fit it (:func:`fit_probe`); print the fit and the drift."""
     before = loadavg()
-    fitted = fit_probe(lane, name, probe(lane, name))
+    trace = probe(lane, name)
+    fitted = fit_probe(lane, name, trace)
     print(f"{name} ({before} → {loadavg()}): server {fitted.slowdown * 100:+.1f} % slower than in the first "
-          f"probe; fit {fitted.coeffs.model_dump_json()}", flush=True)
+          f"probe; {describe(repeat_groups(trace.records))}; fit {fitted.coeffs.model_dump_json()}", flush=True)
     return fitted
 
 
@@ -456,7 +465,8 @@ def main() -> int:
             before = loadavg()
             probe_trace = probe(lane)
             first = fit_probe(lane, "probe", probe_trace)
-            print(f"probe fit ({before} → {loadavg()}): {first.coeffs.model_dump_json()}", flush=True)
+            print(f"probe fit ({before} → {loadavg()}): {describe(repeat_groups(probe_trace.records))}; "
+                  f"{first.coeffs.model_dump_json()}", flush=True)
             print(HEADER, flush=True)
             report(lane, "probe", probe_trace, {"mix": "probe", "load": "-"}, first, f"{before} → {loadavg()}")
             capacity = run_traces(lane, first, args.quick, each=not args.one_probe)
