@@ -43,6 +43,28 @@ def test_the_step_is_base_plus_the_larger_row() -> None:
     assert m.step_time(prefill) == pytest.approx(1000 + 50 * 1000 + 0.002 * 500_500)  # compute
 
 
+def test_a_fit_still_descending_at_its_last_iteration_goes_on() -> None:
+    from types import SimpleNamespace
+
+    from blis_sim.engine.fitting import _still_improving
+
+    def tried(*objectives: float) -> list:
+        return [SimpleNamespace(objective=o) for o in objectives]
+
+    assert _still_improving(tried(0.37, 0.27, 0.059, 0.029))      # the two-row fit below on an AVX2 CPU
+    assert not _still_improving(tried(0.37, 0.029, 0.0289))       # within 1 % of the best: settled
+    assert not _still_improving(tried(0.37, 0.02, 0.03))          # worse than an earlier iterate
+
+
+def test_the_iteration_cap_is_extended_only_while_the_fit_improves(generated) -> None:
+    c = fit(generated, OPTS, shape="roofline", max_iterations=1, bootstrap_resamples=0)
+    objectives = [h.objective for h in c.fit.convergence if h.kind == "iterate"]
+    assert 1 < c.fit.iterations <= 3 and len(objectives) == c.fit.iterations
+    # every iterate past the first improved on all before it, but the last may have stopped improving
+    assert all(b < 0.99 * min([c.fit.convergence[0].objective, *objectives[:i + 1]])
+               for i, b in enumerate(objectives[1:-1]))
+
+
 def test_fit_recovers_a_two_row_model_the_engine_generated(generated) -> None:
     c = fit(generated, OPTS, shape="roofline", name="two-row", bootstrap_resamples=20)
     assert c.model == "roofline-fit" and c.memory is not None and c.fit is not None

@@ -109,7 +109,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--validate-header", default=None,
                    help="also report the fitted model's error on this trace (header)")
     p.add_argument("--validate-data", default=None, help="... and its data CSV")
-    p.add_argument("--max-iterations", type=int, default=10)
+    p.add_argument("--max-iterations", type=int, default=10,
+                   help="replay-and-solve iterations (default %(default)s; up to 3x as many while each new "
+                        "iterate still improves on every earlier one by 1 %%)")
     p.add_argument("--initial-coefficients", default=None,
                    help="start the iteration from these coefficients (default: the bundled ones)")
     p.add_argument("--no-prior", action="store_true",
