@@ -27,7 +27,7 @@ def sweep_verdicts(point: Any, trace: Any, options: Any, cal_opts: CalibrateOpti
                    judged: Callable[[Any], list[VerdictRow]]) -> tuple[list[VerdictRow], list[str]]:
     """Every setting's verdict rows (``judged(report)``: the rows the cell judges; metric prefixed
     ``[setting]``) and one summary line per setting (its worst hit-rate error)."""
-    from blis_sim.engine.latency import load_coefficients
+    from blis_sim.engine.coefficients import load_coefficients
     from blis_sim.errors import ConfigError
     from blis_sim.sweep.axes import SettingError, apply_settings, axis_kind
     from blis_sim.sweep.base import with_offload

@@ -256,3 +256,36 @@ def test_replay_as_a_program_leaves_without_teardown_but_with_everything_written
     bad = subprocess.run([sys.executable, "-c", probe, *args[:-4], "--tp", "0"], capture_output=True,
                          text=True, env={**os.environ})
     assert bad.returncode == 2 and bad.stderr.strip().endswith("--tp must be ≥ 1, got 0"), bad.stderr
+
+
+def test_replay_does_not_import_what_it_does_not_use(run_trace: Path, tmp_path: Path) -> None:
+    """`blis replay` of a trace whose header records its offload config, on the default latency
+    model, builds none of the coefficient-file models, the offload file's models or the trace
+    reader's ITL/Trace models (their modules are imported on first use: start-up time); their
+    names are still served by the modules that always exported them."""
+    args = ["replay", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
+            str(run_trace / "t.yaml"), "--trace-data", str(run_trace / "t.csv"),
+            "--metrics-path", str(tmp_path / "m.json")]
+    probe = ("import sys; import blis_sim.cli as cli; sys.argv = ['blis'] + sys.argv[1:]; "
+             "cli._end_program = lambda code: code; rc = cli.main(); "
+             "print(rc, *sorted(m for m in sys.modules if m.startswith('blis_sim')), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rc, *modules = out.stderr.splitlines()[-1].split()
+    assert rc == "0" and "blis_sim.engine.replay_trace" in modules
+    unused = {"blis_sim.engine.coefficients", "blis_sim.formats.offload_file", "blis_sim.formats.itl",
+              "blis_sim.formats.trace", "blis_sim.engine.fitting"}
+    assert not unused & set(modules), unused & set(modules)
+
+    from blis_sim.engine import LatencyCoefficients, coefficients, latency
+    from blis_sim.formats import load_offload_config, offload, offload_file
+
+    assert latency.LatencyCoefficients is coefficients.LatencyCoefficients is LatencyCoefficients
+    assert latency.load_coefficients is coefficients.load_coefficients
+    assert latency.DEFAULT_COEFFICIENTS is coefficients.DEFAULT_COEFFICIENTS
+    assert offload.load_offload_config is offload_file.load_offload_config is load_offload_config
+    assert offload.DEFAULT_DEVICE_CLASSES is offload_file.DEFAULT_DEVICE_CLASSES
+    with pytest.raises(AttributeError):
+        latency.no_such_name  # noqa: B018
+    with pytest.raises(AttributeError):
+        offload.no_such_name  # noqa: B018

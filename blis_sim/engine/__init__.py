@@ -27,14 +27,15 @@ from __future__ import annotations
 # import replay`` returns whatever is imported later.
 from blis_sim._lazy import lazy_exports
 from blis_sim.engine import replay as _replay_compat  # noqa: F401
-from blis_sim.engine.latency import (LatencyCoefficients, MemoryCoefficients, load_coefficients,
-                                     roofline)
+from blis_sim.engine.latency import roofline
 from blis_sim.engine.replay_trace import PreparedTrace, prepare_trace, replay, replay_outcome
 from blis_sim.engine.scheduler import SchedulerConfig
 from blis_sim.engine.simulate import EngineOptions
 
-# `run` and `fit` need the workload generator and its spec models: imported on first use (PEP 562)
+# `run` and `fit` need the workload generator and its spec models, a coefficient file its
+# models: imported on first use (PEP 562)
 __getattr__, __dir__, _ = lazy_exports(__name__, {
+    "blis_sim.engine.coefficients": ("LatencyCoefficients", "MemoryCoefficients", "load_coefficients"),
     "blis_sim.engine.fitting": ("evaluate", "fit"),
     "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),

@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from blis_sim.engine.latency import (default_step_model, dump_coefficients, get_hardware,
-                                     load_coefficients, roofline)
+from blis_sim.engine.latency import default_step_model, get_hardware, roofline
 from blis_sim.engine.models import geometry_for
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import ConfigError, InputError, UsageError
@@ -163,6 +162,8 @@ def _latency(args: argparse.Namespace) -> tuple[Any, str]:
         return roofline(geom, get_hardware(args.hardware or DEFAULT_HARDWARE), args.tp), \
             f"roofline:{args.model_config or args.model}"
     if args.latency_coefficients:
+        from blis_sim.engine.coefficients import load_coefficients
+
         return load_coefficients(args.latency_coefficients).to_step_model(), \
             str(args.latency_coefficients)
     return default_step_model(), "default"
@@ -351,6 +352,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if coeffs.fit is not None:
         sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:
+        from blis_sim.engine.coefficients import dump_coefficients
+
         dump_coefficients(coeffs, args.output)
     report: dict[str, Any] = {"coefficients": coeffs.model_dump(exclude={"fit"}),
                               "fit": coeffs.fit.model_dump() if coeffs.fit else None}

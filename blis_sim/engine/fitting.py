@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from blis_sim.engine.fit_solve import Design
-from blis_sim.engine.latency import (FitIteration, FitReport, FrontendCoefficients,
-                                     LatencyCoefficients, MemoryCoefficients, StepCoefficients)
+from blis_sim.engine.coefficients import (FitIteration, FitReport, FrontendCoefficients,
+                                          LatencyCoefficients, MemoryCoefficients, StepCoefficients)
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
@@ -423,7 +423,7 @@ def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport
 def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
     """The starting coefficients: ``options.latency`` if fitted-shaped (linear or roofline-fit),
     else the bundled default."""
-    from blis_sim.engine.latency import DEFAULT_COEFFICIENTS
+    from blis_sim.engine.coefficients import DEFAULT_COEFFICIENTS
 
     lat = options.latency
     if lat.kind in ("linear", "roofline-fit"):

@@ -12,9 +12,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from blis_sim import __version__
-from blis_sim.formats import (KVGeometry, KVHitRate, LatencyModelInfo, PytestBlisHeader,
-                              SimProvenance, TraceHeader)
 from blis_sim.formats._model import construct
+from blis_sim.formats.hitrate import KVHitRate
+from blis_sim.formats.results import SimProvenance
+# from the header's own module, not ``blis_sim.formats`` (which re-exports TraceHeader from
+# ``formats.trace``): a replay then does not import the trace reader's ITL and Trace models
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, PytestBlisHeader, TraceHeader
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:

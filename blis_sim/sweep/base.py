@@ -92,7 +92,7 @@ class SweepBase:
         return replace(task, key=task_key(self.fingerprint, task))
 
     def _latency(self, path: str, sweep: Any) -> Any:
-        from blis_sim.engine.latency import load_coefficients
+        from blis_sim.engine.coefficients import load_coefficients
 
         p = sweep.base_dir / path
         if str(p) not in self._latency_cache:
