@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from blis_sim._lazy import lazy_exports
 from blis_sim.errors import ConfigError, FormatError
 from blis_sim.formats._strict import read_text
 
@@ -74,14 +75,7 @@ _COEFFICIENT_NAMES = frozenset({"CoefficientEstimate", "FitIteration", "FitRepor
                                 "dump_coefficients"})
 
 
-def __getattr__(name: str) -> Any:
-    if name in _COEFFICIENT_NAMES:
-        from blis_sim.engine import coefficients
-
-        value = getattr(coefficients, name)
-        globals()[name] = value  # the next access is a plain attribute
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"blis_sim.engine.coefficients": tuple(sorted(_COEFFICIENT_NAMES))})[0]
 
 
 @dataclass(frozen=True)

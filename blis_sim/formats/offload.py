@@ -45,6 +45,7 @@ from typing import Any, Literal, NoReturn
 from pydantic import Field, ValidationError, model_validator
 
 from blis_sim import limits
+from blis_sim._lazy import lazy_exports
 from blis_sim.errors import ConfigError
 from blis_sim.formats._model import StrictModel, construct, plain_fields
 from blis_sim.formats._strict import YamlDoc
@@ -327,12 +328,5 @@ _FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "load_device_c
                          "load_offload_config", "parse_offload_config", "resolve_offload_config"})
 
 
-def __getattr__(name: str) -> Any:
-    if name in _FILE_NAMES:
-        from blis_sim.formats import offload_file
-
-        value = getattr(offload_file, name)
-        globals()[name] = value  # the next access is a plain attribute
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"blis_sim.formats.offload_file": tuple(sorted(_FILE_NAMES))})[0]
 
