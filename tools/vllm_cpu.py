@@ -48,6 +48,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 VLLM_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -290,13 +291,21 @@ def cpu_signature() -> str:
     return " ".join([model, *[f for f in _SIZING_FLAGS if f in flags]])
 
 
+def read_stamp(paths: CachePaths, name: str) -> dict[str, Any]:
+    """What ``build-model`` recorded of ``name`` (its stamp), or ``{}`` when it is missing or unreadable."""
+    try:
+        stamp = json.loads(paths.model_stamp(name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
 def model_built(paths: CachePaths | None = None, name: str = "tiny") -> bool:
     """True when the model folder was completed by the current builder script (on this CPU, for the lane
     model, whose depth is sized to the machine)."""
     paths = paths or cache_paths()
-    try:
-        stamp = json.loads(paths.model_stamp(name).read_text())
-    except (OSError, ValueError):
+    stamp = read_stamp(paths, name)
+    if not stamp:
         return False
     same_cpu = not lane_model(name).sized_to_cpu or stamp.get("cpu") == cpu_signature()
     return stamp.get("recipe") == _model_recipe_hash(name) and same_cpu
@@ -435,10 +444,7 @@ def server_status(paths: CachePaths | None = None) -> tuple[ServerState | None, 
 def model_dtype(paths: CachePaths, name: str) -> str:
     """The dtype ``name`` was built in (its stamp; the lane model's follows the CPU), bfloat16 for a stamp
     written before the dtype was recorded."""
-    try:
-        return str(json.loads(paths.model_stamp(name).read_text()).get("dtype", "bfloat16"))
-    except (OSError, ValueError):
-        return "bfloat16"
+    return str(read_stamp(paths, name).get("dtype", "bfloat16"))
 
 
 def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = None, model: str = "tiny",
