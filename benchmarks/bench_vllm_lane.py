@@ -230,9 +230,10 @@ def fit_probe(lane: Lane, name: str, trace: Trace) -> ProbeFit:
     """Fit ``trace`` (a probe) alone; the first probe's fit becomes ``lane.first``."""
     coeffs = fit(trace, lane.engine(None), name=name)
     (lane.out / name / "latency.json").write_text(coeffs.model_dump_json(indent=2) + "\n")
-    if lane.first is None:
+    if lane.first is None:  # the reference the others' drift is measured from: 0 by definition
         lane.first = coeffs
         lane.first_ratio = e2e_ratio(lane, trace)
+        return ProbeFit(name, coeffs, 0.0)
     return ProbeFit(name, coeffs, slowdown(lane, trace))
 
 
