@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, VerdictRow
+from blis_sim.engine.capacity import burst_capacity
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions
 from pytest_blis import _allure, _html
@@ -201,7 +202,9 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         # Reported at the scenario's line in the YAML file, as a skip mark would be.
         raise pytest.skip.Exception(reason, _use_item_location=True)
     content_id = f"{cid}@{target.namespace}" if target.namespace else cid
-    plan = build_plan(spec, cell_id=content_id, capacity=target.capacity(), base_dir=Path(point.file).parent)
+    rate_notes: list[str] = []
+    plan = build_plan(spec, cell_id=content_id, capacity=target.capacity(), base_dir=Path(point.file).parent,
+                      capacity_of=lambda w: burst_capacity(w, replay_options), notes=rate_notes)
     window = measured_phase_names(spec, plan)
     obs_opts = ObserveOptions(
         model=target.model, scrape_kv_metrics=True, max_concurrency=spec.concurrency, window_phases=window,
@@ -237,7 +240,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         rows += more
     _html.remember(item, rows, plots)
     problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
-    notes = [f"artifacts: {ctx.paths.root}"] + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
+    notes = [f"artifacts: {ctx.paths.root}"] + rate_notes + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
     if setting_notes:  # the worst error over every simulator setting too

@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
+from blis_sim.errors import FormatError
 from blis_sim.formats.workload import WorkloadSpec, load_workload_spec
 from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan, generate_workload
-from pytest_blis._scenario import Capacity, Phase, Scenario
+from pytest_blis._scenario import Capacity, Phase, Scenario, capacity_factor
+
+CapacityOf = Callable[[WorkloadSpec], float]  # a workload's predicted maximum throughput, req/s
 
 _EMPTY_SPEC = {"version": "2", "seed": 0, "aggregate_rate": 1, "num_requests": 1,
                "clients": [{"id": "plugin", "rate_fraction": 1,
@@ -66,8 +70,32 @@ def _reindex(phase: PhasePlan, index: int, name: str) -> PhasePlan:
     return dataclasses.replace(phase, index=index, name=name, requests=reqs, sessions=sessions)
 
 
-def build_plan(scenario: Scenario, *, cell_id: str, capacity: Capacity, base_dir: Path) -> WorkloadPlan:
-    """Plan every phase of one cell against the server's capacity."""
+def phase_spec(phase: Phase, base_dir: Path, capacity_of: CapacityOf | None = None,
+               notes: list[str] | None = None) -> WorkloadSpec:
+    """A ``workload`` phase's spec, at the phase's ``rate`` when it sets one (``capacity_of`` resolves
+    ``'Nx capacity'``; what it resolved to is appended to ``notes``)."""
+    from blis_sim.engine.capacity import with_rate
+
+    assert phase.workload is not None
+    spec = load_workload_spec(base_dir / phase.workload)
+    if phase.rate is None:
+        return spec
+    factor = capacity_factor(phase.rate)
+    if factor is None:
+        return with_rate(spec, float(phase.rate))
+    if capacity_of is None:
+        raise FormatError(f"workload {phase.workload}: rate '{phase.rate}' needs a simulator to predict the "
+                          "workload's capacity, and none was given")
+    predicted = capacity_of(spec)
+    if notes is not None:
+        notes.append(f"{phase.workload}: rate {phase.rate} = {factor:g} x {predicted:.2f} req/s predicted "
+                     f"= {factor * predicted:.2f} req/s")
+    return with_rate(spec, factor * predicted)
+
+
+def build_plan(scenario: Scenario, *, cell_id: str, capacity: Capacity, base_dir: Path,
+               capacity_of: CapacityOf | None = None, notes: list[str] | None = None) -> WorkloadPlan:
+    """Plan every phase of one cell against the server's capacity (``capacity_of``, ``notes``: phase_spec's)."""
     seed = cell_seed(scenario.seed, cell_id)
     tag = f"c{seed:x}"
     groups: list[tuple[str, int]] = []
@@ -75,7 +103,7 @@ def build_plan(scenario: Scenario, *, cell_id: str, capacity: Capacity, base_dir
     for name, phase in zip(scenario.phase_names(), scenario.phases):
         index = len(phases)
         if phase.workload is not None:
-            sub = generate_workload(load_workload_spec(base_dir / phase.workload), seed=seed)
+            sub = generate_workload(phase_spec(phase, base_dir, capacity_of, notes), seed=seed)
             for k, p in enumerate(sub.phases):
                 phases.append(_reindex(p, len(phases), name if len(sub.phases) == 1 else f"{name}.{p.name or k}"))
             continue

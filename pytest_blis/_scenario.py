@@ -20,7 +20,9 @@ collected, so a schema error is a collection error naming file, line and field.
 
 Sizes (``prefix_length``, ``tokens``, ...) are tokens, or a multiple of a tier's capacity:
 ``"1.5x gpu"`` (GPU blocks × block size) or ``"0.5x cpu"`` (the CPU offload tier), resolved against
-the server actually under test.
+the server actually under test. A ``workload`` phase's ``rate`` is req/s, or a multiple of the
+workload's capacity, ``"2x capacity"``: twice the throughput the cell's simulator predicts for it on that
+server, so that a load meant to saturate does so whatever the machine's speed.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from blis_sim.errors import FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*(gpu|cpu)\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*capacity\s*$")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # no '[', ']' or '::' (pytest --lf, §1.3)
 
@@ -59,6 +62,23 @@ def check_size(value: int | str) -> int | str:
     if not _SIZE_RE.match(value):
         raise ValueError(f"'{value}' is not a size: use a token count or 'Nx gpu' / 'Nx cpu'")
     return value.strip()
+
+
+Rate = Annotated[float | str, Field(description="req/s, or 'Nx capacity'")]
+
+
+def check_rate(value: float | str | None) -> float | str | None:
+    if value is None or isinstance(value, str) and _RATE_RE.match(value):
+        return value.strip() if isinstance(value, str) else value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise ValueError(f"'{value}' is not a rate: use req/s (> 0) or 'Nx capacity'")
+
+
+def capacity_factor(rate: float | str) -> float | None:
+    """N of an ``'Nx capacity'`` rate; None for a rate in req/s."""
+    m = _RATE_RE.match(rate) if isinstance(rate, str) else None
+    return float(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -162,6 +182,12 @@ class Phase(_Strict):
     unique: UniquePhase | None = None
     sessions: SessionPhase | None = None
     workload: str | None = Field(None, description="a workload spec YAML, relative to the scenario file")
+    rate: Rate | None = Field(
+        None, description="a workload phase's arrival rate, in place of its spec's aggregate_rate: req/s, or "
+                          "'Nx capacity', N times the maximum throughput the cell's simulator (the probe's fit, "
+                          "the server's limits) predicts for the workload")
+
+    _rate = field_validator("rate")(check_rate)
 
     @model_validator(mode="after")
     def _one_kind(self) -> Phase:
@@ -169,6 +195,8 @@ class Phase(_Strict):
         if len(kinds) != 1:
             got = ", ".join(kinds) or "none"
             raise ValueError(f"a phase needs exactly one of {', '.join(PHASE_KINDS)} (got {got})")
+        if self.rate is not None and self.workload is None:
+            raise ValueError("'rate' sets a workload phase's arrival rate; this phase has no 'workload'")
         return self
 
     @property

@@ -66,8 +66,13 @@ def test_other_yaml_is_not_collected(pytester: pytest.Pytester) -> None:
     ("scenarios: {}\n", "*cells.blis.yaml:1: field 'scenarios'*"),
     (SCENARIO.replace("      - seed: {groups: 2, prefix_length: \"{prefix_length}\"}\n", ""),
      "*'repeat' phase needs a 'seed' phase*"),
+    (SCENARIO.replace("- unique: {requests: 2, prompt_length: 128}",
+                      "- unique: {requests: 2, prompt_length: 128}\n        rate: 2x capacity"),
+     "*cells.blis.yaml:14: field 'scenarios.miss.phases.0'*has no 'workload'*"),
+    (SCENARIO.replace("- unique: {requests: 2, prompt_length: 128}", "- {workload: w.yaml, rate: 2x fast}"),
+     "*cells.blis.yaml:14: field 'scenarios.miss.phases.0.rate'*is not a rate*"),
 ], ids=["out-of-range", "bad-enum", "unknown-key", "duplicate-key", "bad-size", "no-phase-kind", "no-scenarios",
-        "repeat-without-seed"])
+        "repeat-without-seed", "rate-without-workload", "bad-rate"])
 def test_schema_errors_name_file_line_field(pytester: pytest.Pytester, text: str, expected: str) -> None:
     pytester.makefile(".blis.yaml", cells=text)
     result = _run(pytester, "--collect-only", "-q")

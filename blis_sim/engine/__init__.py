@@ -10,12 +10,13 @@ Library API::
     report = evaluate(other_trace, options)      # FitReport of options.latency on another trace
     replay_outcome(trace, options).trace()       # re-export as TraceV2; run_outcome(...).trace()
     prepared = prepare_trace(trace)              # a sweep: prepare once, replay_outcome(prepared, o) per point
+    rps = burst_capacity(workload_spec, options) # the simulated server's maximum throughput for a workload
 
 ``results`` is a list of :class:`blis_sim.formats.SimResult`, ``metrics`` a
 :class:`blis_sim.formats.MetricsOutput`. Modules: :mod:`.scheduler` (the rules, the loop backends),
 :mod:`.latency` (linear / roofline models, coefficient files), :mod:`.fitting` (with :mod:`.fit_solve`,
 :mod:`.fit_checks`, :mod:`.prior`: the solver, its self-checks, the roofline prior), :mod:`.replay_trace`,
-:mod:`.run_spec`, :mod:`.simulate` (options, one simulation), :mod:`.requests` (trace/plan → request
+:mod:`.run_spec`, :mod:`.capacity`, :mod:`.simulate` (options, one simulation), :mod:`.requests` (trace/plan → request
 columns), :mod:`.content` (token content as block hashes), :mod:`.kvport`, :mod:`.outputs`,
 :mod:`.provenance`, :mod:`.models` (bundled model geometry), :mod:`.cli`. See docs/engine.md.
 """
@@ -35,11 +36,12 @@ from blis_sim.engine.simulate import EngineOptions
 # `run` and `fit` need the workload generator and its spec models, a coefficient file its
 # models: imported on first use (PEP 562)
 __getattr__, __dir__, _ = lazy_exports(__name__, {
+    "blis_sim.engine.capacity": ("burst_capacity",),
     "blis_sim.engine.coefficients": ("LatencyCoefficients", "MemoryCoefficients", "load_coefficients"),
     "blis_sim.engine.fitting": ("evaluate", "fit"),
     "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = ["EngineOptions", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
+__all__ = ["EngineOptions", "burst_capacity", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
            "evaluate", "fit", "load_coefficients", "physics_prior", "prepare_trace", "replay",
            "replay_outcome", "resolve_prior", "roofline", "run", "run_outcome"]
