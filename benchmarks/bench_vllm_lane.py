@@ -60,13 +60,7 @@ from typing import Any
 import numpy as np
 
 from blis_sim.calibrate import CalibrateOptions, calibrate
-from blis_sim.engine import (
-    EngineOptions,
-    LatencyCoefficients,
-    fit,
-    replay_outcome,
-    run_outcome,
-)
+from blis_sim.engine import EngineOptions, LatencyCoefficients, burst_capacity, fit, replay_outcome
 from blis_sim.formats.trace import Trace, load_trace
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
@@ -287,11 +281,8 @@ def session_spec(seed: int, rate: float) -> WorkloadSpec:
 
 
 def predicted_capacity(lane: Lane, mix: str) -> float:
-    """Completions per second of a simulated burst far past capacity (the first probe's fitted capacity)."""
-    n = 4 * lane.max_num_seqs
-    out = run_outcome(mix_spec(mix, 1000.0, n, seed=1), lane.engine(lane.first)).outcome
-    finish = out.loop.finish_us[~np.isnan(out.loop.finish_us)]
-    return float(len(finish) / ((finish.max() - out.loop.arrival_us.min()) / 1e6))
+    """The first probe's fitted capacity for ``mix``: completions per second of a simulated burst of it."""
+    return burst_capacity(mix_spec(mix, 1.0, 4 * lane.max_num_seqs, seed=1), lane.engine(lane.first))
 
 
 def throughput(send_us: np.ndarray, finish_us: np.ndarray) -> float:

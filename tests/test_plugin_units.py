@@ -28,16 +28,16 @@ def test_probe_separates_the_terms() -> None:
     # Warm-up first and outside the fit; every phase of a sequential cell's probe holds one request.
     assert names[:2] == ["warmup-0", "warmup-1"] and fitted_phases(plan) == tuple(names[2:])
     assert all(len(p.requests) == 1 for p in plan.phases)
-    # 16384 GPU tokens: prefixes up to a quarter (4096), two cold samples, then seed + two cached with 32 new
+    # 16384 GPU tokens: prefixes up to a quarter (4096), three cold samples (spread over the probe), a seed + two cached with 32 new
     # tokens, and one with 512 (fewer where 512 would pass a quarter of the cache; none at 4096).
     for length in (64, 128, 256, 512, 1024, 2048, 4096):
         cold = [p.requests[0] for p in plan.phases if p.name.startswith(f"cold-{length}-")]
         seed = next(p.requests[0] for p in plan.phases if p.name == f"seed-{length}")
         cached = [p.requests[0] for p in plan.phases if p.name.startswith(f"cached-{length}-")]
-        assert len(cold) == 2 and [r.new_input_tokens for r in cached] == [32, 32] + (
+        assert len(cold) == 3 and [r.new_input_tokens for r in cached] == [32, 32] + (
             [min(512, 4096 - length)] if length < 4096 else [])
         assert all(r.input_tokens == length + r.new_input_tokens for r in cached)
-        assert len({r.prefix_group for r in cold + [seed]}) == 3  # cold samples share nothing
+        assert len({r.prefix_group for r in cold + [seed]}) == 4  # cold samples share nothing
         assert {r.prefix_group for r in cached} == {seed.prefix_group}
         assert all(r.prefix_length == length for r in cached)
     decode = [p.requests[0] for p in plan.phases if p.name.startswith("decode-")]

@@ -45,7 +45,8 @@ def test_plan_follows_the_server_and_the_caps() -> None:
     got = names(small)
     assert max(int(n.split("-")[1]) for n in got if n.startswith("cold-")) == 976  # 1024 - 36, whole blocks
     assert max(int(n.split("-")[1]) for n in got if n.startswith("decode-")) == 8
-    assert names(H100, ProbeConfig(max_prompt=2048, decode_max=16, ramp_max=32))[-1] == "ramp-32"
+    got = names(H100, ProbeConfig(max_prompt=2048, decode_max=16, ramp_max=32))
+    assert [n for n in got if not n.startswith("cold-")][-1] == "ramp-32"
     capped = names(H100, ProbeConfig(max_prompt=2048, decode_max=16, ramp_max=1, mixed=False))
     assert not any(n.startswith(("ramp", "mixed")) for n in capped)
     assert max(int(n.split("-")[1]) for n in capped if n.startswith("cold-")) == 2048
@@ -55,14 +56,29 @@ def test_plan_follows_the_server_and_the_caps() -> None:
         ServerLimits(max_model_len=64, block_size=16, num_gpu_blocks=0)
 
 
+def test_cold_samples_of_a_length_are_spread_over_the_probe() -> None:
+    """Three passes over the lengths: beside the seeds, after the decode batches, last. A slow stretch of
+    seconds on a shared host then meets one sample of each length, not all of them."""
+    got = names(H100)
+    first = {n: i for i, n in enumerate(got)}
+    lengths = sorted({int(n.split("-")[1]) for n in got if n.startswith("cold-")})
+    for length in lengths:
+        at = [first[f"cold-{length}-{k}"] for k in range(3)]
+        assert at[0] < first[f"seed-{length}"] < first["decode-1"] < at[1] < first["ramp-2"] < at[2]
+    assert got[-len(lengths):] == [f"cold-{length}-2" for length in lengths]
+    # the second pass comes after the seeded prefixes' last use (their 512-token repeats)
+    assert max(i for n, i in first.items() if n.startswith("cached-")) < first[f"cold-{lengths[0]}-1"]
+
+
 LANE = ServerLimits(max_model_len=8192, block_size=32, num_gpu_blocks=4096, max_num_seqs=32,
                    max_num_batched_tokens=2048)
 
 
 def test_sustain_phase_holds_a_queue_of_short_mixed_requests() -> None:
     plan = probe_plan(LANE, ProbeConfig(max_prompt=4096, decode_max=64, ramp_max=64))
-    last = plan.phases[-1]
-    assert [p.name for p in plan.phases][-2:] == ["ramp-64", "sustain-96"]  # 3 x max_num_seqs
+    busy = [p for p in plan.phases if not p.name.startswith("cold-")]  # the last cold pass follows it
+    last = busy[-1]
+    assert [p.name for p in busy][-2:] == ["ramp-64", "sustain-96"]  # 3 x max_num_seqs
     prompts = [r.input_tokens for r in last.requests]
     outputs = [r.output_tokens for r in last.requests]
     assert min(prompts) == 64 and max(prompts) == 512 and min(outputs) == 16 and max(outputs) == 48
@@ -76,7 +92,7 @@ def test_sustain_phase_holds_a_queue_of_short_mixed_requests() -> None:
 
 def test_no_sustain_phase_where_nothing_queues_and_the_ramp_stops_at_twice_the_batch() -> None:
     within = names(LANE, ProbeConfig(max_prompt=4096, decode_max=32, ramp_max=32))
-    assert within[-1] == "ramp-32" and not any(n.startswith("sustain") for n in within)
+    assert [n for n in within if not n.startswith("cold-")][-1] == "ramp-32" and not any(n.startswith("sustain") for n in within)
     # cells that send hundreds at once: the ramp still stops at 2 x max_num_seqs
     wide = names(LANE, ProbeConfig(max_prompt=4096, decode_max=480, ramp_max=480))
     assert [n for n in wide if n.startswith(("ramp-", "sustain-"))][-2:] == ["ramp-64", "sustain-96"]

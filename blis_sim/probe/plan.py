@@ -12,7 +12,9 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       one-off costs: connections, lazy imports, allocator growth);
 ``cold-<L>-<k>``      unique prompts of an ``L``-token prefix + 32 tokens, ``L`` = 64, 128, 256, ... doubling,
                       then the longest the server takes, sent alone: per-step base, per-prefill-token and
-                      attention terms;
+                      attention terms. Three passes over the lengths, spread over the probe: the first here,
+                      the second after the decode batches, the third at the very end (below), so that a slow
+                      stretch of the host (seconds on a shared VM) meets one sample of a length, not all;
 ``seed-<L>``, ``cached-<L>-<k>``  one prompt whose prefix the next two repeat with new suffixes: what a
                       cached prefix saves against the per-request (frontend) time that stays; later, after
                       the decode batches, a third (``cached-<L>-2``) with 512 new tokens: a prefill whose
@@ -36,7 +38,8 @@ Phases, in the order they run (each a drained group, so "alone" means alone on t
                       finish letting one waiting prompt in: the steps of a saturated server (a full decode
                       batch with one short prefill), which no drained batch of equal requests shows (they
                       finish together, and the next batch prefills together). With it, the fit replays the
-                      ramp but does not fit its rows (:func:`replayed_only`).
+                      ramp but does not fit its rows (:func:`replayed_only`);
+``cold-<L>-2``        the third pass of cold prompts, last: the server as the cells after the probe meet it.
 
 The longest prompt is ``min(max_model_len - output, GPU cache / 4, max_prompt)``: a quarter of the cache, so
 the probe never evicts its own prefixes. Lengths double from 64, so the median probe prompt is about the square root
@@ -54,7 +57,7 @@ from blis_sim.errors import ConfigError
 from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan
 
 SUFFIX = 32                        # fresh tokens after each prefix
-COLD_SAMPLES = 2                   # two cold samples per length (one hiccup is set aside)
+COLD_SAMPLES = 3                   # cold samples per length, one per pass (one hiccup is set aside)
 CACHED_REPEATS = 2                 # cached TTFTs are short: two samples each
 CACHED_LONG_SUFFIX = 512           # then one with 512 new tokens: a prefill attending to a long cached context
 TTFT_OUTPUT = 4                    # TTFT requests: a few tokens, so they end quickly
@@ -237,12 +240,18 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     for k in range(2):
         b.add(f"warmup-{k}", [unique(MIN_LENGTH, TTFT_OUTPUT)])
     lengths = probe_lengths(limits, config)
+    groups = [{"prefix_group": f"{tag}-{n}", "prefix_length": length, "input_tokens": length + SUFFIX,
+               "new_input_tokens": SUFFIX, "output_tokens": TTFT_OUTPUT} for n, length in enumerate(lengths)]
+
+    def cold(n: int, k: int) -> None:  # a unique prefix: each cold sample misses
+        b.add(f"cold-{lengths[n]}-{k}", [{**groups[n], "prefix_group": f"{tag}-{n}-cold{k}"}])
+
+    # A slow stretch of a shared host lasts seconds: samples of one length sent back to back all meet it,
+    # and the fit prices that length (and the cells after the probe) by it; a pass each at the start, in
+    # the middle and at the end meets it once. The first pass runs beside the seeds.
     extended: list[tuple[str, list[dict[str, Any]]]] = []
-    for n, length in enumerate(lengths):
-        group = {"prefix_group": f"{tag}-{n}", "prefix_length": length, "input_tokens": length + SUFFIX,
-                 "new_input_tokens": SUFFIX, "output_tokens": TTFT_OUTPUT}
-        for k in range(COLD_SAMPLES):  # unique prefixes: each cold sample misses
-            b.add(f"cold-{length}-{k}", [{**group, "prefix_group": f"{tag}-{n}-cold{k}"}])
+    for n, (length, group) in enumerate(zip(lengths, groups)):
+        cold(n, 0)
         b.add(f"seed-{length}", [group])
         for k in range(CACHED_REPEATS):
             b.add(f"cached-{length}-{k}", [group])
@@ -258,6 +267,10 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     # when its KV is still in the CPU's caches (on a CPU server that prices the prefill's attention low)
     for name, reqs in extended:
         b.add(name, reqs)
+    # after the seeded prefixes' last use: the unique prompts may push them out of a small cache
+    for k in range(1, COLD_SAMPLES - 1):
+        for n in range(len(lengths)):
+            cold(n, k)
     context = min(2048, lengths[-1])
     for batch in CONTEXT_BATCHES:
         if batch <= batches[-1] and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
@@ -273,6 +286,8 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     sustain = sustain_requests(limits, config)
     if sustain:
         b.add(f"sustain-{len(sustain)}", [unique(prompt, output) for prompt, output in sustain])
+    for n in range(len(lengths)):
+        cold(n, COLD_SAMPLES - 1)
     spec = WorkloadSpec.model_validate({**_PLACEHOLDER_SPEC, "seed": config.seed})
     return WorkloadPlan(seed=config.seed, spec=spec, phases=tuple(b.phases))
 

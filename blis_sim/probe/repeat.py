@@ -1,7 +1,9 @@
 """How well the server repeats itself: the TTFT spread of the identical requests a probe sends alone.
 
-The probe sends each prompt length three times alone and cold (``cold-L-0``, ``cold-L-1``, ``seed-L``: the
-same prompt length, nothing cached, the same output), and twice with its prefix cached (``cached-L-0/1``).
+The probe sends each prompt length four times alone and cold (``cold-L-0/1/2``, one at the start, in the middle
+and at the end of the probe, and ``seed-L``: the same prompt length, nothing cached, the same output), and
+twice with its prefix cached (``cached-L-0/1``). The spread of the cold samples includes the server's drift
+over the probe's minutes.
 No latency model can tell those apart, so the spread of their TTFTs around their own mean is a floor under
 the TTFT MAPE of any model on a cell that sends such requests one at a time: the server's own repeatability on
 this host. On a quiet machine it is a few %; on a shared VM whose speed moves (docs/vllm-cpu-calibration.md)
