@@ -10,9 +10,10 @@ covers a whole request.
 from libc.stdint cimport int64_t, uint64_t, int32_t
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
-from cython.operator cimport dereference as deref
+from cython.operator cimport dereference as deref, preincrement as inc
 
 import numpy as np
+cimport cython
 cimport numpy as cnp
 
 cnp.import_array()
@@ -65,20 +66,28 @@ cdef extern from *:
                 i = (i + 1) & mask;
             }
         }
-        void set(uint64_t key, int64_t val) {
-            if (!key) { if (!has0) { has0 = true; ++n; } v0 = val; return; }
+        // key -> val unless key is present (then nothing changes); whether it was inserted: one
+        // probe where find + set took two
+        bool insert(uint64_t key, int64_t val) {
+            if (!key) {
+                if (has0) return false;
+                has0 = true; v0 = val; ++n;
+                return true;
+            }
             uint64_t i = home(key);
             while (true) {
                 uint64_t c = e[i].k;
-                if (c == key) { e[i].v = val; return; }
+                if (c == key) return false;
                 if (!c) break;
                 i = (i + 1) & mask;
             }
             e[i].k = key; e[i].v = val; ++n;
             if ((uint64_t)n * 2 > e.size()) rehash(e.size() * 2);
+            return true;
         }
-        void erase(uint64_t key) {
-            if (!key) { if (has0) { has0 = false; --n; } return; }
+        // erase key if it maps to val (one probe where find + erase took two)
+        void erase_if(uint64_t key, int64_t val) {
+            if (!key) { if (has0 && v0 == val) { has0 = false; --n; } return; }
             uint64_t i = home(key);
             while (true) {
                 uint64_t c = e[i].k;
@@ -86,6 +95,7 @@ cdef extern from *:
                 if (c == key) break;
                 i = (i + 1) & mask;
             }
+            if (e[i].v != val) return;
             uint64_t j = i;
             while (true) {
                 j = (j + 1) & mask;
@@ -105,6 +115,10 @@ cdef extern from *:
                 if (e[i].k) { ks.push_back(e[i].k); vs.push_back(e[i].v); }
         }
     };
+
+    // A request's GPU blocks and how many of them are registered in the hash map, under one key
+    // (one lookup per pool call; two maps took three to five)
+    struct BlisPoolReq { std::vector<int32_t> blocks; int64_t cached = 0; };
 
     // The chunk stores' slots and their key index, compact: an unbounded fs tier holds tens of
     // millions of chunks. Slots live in fixed pages (growing never copies); the index is open
@@ -208,11 +222,15 @@ cdef extern from *:
         BlisFlatMap() except +
         void reserve(uint64_t count) except +
         int64_t find(uint64_t key) noexcept nogil
-        void set(uint64_t key, int64_t val) except +
-        void erase(uint64_t key) noexcept nogil
+        void erase_if(uint64_t key, int64_t val) noexcept nogil
+        bint insert(uint64_t key, int64_t val) except +
         void items(vector[uint64_t]& ks, vector[int64_t]& vs) except +
         void prefetch(uint64_t key) noexcept nogil
         int64_t n
+
+    cppclass BlisPoolReq:
+        vector[int32_t] blocks
+        int64_t cached
 
     cppclass BlisSlot:
         uint64_t key
@@ -330,6 +348,7 @@ cdef inline const uint64_t* _ptr(const uint64_t[::1] a) noexcept:
     return &a[0] if a.shape[0] else NULL
 
 
+@cython.final  # no subclass: its C methods are called directly (and may be inlined)
 cdef class BlockPool:
     """GPU blocks, free queue and hash map (see :mod:`blis_sim.kv._core_py`)."""
 
@@ -340,8 +359,7 @@ cdef class BlockPool:
     cdef vector[uint64_t] _hash
     cdef BlisFlatMap _map  # block hash -> block id
     cdef int32_t _head, _tail
-    cdef unordered_map[int64_t, vector[int32_t]] _req
-    cdef unordered_map[int64_t, int64_t] _req_cached
+    cdef unordered_map[int64_t, BlisPoolReq] _req  # per request: its blocks, how many cached
     cdef vector[int32_t] _hits, _front  # scratch of _allocate / _free (no allocation per call)
 
     def __init__(self, int num_blocks, int block_size, bint enable_caching=True):
@@ -414,10 +432,10 @@ cdef class BlockPool:
         return self._num_blocks_of(rid)
 
     cdef Py_ssize_t _num_blocks_of(self, int64_t rid) noexcept:
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
-        return deref(it).second.size()
+        return deref(it).second.blocks.size()
 
     def usage(self):
         return 1.0 - self.num_free / <double>(self.num_blocks - 1)
@@ -442,9 +460,9 @@ cdef class BlockPool:
     cdef bint _allocate(self, int64_t rid, const uint64_t* hashes, Py_ssize_t num_hit_blocks,
                         Py_ssize_t num_tokens) except -1:
         # ``hashes`` holds at least ``num_hit_blocks`` entries (the caller's lookup found them)
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         cdef bint known = it != self._req.end()
-        cdef Py_ssize_t have = deref(it).second.size() if known else 0
+        cdef Py_ssize_t have = deref(it).second.blocks.size() if known else 0
         cdef Py_ssize_t hits = num_hit_blocks if have == 0 else 0
         cdef Py_ssize_t need = (num_tokens + self.block_size - 1) // self.block_size
         cdef Py_ssize_t n_new = need - have - hits
@@ -452,7 +470,9 @@ cdef class BlockPool:
         cdef int32_t b
         cdef uint64_t h
         cdef vector[int32_t]* hit_ids = &self._hits
+        cdef BlisPoolReq* req
         cdef vector[int32_t]* blocks
+        cdef size_t want
         if n_new < 0:
             n_new = 0
         hit_ids.clear()
@@ -463,12 +483,11 @@ cdef class BlockPool:
                 evictable += 1
         if n_new + evictable > self.num_free:
             return False
-        if known:
-            blocks = &deref(it).second
-        else:
-            blocks = &self._req[rid]
-            self._req_cached[rid] = 0
-        blocks.reserve(have + hits + n_new)
+        req = &deref(it).second if known else &self._req[rid]
+        blocks = &req.blocks
+        want = have + hits + n_new
+        if want > blocks.capacity():  # geometric: an exact reserve copied the list per decode block
+            blocks.reserve(max(want, 2 * blocks.capacity()))
         for i in range(<Py_ssize_t>hit_ids.size()):
             b = deref(hit_ids)[i]
             if self._ref[b] == 0:
@@ -476,14 +495,13 @@ cdef class BlockPool:
             self._ref[b] += 1
             blocks.push_back(b)
         if hits:
-            self._req_cached[rid] = hits
+            req.cached = hits
         for i in range(n_new):
             b = self._head
             self._unlink(b)
             h = self._hash[b]
             if h != 0:
-                if self._map.find(h) == b:
-                    self._map.erase(h)
+                self._map.erase_if(h, b)
                 self._hash[b] = 0
                 self.evictions += 1
             self._ref[b] = 1
@@ -498,11 +516,12 @@ cdef class BlockPool:
                            Py_ssize_t num_full_blocks) except -1:
         if not self.enable_caching:
             return 0
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
-        cdef vector[int32_t]* blocks = &deref(it).second
-        cdef Py_ssize_t start = self._req_cached[rid]
+        cdef BlisPoolReq* req = &deref(it).second
+        cdef vector[int32_t]* blocks = &req.blocks
+        cdef Py_ssize_t start = req.cached
         cdef Py_ssize_t end = min(num_full_blocks, <Py_ssize_t>blocks.size(), nh)
         cdef Py_ssize_t i, added = 0
         cdef int32_t b
@@ -512,13 +531,12 @@ cdef class BlockPool:
             if self._hash[b] != 0:
                 continue
             h = hashes[i]
-            if self._map.find(h) >= 0:
+            if not self._map.insert(h, b):
                 continue
-            self._map.set(h, b)
             self._hash[b] = h
             added += 1
         if end > start:
-            self._req_cached[rid] = end
+            req.cached = end
         return added
 
     def free(self, int64_t rid):
@@ -526,13 +544,12 @@ cdef class BlockPool:
         return self._free(rid)
 
     cdef Py_ssize_t _free(self, int64_t rid) noexcept:
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
         cdef vector[int32_t] blocks
-        blocks.swap(deref(it).second)  # taken, not copied
+        blocks.swap(deref(it).second.blocks)  # taken, not copied
         self._req.erase(it)
-        self._req_cached.erase(rid)
         cdef vector[int32_t]* front = &self._front
         front.clear()
         cdef Py_ssize_t i
@@ -565,11 +582,12 @@ cdef class BlockPool:
 
     def state(self):
         reqs = {}
-        for p in self._req:
-            reqs[int(p.first)] = [int(x) for x in p.second]
         cached = {}
-        for q in self._req_cached:
-            cached[int(q.first)] = int(q.second)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.begin()
+        while it != self._req.end():
+            reqs[int(deref(it).first)] = [int(x) for x in deref(it).second.blocks]
+            cached[int(deref(it).first)] = int(deref(it).second.cached)
+            inc(it)
         return {
             "free_queue": self.free_queue(),
             "ref": [int(x) for x in self._ref],
@@ -582,6 +600,7 @@ cdef class BlockPool:
         }
 
 
+@cython.final  # no subclass: its C methods are called directly (and may be inlined)
 cdef class ChunkStore:
     """One offload tier (see :mod:`blis_sim.kv._core_py`)."""
 
@@ -641,9 +660,10 @@ cdef class ChunkStore:
         self._append(s, lst)
         return s
 
-    cdef void _drop_slot(self, int64_t s) except *:
+    cdef int _drop_slot(self, int64_t s) except -1:  # (not ``except *``: no error check per call)
         self._unlink(s)
         self._t.drop(s)
+        return 0
 
     cdef inline void _append(self, int64_t s, int lst) noexcept:
         self._list[s] = lst
@@ -881,6 +901,15 @@ cdef class ChunkStore:
         todo.clear()
         slots.clear()
         self._prefetch(keys, 0, nkeys)
+        if self._compact:
+            # unbounded: nothing to evict, so each new key is stored at once, and a later copy of
+            # it in this call finds it resident (no duplicate check); same keys, order and slots
+            for i in range(nkeys):
+                k = keys[i]
+                if self._c.find(k) < 0:
+                    todo.push_back(k)
+                    slots.push_back(self._new_slot(k, 0, ready, ready))
+            return True
         if nkeys > 1:
             cap = 16
             while cap < <uint64_t>(2 * nkeys):
@@ -985,7 +1014,7 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
     cdef ChunkStore cpu = <ChunkStore?>tiers[0]
     cdef ChunkStore tier
     cdef Py_ssize_t n, t, found, ntiers = len(tiers)
-    cdef int64_t s
+    cdef int64_t s = -1  # the last probe of the CPU tier
     cdef uint64_t key
     cdef bint hit
     cdef Span sp
@@ -1013,7 +1042,9 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
         if track is not None:
             track(pos, pos + 1)
         key = keys[pos]
-        if cpu._resident(key) >= 0:  # PENDING (a READY one would have joined the prefix)
+        # s: the probe of keys[pos] that ended the run above. Resident: PENDING (a READY one would
+        # have joined the run)
+        if s >= 0:
             break
         _count(flags, stride, deltas, 0, pos, pos + 1, False)
         found = 0
