@@ -88,6 +88,7 @@ cdef class _Req:
     cdef int64_t lk[4]
     cdef int64_t cached[3]
     cdef vector[uint64_t] hashes
+    cdef vector[int32_t] lk_blocks  # the GPU blocks the last lookup found (its lk[0] tokens)
     cdef vector[Span] plan
     cdef vector[unsigned char] flags  # tiers × flags_cols: (tier, chunk) counted bits
     cdef Py_ssize_t flags_cols
@@ -303,8 +304,8 @@ cdef class CacheCore:
         cdef ChunkStore cpu
         r.plan.clear()
         if not r.skip:
-            gpu = self._pool._lookup(r.hashes.data(), min((n_tok - 1) // bs,
-                                                          <int64_t>r.hashes.size())) * bs
+            gpu = self._pool._lookup(r.hashes.data(), min((n_tok - 1) // bs, <int64_t>r.hashes.size()),
+                                     &r.lk_blocks) * bs
         if self.ntiers and not r.skip:
             nchunks = n_tok // ct
             keys = self._chunk_keys(r, nchunks)
@@ -365,7 +366,8 @@ cdef class CacheCore:
         gpu_blocks = gpu // bs
         total = gpu + r.lk[1] + num_new_tokens
         before = self._pool._num_blocks_of(rid)
-        if not self._pool._allocate(rid, r.hashes.data(), gpu_blocks, total):
+        # the lookup is current (same epoch and time): its blocks are the ones to take
+        if not self._pool._allocate(rid, r.hashes.data(), gpu_blocks, total, r.lk_blocks.data()):
             return False
         self._epoch += 1
         r.has_lk = False
@@ -493,7 +495,7 @@ cdef class CacheCore:
                 r.num_tokens = end
             return True
         if need > r.nblocks:  # most decode steps fit in the last block: no pool call
-            if not self._pool._allocate(rid, r.hashes.data(), 0, end):
+            if not self._pool._allocate(rid, r.hashes.data(), 0, end, NULL):
                 return False
             self._epoch += 1
             self.c_bm += need - r.nblocks

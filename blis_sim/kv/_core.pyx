@@ -418,13 +418,24 @@ cdef class BlockPool:
 
     def lookup(self, const uint64_t[::1] hashes, Py_ssize_t max_blocks):
         """Number of leading ``hashes`` cached on the GPU, at most ``max_blocks``."""
-        return self._lookup(_ptr(hashes), min(max_blocks, hashes.shape[0]))
+        return self._lookup(_ptr(hashes), min(max_blocks, hashes.shape[0]), NULL)
 
-    cdef Py_ssize_t _lookup(self, const uint64_t* hashes, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t _lookup(self, const uint64_t* hashes, Py_ssize_t n,
+                            vector[int32_t]* found) noexcept:
+        """``found`` (unless NULL): the blocks found, in order (for :meth:`_allocate`, while the
+        pool is unchanged: no second probe per hit block)."""
+        if found != NULL:
+            found.clear()
         if not self.enable_caching:
             return 0
         cdef Py_ssize_t i = 0
-        while i < n and self._map.find(hashes[i]) >= 0:
+        cdef int64_t b
+        while i < n:
+            b = self._map.find(hashes[i])
+            if b < 0:
+                break
+            if found != NULL:
+                found.push_back(<int32_t>b)
             i += 1
         return i
 
@@ -443,7 +454,7 @@ cdef class BlockPool:
     def allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
                  Py_ssize_t num_tokens):
         """See the pure twin: check-then-act allocation; ``False`` changes nothing."""
-        return self._allocate(rid, _ptr(hashes), num_hit_blocks, num_tokens)
+        return self._allocate(rid, _ptr(hashes), num_hit_blocks, num_tokens, NULL)
 
     def allocate_and_cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_tokens,
                            Py_ssize_t num_full_blocks):
@@ -453,13 +464,14 @@ cdef class BlockPool:
 
     cdef Py_ssize_t _allocate_and_cache(self, int64_t rid, const uint64_t* hashes, Py_ssize_t nh,
                                         Py_ssize_t num_tokens, Py_ssize_t num_full_blocks) except -2:
-        if not self._allocate(rid, hashes, 0, num_tokens):
+        if not self._allocate(rid, hashes, 0, num_tokens, NULL):
             return -1
         return self._cache(rid, hashes, nh, num_full_blocks)
 
     cdef bint _allocate(self, int64_t rid, const uint64_t* hashes, Py_ssize_t num_hit_blocks,
-                        Py_ssize_t num_tokens) except -1:
-        # ``hashes`` holds at least ``num_hit_blocks`` entries (the caller's lookup found them)
+                        Py_ssize_t num_tokens, const int32_t* found) except -1:
+        # ``hashes`` holds at least ``num_hit_blocks`` entries (the caller's lookup found them);
+        # ``found`` (unless NULL): their blocks, as that lookup (on this same pool state) gave them
         cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         cdef bint known = it != self._req.end()
         cdef Py_ssize_t have = deref(it).second.blocks.size() if known else 0
@@ -477,7 +489,7 @@ cdef class BlockPool:
             n_new = 0
         hit_ids.clear()
         for i in range(hits):
-            b = <int32_t>self._map.find(hashes[i])
+            b = found[i] if found != NULL else <int32_t>self._map.find(hashes[i])
             hit_ids.push_back(b)
             if self._ref[b] == 0:
                 evictable += 1
