@@ -88,7 +88,7 @@ cdef class _Req:
     cdef int64_t lk[4]
     cdef int64_t cached[3]
     cdef vector[uint64_t] hashes
-    cdef vector[int32_t] lk_blocks  # the GPU blocks the last lookup found (its lk[0] tokens)
+    cdef vector[int32_t] lk_blocks  # first lk[0] // block_size: the GPU blocks the last lookup found
     cdef vector[Span] plan
     cdef vector[unsigned char] flags  # tiers × flags_cols: (tier, chunk) counted bits
     cdef Py_ssize_t flags_cols

@@ -422,20 +422,24 @@ cdef class BlockPool:
 
     cdef Py_ssize_t _lookup(self, const uint64_t* hashes, Py_ssize_t n,
                             vector[int32_t]* found) noexcept:
-        """``found`` (unless NULL): the blocks found, in order (for :meth:`_allocate`, while the
-        pool is unchanged: no second probe per hit block)."""
-        if found != NULL:
-            found.clear()
+        """``found`` (unless NULL): its first entries (as many as returned) the blocks found, in
+        order (for :meth:`_allocate`, while the pool is unchanged: no second probe per hit).
+        Kept at least ``n`` long, so that filling it is a store, not a vector append."""
         if not self.enable_caching:
             return 0
         cdef Py_ssize_t i = 0
         cdef int64_t b
+        cdef int32_t* out = NULL
+        if found != NULL:
+            if <Py_ssize_t>found.size() < n:
+                found.resize(n)
+            out = found.data()
         while i < n:
             b = self._map.find(hashes[i])
             if b < 0:
                 break
-            if found != NULL:
-                found.push_back(<int32_t>b)
+            if out != NULL:
+                out[i] = <int32_t>b
             i += 1
         return i
 
