@@ -190,15 +190,28 @@ cdef extern from *:
                 s = nslots++;
                 if ((s >> PAGE_BITS) >= (int64_t)pages.size()) pages.push_back(new S[PAGE]);
             }
+            index(s, key);
+            return s;
+        }
+        // slot s (in use) now holds key, not in the table: an eviction and an insertion, without
+        // freeing the slot and taking it back
+        void rekey(int64_t s, uint64_t key) {
+            unindex(s);
+            index(s, key);
+        }
+        // unindex slot s and free it
+        void drop(int64_t s) {
+            unindex(s);
+            free_slots.push_back((int32_t)s);
+        }
+        void index(int64_t s, uint64_t key) {
             at(s)->key = key;
             uint64_t h = hash(key);
             Seg& sg = seg[h >> 56];
             place(sg, ((uint64_t)(uint32_t)(h >> 24) << 32) | (uint64_t)(s + 1));
             if ((uint64_t)(++sg.n) * 4 > sg.e.size() * 3) regrow(sg, sg.e.size() * 2);
-            return s;
         }
-        // unindex slot s and free it
-        void drop(int64_t s) {
+        void unindex(int64_t s) {
             uint64_t h = hash(at(s)->key);
             Seg& sg = seg[h >> 56];
             uint64_t i = (uint32_t)(h >> 24) & sg.mask;
@@ -214,7 +227,6 @@ cdef extern from *:
             }
             sg.e[i] = 0;
             --sg.n;
-            free_slots.push_back((int32_t)s);
         }
     };
     """
@@ -249,6 +261,7 @@ cdef extern from *:
         void prefetch(uint64_t key) noexcept nogil
         void reserve(uint64_t count) except +
         int64_t add(uint64_t key) except +
+        void rekey(int64_t s, uint64_t key) except +
         void drop(int64_t s) except +
 
 
@@ -632,7 +645,7 @@ cdef class ChunkStore:
     # probe per new key where a map's find + set + erase took three)
     cdef vector[uint64_t] _seen
     cdef bint _seen0
-    cdef vector[int64_t] _victims  # scratch of _evict_lru
+    cdef vector[int64_t] _victims  # scratch of _pick_lru
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
     cdef int64_t _size[4]
@@ -719,6 +732,10 @@ cdef class ChunkStore:
             return s
         return -1
 
+    cdef inline int64_t _resident_slot(self, int64_t s) noexcept:
+        """:meth:`_resident` of a key whose slot (or -1) :meth:`_touch` gave."""
+        return s if s >= 0 and self._list[s] <= 1 else -1
+
     cdef inline void _prefetch(self, const uint64_t* keys, Py_ssize_t a, Py_ssize_t b) noexcept:
         cdef Py_ssize_t i
         if self._compact:
@@ -753,9 +770,12 @@ cdef class ChunkStore:
         return self.ready_of(s) if s >= 0 else -1.0
 
     def touch(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end):
-        self._touch(_ptr(keys), start, min(end, keys.shape[0]))
+        self._touch(_ptr(keys), start, min(end, keys.shape[0]), NULL)
 
-    cdef void _touch(self, const uint64_t* keys, Py_ssize_t start, Py_ssize_t end) noexcept:
+    cdef void _touch(self, const uint64_t* keys, Py_ssize_t start, Py_ssize_t end,
+                     int64_t* slots) noexcept:
+        """``slots`` (unless NULL; not for a compact store, which keeps no recency): each key's
+        slot or -1, at its index, for :meth:`_resident_slot` (touching moves no key in or out)."""
         cdef Py_ssize_t i
         cdef int64_t s, b1, b2, delta
         cdef int lst
@@ -763,6 +783,8 @@ cdef class ChunkStore:
             return
         for i in range(end - 1, start - 1, -1):
             s = self._t.find(keys[i])
+            if slots != NULL:
+                slots[i] = s
             if s < 0:
                 continue
             lst = self._list[s]
@@ -837,7 +859,9 @@ cdef class ChunkStore:
             s = self._t.at(s).next
         return s
 
-    cdef bint _evict_lru(self, int64_t count, double now) except -1:
+    cdef bint _pick_lru(self, int64_t count, double now) noexcept:
+        """The ``count`` least recently used evictable slots into ``_victims``, oldest first;
+        False (nothing chosen) when there are fewer. The caller reuses them for new keys."""
         cdef vector[int64_t]* victims = &self._victims
         victims.clear()
         cdef int64_t s = self._head[0]
@@ -845,13 +869,18 @@ cdef class ChunkStore:
             if self._evictable(s, now):
                 victims.push_back(s)
             s = self._t.at(s).next
-        if <int64_t>victims.size() < count:
-            return False
-        cdef size_t i
-        for i in range(victims.size()):
-            self._drop_slot(deref(victims)[i])
-        self.evictions += count
-        return True
+        return <int64_t>victims.size() >= count
+
+    cdef int64_t _reuse_slot(self, int64_t s, uint64_t key, double ready) except -1:
+        """Evict slot ``s`` (of T1) and store ``key`` in it, as a new slot would: ready and
+        busy at ``ready``, most recently used."""
+        cdef BlisSlot* p
+        self._unlink(s)
+        self._t.rekey(s, key)
+        p = self._t.at(s)
+        p.ready, p.busy = ready, ready
+        self._append(s, 0)
+        return s
 
     cdef bint _evict_arc(self, int64_t count, double now) except -1:
         cdef int64_t k, s, t1, t2
@@ -938,19 +967,31 @@ cdef class ChunkStore:
                 todo.push_back(k)
         if todo.size() == 0:
             return True
+        need = 0
         if self.capacity > 0:
             need = <int64_t>todo.size() - (self.capacity - self._size[0] - self._size[1])
             if need > 0:
-                ok = self._evict_arc(need, now) if self.arc else self._evict_lru(need, now)
+                ok = self._evict_arc(need, now) if self.arc else self._pick_lru(need, now)
                 if not ok:
                     todo.clear()
                     return False
+        if not self.arc:
+            # LRU: the first ``need`` new keys take the victims' slots (evicting all of them
+            # first, then storing, gives the same order, keys and counts: slot numbers are not
+            # observable), the rest new slots
+            for i in range(<Py_ssize_t>todo.size()):
+                if i < need:
+                    slots.push_back(self._reuse_slot(self._victims[i], todo[i], ready))
+                else:
+                    slots.push_back(self._new_slot(todo[i], 0, ready, ready))
+            if need > 0:
+                self.evictions += need
+            return True
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
-            if self.arc:  # a ghost (B1/B2) entry of the key gives way (LRU keeps no ghosts)
-                s = self._t.find(k)
-                if s >= 0:
-                    self._drop_slot(s)
+            s = self._t.find(k)  # a ghost (B1/B2) entry of the key gives way
+            if s >= 0:
+                self._drop_slot(s)
             slots.push_back(self._new_slot(k, 0, ready, ready))
         return True
 
@@ -1024,9 +1065,10 @@ cdef inline void _count(unsigned char* flags, Py_ssize_t stride, int64_t* deltas
 
 cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize_t nchunks,
                       double now, unsigned char* flags, Py_ssize_t stride, int64_t* deltas,
-                      vector[Span]& plan, object track) except -1:
+                      vector[Span]& plan, object track, const int64_t* cpu_slots) except -1:
     """:func:`tier_walk` on raw arrays (``flags``: tiers × ``stride``; ``deltas``: tiers × 2,
-    zeroed here); fills ``plan``, returns the run's end."""
+    zeroed here); fills ``plan``, returns the run's end. ``cpu_slots`` (unless NULL): the CPU
+    tier's slot of each key, as its :meth:`ChunkStore._touch` just gave them (no second probe)."""
     cdef ChunkStore cpu = <ChunkStore?>tiers[0]
     cdef ChunkStore tier
     cdef Py_ssize_t n, t, found, ntiers = len(tiers)
@@ -1042,7 +1084,10 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
     while pos < nchunks:
         n = 0
         while pos + n < nchunks:
-            s = cpu._resident(keys[pos + n])
+            if cpu_slots != NULL:
+                s = cpu._resident_slot(cpu_slots[pos + n])
+            else:
+                s = cpu._resident(keys[pos + n])
             if s < 0 or cpu.ready_of(s) > now:
                 break
             n += 1
@@ -1090,7 +1135,7 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
     cdef Py_ssize_t t
     nchunks = min(nchunks, keys.shape[0])
     pos = _walk(tiers, _ptr(keys), pos, nchunks, now, &flags[0, 0], flags.shape[1],
-                &deltas[0, 0], plan, track)
+                &deltas[0, 0], plan, track, NULL)
     out = [(sp.tier, sp.a, sp.b) for sp in plan]
     for t in range(deltas.shape[0]):
         if deltas[t, 0] or deltas[t, 1]:
