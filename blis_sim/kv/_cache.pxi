@@ -145,7 +145,6 @@ cdef class CacheCore:
     cdef vector[int64_t] _tc  # ntiers × _TC_INTS
     cdef vector[double] _rt, _wt  # read/write time per tier
     cdef vector[int64_t] _deltas
-    cdef vector[int64_t] _cpu_slots  # scratch of _lookup: the CPU tier's slot per chunk
     cdef vector[uint64_t] _keys_tmp, _stored, _put
     cdef vector[int64_t] _stored_slots, _put_slots  # the slots _prepare_store made for them
 
@@ -303,7 +302,6 @@ cdef class CacheCore:
         cdef Py_ssize_t t
         cdef const uint64_t* keys
         cdef ChunkStore cpu
-        cdef int64_t* cpu_slots
         r.plan.clear()
         if not r.skip:
             gpu = self._pool._lookup(r.hashes.data(), min((n_tok - 1) // bs, <int64_t>r.hashes.size()),
@@ -312,11 +310,7 @@ cdef class CacheCore:
             nchunks = n_tok // ct
             keys = self._chunk_keys(r, nchunks)
             cpu = <ChunkStore>self.tiers[0]
-            cpu_slots = NULL
-            if not cpu._compact:
-                self._cpu_slots.resize(nchunks)
-                cpu_slots = self._cpu_slots.data()
-            cpu._touch(keys, 0, nchunks, cpu_slots)
+            cpu._touch(keys, 0, nchunks)
             if nchunks * ct - gpu >= ct:
                 start = gpu // ct
                 self._grow_flags(r, nchunks)
@@ -325,7 +319,7 @@ cdef class CacheCore:
                     track = _Tracker(self._tracker, self._tracker_max,
                                      [keys[t] for t in range(nchunks)])
                 pos = _walk(self.tiers, keys, start, nchunks, now, r.flags.data(), r.flags_cols,
-                            self._deltas.data(), r.plan, track, cpu_slots)
+                            self._deltas.data(), r.plan, track)
                 for t in range(self.ntiers):
                     self._tc[t * _TC_INTS + CQ] += self._deltas[2 * t]
                     self._tc[t * _TC_INTS + CH] += self._deltas[2 * t + 1]
@@ -448,7 +442,7 @@ cdef class CacheCore:
                 cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done)
                 self._tc[PC] += self._put.size()
                 tier = <ChunkStore>self.tiers[t]
-                tier._touch(keys, a, b, NULL)
+                tier._touch(keys, a, b)
                 tier._pin(keys, a, b, done)
                 cpu_ready = max(cpu_ready, done)
             end = b

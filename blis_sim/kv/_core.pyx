@@ -732,10 +732,6 @@ cdef class ChunkStore:
             return s
         return -1
 
-    cdef inline int64_t _resident_slot(self, int64_t s) noexcept:
-        """:meth:`_resident` of a key whose slot (or -1) :meth:`_touch` gave."""
-        return s if s >= 0 and self._list[s] <= 1 else -1
-
     cdef inline void _prefetch(self, const uint64_t* keys, Py_ssize_t a, Py_ssize_t b) noexcept:
         cdef Py_ssize_t i
         if self._compact:
@@ -770,12 +766,9 @@ cdef class ChunkStore:
         return self.ready_of(s) if s >= 0 else -1.0
 
     def touch(self, const uint64_t[::1] keys, Py_ssize_t start, Py_ssize_t end):
-        self._touch(_ptr(keys), start, min(end, keys.shape[0]), NULL)
+        self._touch(_ptr(keys), start, min(end, keys.shape[0]))
 
-    cdef void _touch(self, const uint64_t* keys, Py_ssize_t start, Py_ssize_t end,
-                     int64_t* slots) noexcept:
-        """``slots`` (unless NULL; not for a compact store, which keeps no recency): each key's
-        slot or -1, at its index, for :meth:`_resident_slot` (touching moves no key in or out)."""
+    cdef void _touch(self, const uint64_t* keys, Py_ssize_t start, Py_ssize_t end) noexcept:
         cdef Py_ssize_t i
         cdef int64_t s, b1, b2, delta
         cdef int lst
@@ -783,8 +776,6 @@ cdef class ChunkStore:
             return
         for i in range(end - 1, start - 1, -1):
             s = self._t.find(keys[i])
-            if slots != NULL:
-                slots[i] = s
             if s < 0:
                 continue
             lst = self._list[s]
@@ -1065,10 +1056,9 @@ cdef inline void _count(unsigned char* flags, Py_ssize_t stride, int64_t* deltas
 
 cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize_t nchunks,
                       double now, unsigned char* flags, Py_ssize_t stride, int64_t* deltas,
-                      vector[Span]& plan, object track, const int64_t* cpu_slots) except -1:
+                      vector[Span]& plan, object track) except -1:
     """:func:`tier_walk` on raw arrays (``flags``: tiers × ``stride``; ``deltas``: tiers × 2,
-    zeroed here); fills ``plan``, returns the run's end. ``cpu_slots`` (unless NULL): the CPU
-    tier's slot of each key, as its :meth:`ChunkStore._touch` just gave them (no second probe)."""
+    zeroed here); fills ``plan``, returns the run's end."""
     cdef ChunkStore cpu = <ChunkStore?>tiers[0]
     cdef ChunkStore tier
     cdef Py_ssize_t n, t, found, ntiers = len(tiers)
@@ -1084,10 +1074,7 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
     while pos < nchunks:
         n = 0
         while pos + n < nchunks:
-            if cpu_slots != NULL:
-                s = cpu._resident_slot(cpu_slots[pos + n])
-            else:
-                s = cpu._resident(keys[pos + n])
+            s = cpu._resident(keys[pos + n])
             if s < 0 or cpu.ready_of(s) > now:
                 break
             n += 1
@@ -1135,7 +1122,7 @@ def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t n
     cdef Py_ssize_t t
     nchunks = min(nchunks, keys.shape[0])
     pos = _walk(tiers, _ptr(keys), pos, nchunks, now, &flags[0, 0], flags.shape[1],
-                &deltas[0, 0], plan, track, NULL)
+                &deltas[0, 0], plan, track)
     out = [(sp.tier, sp.a, sp.b) for sp in plan]
     for t in range(deltas.shape[0]):
         if deltas[t, 0] or deltas[t, 1]:
