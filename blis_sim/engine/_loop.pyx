@@ -47,6 +47,23 @@ cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] ar
     return have
 
 
+cdef int _shift_of(long d) noexcept:
+    """log2(d) when ``d`` is a power of two, else -1 (see :func:`_div`)."""
+    cdef int k = 0
+    if d <= 0 or d & (d - 1):
+        return -1
+    while (<long>1 << k) < d:
+        k += 1
+    return k
+
+
+cdef inline long _div(long x, long d, int shift) noexcept nogil:
+    """``x // d`` for ``x >= 0``, a shift when ``d`` is a power of two (``shift``): the step loop
+    divides four times per scheduled request and step (~2.5 million times for 10k requests), and a
+    64-bit division takes tens of cycles."""
+    return x >> shift if shift >= 0 else x // d
+
+
 cdef inline object _tuple(object x):
     """``x``, checked to be a tuple (a port's Lookup / Admission namedtuple), so that its items are
     read with a tuple's index, not the generic sequence protocol (~3 % of the loop)."""
@@ -251,6 +268,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef long steps = 0, preemption_count = 0, n_loading = 0
     cdef long budget, k, total, seq, victim, local, external, regular, old, lim, end
     cdef Py_ssize_t idx
+    cdef int bs_shift = _shift_of(block_size), ct_shift = _shift_of(store_chunk_tokens)
 
     while True:
         # 1. arrivals up to now
@@ -293,7 +311,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 k = budget
             ok = True
             end = computed[i] + k
-            if (end + block_size - 1) // block_size > (kv_end[i] + block_size - 1) // block_size:
+            if (_div(end + block_size - 1, block_size, bs_shift)
+                    > _div(kv_end[i] + block_size - 1, block_size, bs_shift)):
                 while not _grow(calls, port, port_grow, i, end - kv_end[i]):
                     victim = running.back()
                     running.pop_back()
@@ -451,7 +470,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 lim = computed[i]
                 if store_prompt_only and lim > plen[i]:
                     lim = plen[i]
-                if lim // store_chunk_tokens > old // store_chunk_tokens:
+                if _div(lim, store_chunk_tokens, ct_shift) > _div(old, store_chunk_tokens, ct_shift):
                     if kv_end[i] < computed[i]:
                         _grow(calls, port, port_grow, i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]

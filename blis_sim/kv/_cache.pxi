@@ -3,6 +3,7 @@
 # the tiers' cdef methods on raw arrays. Same operations in the same order as the pure code, so the
 # two give identical states, counters and float times (tests/test_kv_parity.py); the docstrings and
 # the reasoning live in the pure modules.
+cimport cython
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -12,8 +13,10 @@ from blis_sim.errors import SimulationError
 from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
 
 cdef double _EPS = 1e-6
+cdef Py_ssize_t _HASH_AHEAD = 16  # blocks hashed at least per extension of a request's hashes
 
 
+@cython.final
 cdef class Station:
     """Compiled :class:`blis_sim.kv.station.TransferStation`."""
 
@@ -73,16 +76,19 @@ cdef class Station:
         return start + svc
 
 
+@cython.final
 cdef class _Req:
     """Per-request state (the pure ``_Req``), with the block hashes in a C++ vector."""
 
     cdef int64_t rid, num_prompt, num_tokens, end, stored, nblocks, ncached, lk_epoch
     cdef bint preempted, skip, admitted, has_lk
+    cdef bint live  # registered with its cache (a port's reference to it is current)
     cdef uint64_t seed
     cdef double lk_now
     cdef int64_t lk[4]
     cdef int64_t cached[3]
     cdef vector[uint64_t] hashes
+    cdef vector[int32_t] lk_blocks  # first lk[0] // block_size: the GPU blocks the last lookup found
     cdef vector[Span] plan
     cdef vector[unsigned char] flags  # tiers × flags_cols: (tier, chunk) counted bits
     cdef Py_ssize_t flags_cols
@@ -119,6 +125,9 @@ cdef enum:
 cdef class CacheCore:
     """Compiled :class:`blis_sim.kv.cache.KVCache` (hot paths); :class:`blis_sim.kv.CompiledKVCache`
     adds the read-outs shared with the pure class."""
+
+    # Its C methods are ``final`` (a Python subclass adds read-outs, never overrides them): called
+    # directly instead of through the vtable, so the C compiler may inline them.
 
     cdef public object config, pool, tiers, stations, tier_labels
     cdef public bint compiled
@@ -196,6 +205,7 @@ cdef class CacheCore:
         self._add_prefixed(rid, prefix, shared, root, <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF),
                            num_prompt_tokens)
 
+    @cython.final
     cdef int _add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, object root,
                            uint64_t seed, int64_t num_prompt_tokens) except -1:
         cdef _Req r = self._new_req(rid, num_prompt_tokens, False)
@@ -216,6 +226,7 @@ cdef class CacheCore:
         self._reqs[rid] = r
         return 0
 
+    @cython.final
     cdef _Req _new_req(self, int64_t rid, int64_t num_prompt_tokens, bint skip):
         """A new request's state, hashes still empty (the caller fills them and registers it)."""
         if rid in self._reqs:
@@ -228,21 +239,29 @@ cdef class CacheCore:
         r.skip = skip
         r.seed = _mix(<uint64_t>rid)
         r.lk_epoch = -1
+        r.live = True
         return r
 
+    @cython.final
     cdef _Req _req(self, int64_t rid):
         r = self._reqs.get(rid)
         if r is None:
             raise SimulationError(f"request {rid} is not registered with the KV cache")
         return <_Req>r
 
+    @cython.final
     cdef void _ensure_hashes(self, _Req r, Py_ssize_t num_blocks) noexcept:
         cdef Py_ssize_t have = r.hashes.size()
         cdef uint64_t parent
         if num_blocks > have:
             parent = r.hashes[have - 1] if have else _mix(_SEED ^ <uint64_t>r.rid)
-            _extend(r.hashes, parent, r.seed, have, max(num_blocks - have, have))
+            # a few blocks ahead, not the pure twin's doubling (its arrays are copied on growth; a
+            # vector is not): doubling hashed a whole prompt's length again at the first decode
+            # block, ~2 % of a replay, for blocks most requests never reach. Which blocks a lookup
+            # or cache call reads is bounded by the request's tokens, not by the hashes held.
+            _extend(r.hashes, parent, r.seed, have, max(num_blocks - have, _HASH_AHEAD))
 
+    @cython.final
     cdef const uint64_t* _chunk_keys(self, _Req r, Py_ssize_t nchunks) noexcept:
         """The chunk keys 0..nchunks of ``r`` (valid until the next call)."""
         cdef Py_ssize_t i, bpc = self.bpc
@@ -256,6 +275,7 @@ cdef class CacheCore:
             self._keys_tmp[i] = r.hashes[(i + 1) * bpc - 1]
         return self._keys_tmp.data()
 
+    @cython.final
     cdef void _grow_flags(self, _Req r, Py_ssize_t nchunks) noexcept:
         cdef Py_ssize_t old = r.flags_cols, cols, t, i
         if old >= nchunks:
@@ -275,6 +295,7 @@ cdef class CacheCore:
         self._lookup(r, now)
         return _as_lookup(r)
 
+    @cython.final
     cdef int _lookup(self, _Req r, double now) except -1:
         cdef int64_t bs = self.block_size, ct = self.chunk_tokens
         cdef int64_t n_tok = r.num_tokens, gpu = 0, ext = 0, pos, start, nchunks
@@ -283,8 +304,8 @@ cdef class CacheCore:
         cdef ChunkStore cpu
         r.plan.clear()
         if not r.skip:
-            gpu = self._pool._lookup(r.hashes.data(), min((n_tok - 1) // bs,
-                                                          <int64_t>r.hashes.size())) * bs
+            gpu = self._pool._lookup(r.hashes.data(), min((n_tok - 1) // bs, <int64_t>r.hashes.size()),
+                                     &r.lk_blocks) * bs
         if self.ntiers and not r.skip:
             nchunks = n_tok // ct
             keys = self._chunk_keys(r, nchunks)
@@ -311,6 +332,7 @@ cdef class CacheCore:
         r.has_lk, r.lk_epoch, r.lk_now = True, self._epoch, now
         return 0
 
+    @cython.final
     cdef void _split(self, vector[Span]& plan, int64_t gpu, int64_t* out) noexcept:
         cdef int64_t ct = self.chunk_tokens, toks
         cdef size_t i
@@ -324,9 +346,14 @@ cdef class CacheCore:
         cdef Admitted a
         return _as_admission(&a) if self._admit(rid, num_new_tokens, now, &a) else None
 
+    @cython.final
     cdef bint _admit(self, int64_t rid, int64_t num_new_tokens, double now, Admitted* out) except -1:
         """The admission into ``out``; False (nothing changed) when the GPU has no room."""
-        cdef _Req r = self._req(rid)
+        return self._admit_r(self._req(rid), num_new_tokens, now, out)
+
+    @cython.final
+    cdef bint _admit_r(self, _Req r, int64_t num_new_tokens, double now, Admitted* out) except -1:
+        cdef int64_t rid = r.rid
         cdef int64_t bs = self.block_size
         cdef int64_t gpu, gpu_blocks, total, before, ext, host, disk, computed, cache_to, new_blocks
         cdef double ready
@@ -339,7 +366,8 @@ cdef class CacheCore:
         gpu_blocks = gpu // bs
         total = gpu + r.lk[1] + num_new_tokens
         before = self._pool._num_blocks_of(rid)
-        if not self._pool._allocate(rid, r.hashes.data(), gpu_blocks, total):
+        # the lookup is current (same epoch and time): its blocks are the ones to take
+        if not self._pool._allocate(rid, r.hashes.data(), gpu_blocks, total, r.lk_blocks.data()):
             return False
         self._epoch += 1
         r.has_lk = False
@@ -383,6 +411,7 @@ cdef class CacheCore:
         out.computed, out.gpu, out.external, out.host, out.disk, out.ready = computed, gpu, ext, host, disk, ready
         return True
 
+    @cython.final
     cdef double _load(self, _Req r, int64_t gpu, double now, int64_t* out) except? -1:
         """Promote fs-resident chunks into the CPU tier, then load CPU → GPU: ``out`` = loaded
         external/host/disk tokens; returns the time the load is complete."""
@@ -441,8 +470,13 @@ cdef class CacheCore:
     def allocate(self, int64_t rid, int64_t num_new_tokens):
         return self._grow(rid, num_new_tokens)
 
+    @cython.final
     cdef bint _grow(self, int64_t rid, int64_t num_new_tokens) except -1:
-        cdef _Req r = self._req(rid)
+        return self._grow_r(self._req(rid), num_new_tokens)
+
+    @cython.final
+    cdef bint _grow_r(self, _Req r, int64_t num_new_tokens) except -1:
+        cdef int64_t rid = r.rid
         cdef int64_t end = r.end + num_new_tokens, bs = self.block_size
         cdef int64_t need = (end + bs - 1) // bs, full = end // bs
         cdef Py_ssize_t added
@@ -461,7 +495,7 @@ cdef class CacheCore:
                 r.num_tokens = end
             return True
         if need > r.nblocks:  # most decode steps fit in the last block: no pool call
-            if not self._pool._allocate(rid, r.hashes.data(), 0, end):
+            if not self._pool._allocate(rid, r.hashes.data(), 0, end, NULL):
                 return False
             self._epoch += 1
             self.c_bm += need - r.nblocks
@@ -480,8 +514,12 @@ cdef class CacheCore:
     def computed(self, int64_t rid, double now):
         self._computed(rid, now)
 
+    @cython.final
     cdef int _computed(self, int64_t rid, double now) except -1:
-        cdef _Req r = self._req(rid)
+        return self._computed_r(self._req(rid), now)
+
+    @cython.final
+    cdef int _computed_r(self, _Req r, double now) except -1:
         cdef int64_t limit, nchunks
         cdef const uint64_t* keys
         if not self.ntiers:
@@ -495,6 +533,7 @@ cdef class CacheCore:
         r.stored = nchunks
         return 0
 
+    @cython.final
     cdef int _store(self, const uint64_t* keys, Py_ssize_t nkeys, double now) except -1:
         cdef int64_t cb = self.chunk_bytes, n, m
         cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
@@ -552,20 +591,31 @@ cdef class CacheCore:
         cdef _Req r = self._finish(rid)
         return {"device": r.cached[0], "host": r.cached[1], "disk": r.cached[2]}
 
+    @cython.final
     cdef _Req _finish(self, int64_t rid):
         """Release ``rid``: its state, no longer registered."""
         cdef _Req r = self._req(rid)
-        self._pool._free(rid)
-        self._epoch += 1
-        del self._reqs[rid]
+        self._finish_r(r)
         return r
+
+    @cython.final
+    cdef int _finish_r(self, _Req r) except -1:
+        self._pool._free(r.rid)
+        self._epoch += 1
+        del self._reqs[r.rid]
+        r.live = False
+        return 0
 
     def preempt(self, int64_t rid):
         self._preempt(rid)
 
+    @cython.final
     cdef int _preempt(self, int64_t rid) except -1:
-        cdef _Req r = self._req(rid)
-        self._pool._free(rid)
+        return self._preempt_r(self._req(rid))
+
+    @cython.final
+    cdef int _preempt_r(self, _Req r) except -1:
+        self._pool._free(r.rid)
         self._epoch += 1
         r.end = r.nblocks = r.ncached = 0
         r.preempted = True
@@ -623,6 +673,7 @@ cdef void _extend(vector[uint64_t]& out, uint64_t parent, uint64_t seed, Py_ssiz
     _chain_fill(out.data() + have, parent, seed, start, count)
 
 
+@cython.final
 cdef class _Tracker:
     """store_threshold's reuse tracker as a ``track(a, b)`` callable (the pure ``_track``)."""
 
@@ -643,6 +694,7 @@ cdef class _Tracker:
 
 
 # -- the engine's KV port on the compiled cache ----------------------------------------------------
+@cython.final
 cdef class RequestPort:
     """:class:`blis_sim.engine.kvport.KVPort` on a compiled cache: the same calls and read-outs,
     with the per-admission work (registering a request's content on first sight, the lookup, the
@@ -657,6 +709,9 @@ cdef class RequestPort:
     cdef const uint64_t[::1] _seeds
     cdef vector[unsigned char] _registered, _admitted
     cdef vector[int64_t] _first  # per request: device, host, disk tokens at its first admission
+    # per request: its cache state while registered (else None), so that a call finds it by index
+    # instead of through the cache's dict (~400 instructions a call, ~90,000 calls for 10k requests)
+    cdef list _rq
     cdef Py_ssize_t _n
     cdef public int64_t window_first
     cdef public object window_snapshot, content, kv, grow, computed, preempt, finish
@@ -674,6 +729,7 @@ cdef class RequestPort:
         self._registered.assign(self._n, 0)
         self._admitted.assign(self._n, 0)
         self._first.assign(3 * self._n, 0)
+        self._rq = [None] * self._n
         self.window_first = window_first
         self.window_snapshot = None
         self.grow = kv.allocate
@@ -701,7 +757,20 @@ cdef class RequestPort:
                 self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
                                          self._prompt[i])
         self._registered[i] = 1
+        self._rq[i] = self._core._req(i)
         return 0
+
+    cdef _Req _live(self, int64_t i):
+        """Request ``i``'s cache state; as the cache's own lookup (which raises for a request it
+        does not hold) when the port has none current (out of range, not registered, released)."""
+        cdef object r
+        if 0 <= i < self._n:
+            r = self._rq[i]
+            if r is not None:
+                if (<_Req>r).live:
+                    return <_Req>r
+                self._rq[i] = None  # released through the cache itself (``finish`` = kv.free)
+        return self._core._req(i)
 
     def lookup(self, int64_t i, double now):
         return _as_lookup(self._lookup(i, now))
@@ -711,7 +780,7 @@ cdef class RequestPort:
         self._check(i)
         if not self._registered[i]:
             self._register(i)
-        cdef _Req r = self._core._req(i)
+        cdef _Req r = self._live(i)
         self._core._lookup(r, now)
         return r
 
@@ -721,7 +790,7 @@ cdef class RequestPort:
 
     cdef bint _admit(self, int64_t i, int64_t num_new_tokens, double now, Admitted* out) except -1:
         self._check(i)
-        if not self._core._admit(i, num_new_tokens, now, out):
+        if not self._core._admit_r(self._live(i), num_new_tokens, now, out):
             return False
         if not self._admitted[i]:
             self._admitted[i] = 1
@@ -774,19 +843,25 @@ cdef int _port_admit(object port, int64_t i, int64_t num_new_tokens, double now,
 
 
 cdef int _port_grow(object port, int64_t i, int64_t num_new_tokens) except -1:
-    return (<RequestPort>port)._core._grow(i, num_new_tokens)
+    cdef RequestPort p = <RequestPort>port
+    return p._core._grow_r(p._live(i), num_new_tokens)
 
 
 cdef int _port_computed(object port, int64_t i, double now) except -1:
-    return (<RequestPort>port)._core._computed(i, now)
+    cdef RequestPort p = <RequestPort>port
+    return p._core._computed_r(p._live(i), now)
 
 
 cdef int _port_preempt(object port, int64_t i) except -1:
-    return (<RequestPort>port)._core._preempt(i)
+    cdef RequestPort p = <RequestPort>port
+    return p._core._preempt_r(p._live(i))
 
 
 cdef int _port_finish(object port, int64_t i) except -1:
-    (<RequestPort>port)._core._finish(i)
+    cdef RequestPort p = <RequestPort>port
+    p._core._finish_r(p._live(i))
+    if 0 <= i < p._n:
+        p._rq[i] = None
     return 0
 
 

@@ -10,9 +10,10 @@ covers a whole request.
 from libc.stdint cimport int64_t, uint64_t, int32_t
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
-from cython.operator cimport dereference as deref
+from cython.operator cimport dereference as deref, preincrement as inc
 
 import numpy as np
+cimport cython
 cimport numpy as cnp
 
 cnp.import_array()
@@ -65,20 +66,28 @@ cdef extern from *:
                 i = (i + 1) & mask;
             }
         }
-        void set(uint64_t key, int64_t val) {
-            if (!key) { if (!has0) { has0 = true; ++n; } v0 = val; return; }
+        // key -> val unless key is present (then nothing changes); whether it was inserted: one
+        // probe where find + set took two
+        bool insert(uint64_t key, int64_t val) {
+            if (!key) {
+                if (has0) return false;
+                has0 = true; v0 = val; ++n;
+                return true;
+            }
             uint64_t i = home(key);
             while (true) {
                 uint64_t c = e[i].k;
-                if (c == key) { e[i].v = val; return; }
+                if (c == key) return false;
                 if (!c) break;
                 i = (i + 1) & mask;
             }
             e[i].k = key; e[i].v = val; ++n;
             if ((uint64_t)n * 2 > e.size()) rehash(e.size() * 2);
+            return true;
         }
-        void erase(uint64_t key) {
-            if (!key) { if (has0) { has0 = false; --n; } return; }
+        // erase key if it maps to val (one probe where find + erase took two)
+        void erase_if(uint64_t key, int64_t val) {
+            if (!key) { if (has0 && v0 == val) { has0 = false; --n; } return; }
             uint64_t i = home(key);
             while (true) {
                 uint64_t c = e[i].k;
@@ -86,6 +95,7 @@ cdef extern from *:
                 if (c == key) break;
                 i = (i + 1) & mask;
             }
+            if (e[i].v != val) return;
             uint64_t j = i;
             while (true) {
                 j = (j + 1) & mask;
@@ -105,6 +115,10 @@ cdef extern from *:
                 if (e[i].k) { ks.push_back(e[i].k); vs.push_back(e[i].v); }
         }
     };
+
+    // A request's GPU blocks and how many of them are registered in the hash map, under one key
+    // (one lookup per pool call; two maps took three to five)
+    struct BlisPoolReq { std::vector<int32_t> blocks; int64_t cached = 0; };
 
     // The chunk stores' slots and their key index, compact: an unbounded fs tier holds tens of
     // millions of chunks. Slots live in fixed pages (growing never copies); the index is open
@@ -176,15 +190,28 @@ cdef extern from *:
                 s = nslots++;
                 if ((s >> PAGE_BITS) >= (int64_t)pages.size()) pages.push_back(new S[PAGE]);
             }
+            index(s, key);
+            return s;
+        }
+        // slot s (in use) now holds key, not in the table: an eviction and an insertion, without
+        // freeing the slot and taking it back
+        void rekey(int64_t s, uint64_t key) {
+            unindex(s);
+            index(s, key);
+        }
+        // unindex slot s and free it
+        void drop(int64_t s) {
+            unindex(s);
+            free_slots.push_back((int32_t)s);
+        }
+        void index(int64_t s, uint64_t key) {
             at(s)->key = key;
             uint64_t h = hash(key);
             Seg& sg = seg[h >> 56];
             place(sg, ((uint64_t)(uint32_t)(h >> 24) << 32) | (uint64_t)(s + 1));
             if ((uint64_t)(++sg.n) * 4 > sg.e.size() * 3) regrow(sg, sg.e.size() * 2);
-            return s;
         }
-        // unindex slot s and free it
-        void drop(int64_t s) {
+        void unindex(int64_t s) {
             uint64_t h = hash(at(s)->key);
             Seg& sg = seg[h >> 56];
             uint64_t i = (uint32_t)(h >> 24) & sg.mask;
@@ -200,7 +227,6 @@ cdef extern from *:
             }
             sg.e[i] = 0;
             --sg.n;
-            free_slots.push_back((int32_t)s);
         }
     };
     """
@@ -208,11 +234,15 @@ cdef extern from *:
         BlisFlatMap() except +
         void reserve(uint64_t count) except +
         int64_t find(uint64_t key) noexcept nogil
-        void set(uint64_t key, int64_t val) except +
-        void erase(uint64_t key) noexcept nogil
+        void erase_if(uint64_t key, int64_t val) noexcept nogil
+        bint insert(uint64_t key, int64_t val) except +
         void items(vector[uint64_t]& ks, vector[int64_t]& vs) except +
         void prefetch(uint64_t key) noexcept nogil
         int64_t n
+
+    cppclass BlisPoolReq:
+        vector[int32_t] blocks
+        int64_t cached
 
     cppclass BlisSlot:
         uint64_t key
@@ -231,6 +261,7 @@ cdef extern from *:
         void prefetch(uint64_t key) noexcept nogil
         void reserve(uint64_t count) except +
         int64_t add(uint64_t key) except +
+        void rekey(int64_t s, uint64_t key) except +
         void drop(int64_t s) except +
 
 
@@ -330,6 +361,7 @@ cdef inline const uint64_t* _ptr(const uint64_t[::1] a) noexcept:
     return &a[0] if a.shape[0] else NULL
 
 
+@cython.final  # no subclass: its C methods are called directly (and may be inlined)
 cdef class BlockPool:
     """GPU blocks, free queue and hash map (see :mod:`blis_sim.kv._core_py`)."""
 
@@ -340,8 +372,7 @@ cdef class BlockPool:
     cdef vector[uint64_t] _hash
     cdef BlisFlatMap _map  # block hash -> block id
     cdef int32_t _head, _tail
-    cdef unordered_map[int64_t, vector[int32_t]] _req
-    cdef unordered_map[int64_t, int64_t] _req_cached
+    cdef unordered_map[int64_t, BlisPoolReq] _req  # per request: its blocks, how many cached
     cdef vector[int32_t] _hits, _front  # scratch of _allocate / _free (no allocation per call)
 
     def __init__(self, int num_blocks, int block_size, bint enable_caching=True):
@@ -400,13 +431,28 @@ cdef class BlockPool:
 
     def lookup(self, const uint64_t[::1] hashes, Py_ssize_t max_blocks):
         """Number of leading ``hashes`` cached on the GPU, at most ``max_blocks``."""
-        return self._lookup(_ptr(hashes), min(max_blocks, hashes.shape[0]))
+        return self._lookup(_ptr(hashes), min(max_blocks, hashes.shape[0]), NULL)
 
-    cdef Py_ssize_t _lookup(self, const uint64_t* hashes, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t _lookup(self, const uint64_t* hashes, Py_ssize_t n,
+                            vector[int32_t]* found) noexcept:
+        """``found`` (unless NULL): its first entries (as many as returned) the blocks found, in
+        order (for :meth:`_allocate`, while the pool is unchanged: no second probe per hit).
+        Kept at least ``n`` long, so that filling it is a store, not a vector append."""
         if not self.enable_caching:
             return 0
         cdef Py_ssize_t i = 0
-        while i < n and self._map.find(hashes[i]) >= 0:
+        cdef int64_t b
+        cdef int32_t* out = NULL
+        if found != NULL:
+            if <Py_ssize_t>found.size() < n:
+                found.resize(n)
+            out = found.data()
+        while i < n:
+            b = self._map.find(hashes[i])
+            if b < 0:
+                break
+            if out != NULL:
+                out[i] = <int32_t>b
             i += 1
         return i
 
@@ -414,10 +460,10 @@ cdef class BlockPool:
         return self._num_blocks_of(rid)
 
     cdef Py_ssize_t _num_blocks_of(self, int64_t rid) noexcept:
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
-        return deref(it).second.size()
+        return deref(it).second.blocks.size()
 
     def usage(self):
         return 1.0 - self.num_free / <double>(self.num_blocks - 1)
@@ -425,7 +471,7 @@ cdef class BlockPool:
     def allocate(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_hit_blocks,
                  Py_ssize_t num_tokens):
         """See the pure twin: check-then-act allocation; ``False`` changes nothing."""
-        return self._allocate(rid, _ptr(hashes), num_hit_blocks, num_tokens)
+        return self._allocate(rid, _ptr(hashes), num_hit_blocks, num_tokens, NULL)
 
     def allocate_and_cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_tokens,
                            Py_ssize_t num_full_blocks):
@@ -435,16 +481,17 @@ cdef class BlockPool:
 
     cdef Py_ssize_t _allocate_and_cache(self, int64_t rid, const uint64_t* hashes, Py_ssize_t nh,
                                         Py_ssize_t num_tokens, Py_ssize_t num_full_blocks) except -2:
-        if not self._allocate(rid, hashes, 0, num_tokens):
+        if not self._allocate(rid, hashes, 0, num_tokens, NULL):
             return -1
         return self._cache(rid, hashes, nh, num_full_blocks)
 
     cdef bint _allocate(self, int64_t rid, const uint64_t* hashes, Py_ssize_t num_hit_blocks,
-                        Py_ssize_t num_tokens) except -1:
-        # ``hashes`` holds at least ``num_hit_blocks`` entries (the caller's lookup found them)
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+                        Py_ssize_t num_tokens, const int32_t* found) except -1:
+        # ``hashes`` holds at least ``num_hit_blocks`` entries (the caller's lookup found them);
+        # ``found`` (unless NULL): their blocks, as that lookup (on this same pool state) gave them
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         cdef bint known = it != self._req.end()
-        cdef Py_ssize_t have = deref(it).second.size() if known else 0
+        cdef Py_ssize_t have = deref(it).second.blocks.size() if known else 0
         cdef Py_ssize_t hits = num_hit_blocks if have == 0 else 0
         cdef Py_ssize_t need = (num_tokens + self.block_size - 1) // self.block_size
         cdef Py_ssize_t n_new = need - have - hits
@@ -452,23 +499,24 @@ cdef class BlockPool:
         cdef int32_t b
         cdef uint64_t h
         cdef vector[int32_t]* hit_ids = &self._hits
+        cdef BlisPoolReq* req
         cdef vector[int32_t]* blocks
+        cdef size_t want
         if n_new < 0:
             n_new = 0
         hit_ids.clear()
         for i in range(hits):
-            b = <int32_t>self._map.find(hashes[i])
+            b = found[i] if found != NULL else <int32_t>self._map.find(hashes[i])
             hit_ids.push_back(b)
             if self._ref[b] == 0:
                 evictable += 1
         if n_new + evictable > self.num_free:
             return False
-        if known:
-            blocks = &deref(it).second
-        else:
-            blocks = &self._req[rid]
-            self._req_cached[rid] = 0
-        blocks.reserve(have + hits + n_new)
+        req = &deref(it).second if known else &self._req[rid]
+        blocks = &req.blocks
+        want = have + hits + n_new
+        if want > blocks.capacity():  # geometric: an exact reserve copied the list per decode block
+            blocks.reserve(max(want, 2 * blocks.capacity()))
         for i in range(<Py_ssize_t>hit_ids.size()):
             b = deref(hit_ids)[i]
             if self._ref[b] == 0:
@@ -476,14 +524,13 @@ cdef class BlockPool:
             self._ref[b] += 1
             blocks.push_back(b)
         if hits:
-            self._req_cached[rid] = hits
+            req.cached = hits
         for i in range(n_new):
             b = self._head
             self._unlink(b)
             h = self._hash[b]
             if h != 0:
-                if self._map.find(h) == b:
-                    self._map.erase(h)
+                self._map.erase_if(h, b)
                 self._hash[b] = 0
                 self.evictions += 1
             self._ref[b] = 1
@@ -498,11 +545,12 @@ cdef class BlockPool:
                            Py_ssize_t num_full_blocks) except -1:
         if not self.enable_caching:
             return 0
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
-        cdef vector[int32_t]* blocks = &deref(it).second
-        cdef Py_ssize_t start = self._req_cached[rid]
+        cdef BlisPoolReq* req = &deref(it).second
+        cdef vector[int32_t]* blocks = &req.blocks
+        cdef Py_ssize_t start = req.cached
         cdef Py_ssize_t end = min(num_full_blocks, <Py_ssize_t>blocks.size(), nh)
         cdef Py_ssize_t i, added = 0
         cdef int32_t b
@@ -512,13 +560,12 @@ cdef class BlockPool:
             if self._hash[b] != 0:
                 continue
             h = hashes[i]
-            if self._map.find(h) >= 0:
+            if not self._map.insert(h, b):
                 continue
-            self._map.set(h, b)
             self._hash[b] = h
             added += 1
         if end > start:
-            self._req_cached[rid] = end
+            req.cached = end
         return added
 
     def free(self, int64_t rid):
@@ -526,13 +573,12 @@ cdef class BlockPool:
         return self._free(rid)
 
     cdef Py_ssize_t _free(self, int64_t rid) noexcept:
-        cdef unordered_map[int64_t, vector[int32_t]].iterator it = self._req.find(rid)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.find(rid)
         if it == self._req.end():
             return 0
         cdef vector[int32_t] blocks
-        blocks.swap(deref(it).second)  # taken, not copied
+        blocks.swap(deref(it).second.blocks)  # taken, not copied
         self._req.erase(it)
-        self._req_cached.erase(rid)
         cdef vector[int32_t]* front = &self._front
         front.clear()
         cdef Py_ssize_t i
@@ -565,11 +611,12 @@ cdef class BlockPool:
 
     def state(self):
         reqs = {}
-        for p in self._req:
-            reqs[int(p.first)] = [int(x) for x in p.second]
         cached = {}
-        for q in self._req_cached:
-            cached[int(q.first)] = int(q.second)
+        cdef unordered_map[int64_t, BlisPoolReq].iterator it = self._req.begin()
+        while it != self._req.end():
+            reqs[int(deref(it).first)] = [int(x) for x in deref(it).second.blocks]
+            cached[int(deref(it).first)] = int(deref(it).second.cached)
+            inc(it)
         return {
             "free_queue": self.free_queue(),
             "ref": [int(x) for x in self._ref],
@@ -582,6 +629,7 @@ cdef class BlockPool:
         }
 
 
+@cython.final  # no subclass: its C methods are called directly (and may be inlined)
 cdef class ChunkStore:
     """One offload tier (see :mod:`blis_sim.kv._core_py`)."""
 
@@ -597,7 +645,7 @@ cdef class ChunkStore:
     # probe per new key where a map's find + set + erase took three)
     cdef vector[uint64_t] _seen
     cdef bint _seen0
-    cdef vector[int64_t] _victims  # scratch of _evict_lru
+    cdef vector[int64_t] _victims  # scratch of _pick_lru
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
     cdef int64_t _size[4]
@@ -641,9 +689,10 @@ cdef class ChunkStore:
         self._append(s, lst)
         return s
 
-    cdef void _drop_slot(self, int64_t s) except *:
+    cdef int _drop_slot(self, int64_t s) except -1:  # (not ``except *``: no error check per call)
         self._unlink(s)
         self._t.drop(s)
+        return 0
 
     cdef inline void _append(self, int64_t s, int lst) noexcept:
         self._list[s] = lst
@@ -801,7 +850,9 @@ cdef class ChunkStore:
             s = self._t.at(s).next
         return s
 
-    cdef bint _evict_lru(self, int64_t count, double now) except -1:
+    cdef bint _pick_lru(self, int64_t count, double now) noexcept:
+        """The ``count`` least recently used evictable slots into ``_victims``, oldest first;
+        False (nothing chosen) when there are fewer. The caller reuses them for new keys."""
         cdef vector[int64_t]* victims = &self._victims
         victims.clear()
         cdef int64_t s = self._head[0]
@@ -809,13 +860,18 @@ cdef class ChunkStore:
             if self._evictable(s, now):
                 victims.push_back(s)
             s = self._t.at(s).next
-        if <int64_t>victims.size() < count:
-            return False
-        cdef size_t i
-        for i in range(victims.size()):
-            self._drop_slot(deref(victims)[i])
-        self.evictions += count
-        return True
+        return <int64_t>victims.size() >= count
+
+    cdef int64_t _reuse_slot(self, int64_t s, uint64_t key, double ready) except -1:
+        """Evict slot ``s`` (of T1) and store ``key`` in it, as a new slot would: ready and
+        busy at ``ready``, most recently used."""
+        cdef BlisSlot* p
+        self._unlink(s)
+        self._t.rekey(s, key)
+        p = self._t.at(s)
+        p.ready, p.busy = ready, ready
+        self._append(s, 0)
+        return s
 
     cdef bint _evict_arc(self, int64_t count, double now) except -1:
         cdef int64_t k, s, t1, t2
@@ -881,6 +937,15 @@ cdef class ChunkStore:
         todo.clear()
         slots.clear()
         self._prefetch(keys, 0, nkeys)
+        if self._compact:
+            # unbounded: nothing to evict, so each new key is stored at once, and a later copy of
+            # it in this call finds it resident (no duplicate check); same keys, order and slots
+            for i in range(nkeys):
+                k = keys[i]
+                if self._c.find(k) < 0:
+                    todo.push_back(k)
+                    slots.push_back(self._new_slot(k, 0, ready, ready))
+            return True
         if nkeys > 1:
             cap = 16
             while cap < <uint64_t>(2 * nkeys):
@@ -893,19 +958,31 @@ cdef class ChunkStore:
                 todo.push_back(k)
         if todo.size() == 0:
             return True
+        need = 0
         if self.capacity > 0:
             need = <int64_t>todo.size() - (self.capacity - self._size[0] - self._size[1])
             if need > 0:
-                ok = self._evict_arc(need, now) if self.arc else self._evict_lru(need, now)
+                ok = self._evict_arc(need, now) if self.arc else self._pick_lru(need, now)
                 if not ok:
                     todo.clear()
                     return False
+        if not self.arc:
+            # LRU: the first ``need`` new keys take the victims' slots (evicting all of them
+            # first, then storing, gives the same order, keys and counts: slot numbers are not
+            # observable), the rest new slots
+            for i in range(<Py_ssize_t>todo.size()):
+                if i < need:
+                    slots.push_back(self._reuse_slot(self._victims[i], todo[i], ready))
+                else:
+                    slots.push_back(self._new_slot(todo[i], 0, ready, ready))
+            if need > 0:
+                self.evictions += need
+            return True
         for i in range(<Py_ssize_t>todo.size()):
             k = todo[i]
-            if self.arc:  # a ghost (B1/B2) entry of the key gives way (LRU keeps no ghosts)
-                s = self._t.find(k)
-                if s >= 0:
-                    self._drop_slot(s)
+            s = self._t.find(k)  # a ghost (B1/B2) entry of the key gives way
+            if s >= 0:
+                self._drop_slot(s)
             slots.push_back(self._new_slot(k, 0, ready, ready))
         return True
 
@@ -985,7 +1062,7 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
     cdef ChunkStore cpu = <ChunkStore?>tiers[0]
     cdef ChunkStore tier
     cdef Py_ssize_t n, t, found, ntiers = len(tiers)
-    cdef int64_t s
+    cdef int64_t s = -1  # the last probe of the CPU tier
     cdef uint64_t key
     cdef bint hit
     cdef Span sp
@@ -1013,7 +1090,9 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
         if track is not None:
             track(pos, pos + 1)
         key = keys[pos]
-        if cpu._resident(key) >= 0:  # PENDING (a READY one would have joined the prefix)
+        # s: the probe of keys[pos] that ended the run above. Resident: PENDING (a READY one would
+        # have joined the run)
+        if s >= 0:
             break
         _count(flags, stride, deltas, 0, pos, pos + 1, False)
         found = 0
