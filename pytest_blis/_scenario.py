@@ -68,8 +68,10 @@ Rate = Annotated[float | str, Field(description="req/s, or 'Nx capacity'")]
 
 
 def check_rate(value: float | str | None) -> float | str | None:
-    if value is None or isinstance(value, str) and _RATE_RE.match(value):
-        return value.strip() if isinstance(value, str) else value
+    if value is None:
+        return None
+    if isinstance(value, str) and _RATE_RE.match(value):
+        return value.strip()
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     raise ValueError(f"'{value}' is not a rate: use req/s (> 0) or 'Nx capacity'")

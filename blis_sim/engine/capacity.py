@@ -7,14 +7,12 @@ API::
 
 A workload whose arrivals outrun this rate saturates the simulated server, and a real one whose speed the
 model matches within its error. Tests use it to size an open-loop load that must saturate whatever the
-machine (``rate: "2x capacity"`` in a scenario's workload phase, docs/scenarios.md), and the lane's
+machine (``rate: "2x capacity"`` in a scenario's workload phase, docs/plugin.md), and the lane's
 benchmark to place its load levels.
 """
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 BURST_RATE = 1e6  # req/s: every request arrives within the first step
 

@@ -246,6 +246,10 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     def cold(n: int, k: int) -> None:  # a unique prefix: each cold sample misses
         b.add(f"cold-{lengths[n]}-{k}", [{**groups[n], "prefix_group": f"{tag}-{n}-cold{k}"}])
 
+    def cold_pass(k: int) -> None:
+        for n in range(len(lengths)):
+            cold(n, k)
+
     # A slow stretch of a shared host lasts seconds: samples of one length sent back to back all meet it,
     # and the fit prices that length (and the cells after the probe) by it; a pass each at the start, in
     # the middle and at the end meets it once. The first pass runs beside the seeds.
@@ -269,8 +273,7 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
         b.add(name, reqs)
     # after the seeded prefixes' last use: the unique prompts may push them out of a small cache
     for k in range(1, COLD_SAMPLES - 1):
-        for n in range(len(lengths)):
-            cold(n, k)
+        cold_pass(k)
     context = min(2048, lengths[-1])
     for batch in CONTEXT_BATCHES:
         if batch <= batches[-1] and batch * (context + DECODE_OUTPUT) <= limits.gpu_tokens // 2:
@@ -286,8 +289,7 @@ def probe_plan(limits: ServerLimits, config: ProbeConfig = ProbeConfig()) -> Wor
     sustain = sustain_requests(limits, config)
     if sustain:
         b.add(f"sustain-{len(sustain)}", [unique(prompt, output) for prompt, output in sustain])
-    for n in range(len(lengths)):
-        cold(n, COLD_SAMPLES - 1)
+    cold_pass(COLD_SAMPLES - 1)
     spec = WorkloadSpec.model_validate({**_PLACEHOLDER_SPEC, "seed": config.seed})
     return WorkloadPlan(seed=config.seed, spec=spec, phases=tuple(b.phases))
 
