@@ -114,6 +114,7 @@ UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 
 EXIT_NOT_READY = 2
 EXIT_SERVER = 3
+EXIT_NOISY = 4  # host-noise: this machine's timing noise is above the limit
 
 
 class VllmCpuError(Exception):
@@ -669,6 +670,24 @@ def _cmd_host_cpus(paths: CachePaths) -> int:
     return 0
 
 
+def _cmd_host_noise(seconds: float, core: int | None, max_floor: float, json_out: Path | None) -> int:
+    noise = _sibling("vllm_cpu_noise")
+    if not seconds > 0 or not 0 <= max_floor < 1:
+        raise VllmCpuError(f"--seconds must be > 0 and --max-floor within [0, 1) (got {seconds:g}, {max_floor:g})")
+    state, healthy = server_status(cache_paths())
+    if state is not None and healthy:  # its engine busy-polls a core: the figure would be the server's, not the host's
+        raise VllmCpuError("a server is running; measure the host before starting it (tools/vllm_cpu.py stop)")
+    _say(f"host-noise: timing fixed work for {seconds:g} s ...")
+    try:
+        found = noise.measure(seconds, core, max_floor=max_floor)
+    except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise VllmCpuError(f"could not time the host: {exc}") from None
+    _say(f"host-noise: {found.describe()}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(found.to_json(), indent=2) + "\n")
+    return 0 if found.quiet else EXIT_NOISY
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/vllm_cpu.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -690,6 +709,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "read them with tools/vllm_cpu_iterations.py)")
     sub.add_parser("host-cpus", help="the cores a client of the running server should use (for taskset -c); "
                                      "exit 1 when no server is up or its placement was left to the kernel")
+    p_noise = sub.add_parser("host-noise", help="how steadily this machine runs fixed work on the model's core "
+                                                "(before a server starts); exit 0 when quiet enough for the lane's "
+                                                f"TTFT gate, {EXIT_NOISY} when not (tools/vllm_cpu_noise.py)")
+    p_noise.add_argument("--seconds", type=float, default=30.0, help="default %(default)s")
+    p_noise.add_argument("--core", type=int, default=None, help="default: the first core (the model worker's)")
+    p_noise.add_argument("--max-floor", type=float, default=0.05,
+                         help="largest spread around the median that is quiet (default %(default)s: a third of the "
+                              "gate's 15 %%)")
+    p_noise.add_argument("--json", type=Path, default=None, help="also write the samples and verdict here")
     sub.add_parser("stop", help="SIGTERM the server's process group (by the PID in the state file)")
     sub.add_parser("status", help="JSON status; exit 0 when a healthy server is up, 1 otherwise")
     sub.add_parser("paths", help="JSON: where the venv, model, state file and log live")
@@ -709,6 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(state.url)
         elif args.command == "host-cpus":
             return _cmd_host_cpus(paths)
+        elif args.command == "host-noise":
+            return _cmd_host_noise(args.seconds, args.core, args.max_floor, args.json)
         elif args.command == "stop":
             stop(paths)
         elif args.command == "status":
