@@ -125,3 +125,28 @@ def test_model_fast_path_equals_the_general_rules() -> None:
                        cached_tokens_by_source={"host": 1, "device": 2})
     assert go_json(result) == go_json(to_go(result))
     assert '"saturation": {\n    "a": [' in go_json(metrics)  # Go maps: sorted keys
+
+
+def test_plan_walk_equals_the_generated_writer() -> None:
+    """The first objects of a class are written by walking its plan, later ones by the generated
+    writer (compiled once the class is written in bulk): both must give the same text."""
+    from blis_sim.formats import results
+    from blis_sim.formats._model import to_go
+
+    metrics = load_metrics_output(BLIS / "simagg.json").model_copy(update={
+        "saturation": {"z": 1, "a": [1.5, {"y": None, "b": "x<&>"}]}, "still_queued": 0,
+        "kv_hit_rates": [KVHitRate(definition="by_source", tier="host", unit="tokens", hits=0, queries=2,
+                                   hit_rate=0.0)]})
+    rows = [SimResult(request_id=i, ttft_us=0.0 if i % 2 else 1e-7 * i, e2e_us=2.5e16 + i, input_tokens=0,
+                      output_tokens=i, slo_class="" if i % 3 else "b\u2028", model="m",
+                      cached_tokens=None if i % 4 else i, cached_tokens_by_source={"host": i, "device": 0} if i % 5 else None)
+            for i in range(3 * results._GENERATE_AFTER)]
+    for m in (metrics, *metrics.kv_hit_rates, rows[0], rows[1], rows[4], rows[-1]):
+        for indent in ("", "    "):
+            assert results._plan_json(m, indent) == results._writer(type(m))(m.__dict__, indent)
+    # a list past the threshold: its first objects walk the plan, the rest use the writer
+    results._WRITTEN.pop(SimResult, None)
+    results._WRITERS.pop(SimResult, None)
+    text = go_json(rows)
+    assert SimResult in results._WRITERS
+    assert text == go_json(to_go(rows))

@@ -9,8 +9,9 @@ goes to pydantic's validation, so errors and accepted inputs stay exactly pydant
 order (by alias), ``None`` (nil pointer) dropped unless the field is in ``_keep_none``, zero values dropped
 for fields in ``_omitempty`` (Go's ``omitempty``), dict-typed fields (Go maps) in sorted key order.
 """
-from __future__ import annotations
 
+# No ``from __future__ import annotations``: every model inherits StrictModel's two ClassVar
+# annotations, and pydantic would compile and evaluate those strings again for each model class.
 import math
 import types
 import typing

@@ -237,7 +237,6 @@ def _columns_of_text(text: str, p: Path) -> TraceColumns | None:
             pos = _column_positions(lines[h].split(","))
             min_cols = len(pos)
             fast = _ChunkParser(pos, min_cols)
-            slow = _row_parser(pos, min_cols, file, fast.shared)
             lines, numbers = lines[h + 1:], numbers[h + 1:]
         if "" in lines:  # blank lines are skipped, as Go's csv.Reader does
             keep = [k for k, line in enumerate(lines) if line]
@@ -246,6 +245,8 @@ def _columns_of_text(text: str, p: Path) -> TraceColumns | None:
             chunk = lines[k:k + 4096]
             parsed = fast.parse_columns(chunk, arrays=True)
             if parsed is None:  # something unusual or wrong in this chunk: row by row, located errors
+                if slow is None:  # generated and compiled (~1 ms) only for a file that needs it
+                    slow = _row_parser(pos, min_cols, file, fast.shared)
                 acc.add_rows([checked_values(slow, line.split(","), num, min_cols, file)
                               for num, line in zip(numbers[k:k + 4096], chunk)])
             else:
