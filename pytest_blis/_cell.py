@@ -243,6 +243,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     notes = [f"artifacts: {ctx.paths.root}"] + rate_notes + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
+    summary.ttft_gated = spec.expect.check_ttft  # a report-only run's summary can still be judged later
     if setting_notes:  # the worst error over every simulator setting too
         summary.max_error_pp = max([summary.max_error_pp or 0.0] + [r.error for r in rows if r.unit == "pp"])
     summary.ttft_noise_floor = ttft_noise_floor(trace)

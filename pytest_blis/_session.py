@@ -51,6 +51,7 @@ class CellSummary:
     definitions: int = 0
     ttft_mape: float | None = None
     ttft_checked: bool = True
+    ttft_gated: bool = False  # the scenario judges TTFT (expect.check_ttft), whether or not this run did
     ttft_threshold: float | None = None
     ttft_noise_floor: float | None = None  # the MAPE the host's timing noise alone explains
     hit_rate_tolerance_pp: float | None = None
