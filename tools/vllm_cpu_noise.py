@@ -79,7 +79,7 @@ class NoiseReport:
                    "too noisy for a 15 % TTFT gate: a perfect model of this work would be off by that much per "
                    "request, before any simulator error")
         return (f"core {self.core}, {len(self.samples_ms)} samples of fixed work over {self.seconds:g} s: median "
-                f"{med:.1f} ms, {self.floor:.1%} around it (limit {self.max_floor:.1%}); {WINDOW_S:g}-s medians "
+                f"{med:.1f} ms, {self.floor:.2%} around it (limit {self.max_floor:.2%}); {WINDOW_S:g}-s medians "
                 f"{lo:.1f}-{hi:.1f} ms: {verdict}")
 
     def to_json(self) -> dict[str, Any]:
