@@ -17,10 +17,8 @@ Simulated side: ``MetricsOutput.kv_hit_rates`` (computed by the simulator for th
 Entries compare only when (definition, tier) are equal: :meth:`KVHitRate.key`.
 """
 
-# No ``from __future__ import annotations`` in this module: its pydantic models' field annotations are
-# then objects, not strings that pydantic compiles and evaluates one by one when each class is defined
-# (~250 fields on the path of a `blis replay`: ~15 M instructions, 0.7 % of the command). A method's
-# annotation naming its own class is quoted.
+# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
+# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator

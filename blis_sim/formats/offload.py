@@ -38,10 +38,8 @@ Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown 
 types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects.
 """
 
-# No ``from __future__ import annotations`` in this module: its pydantic models' field annotations are
-# then objects, not strings that pydantic compiles and evaluates one by one when each class is defined
-# (~250 fields on the path of a `blis replay`: ~15 M instructions, 0.7 % of the command). A method's
-# annotation naming its own class is quoted.
+# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
+# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 import math
 from typing import Any, Literal, NoReturn
 

@@ -39,10 +39,8 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
   MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
 """
 
-# No ``from __future__ import annotations`` in this module: its pydantic models' field annotations are
-# then objects, not strings that pydantic compiles and evaluates one by one when each class is defined
-# (~250 fields on the path of a `blis replay`: ~15 M instructions, 0.7 % of the command). A method's
-# annotation naming its own class is quoted.
+# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
+# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence

@@ -20,10 +20,8 @@ and field); writing lays the file out as yaml.v3 does (4-space indent, ``hit_rat
 blocks absent), atomically.
 """
 
-# No ``from __future__ import annotations`` in this module: its pydantic models' field annotations are
-# then objects, not strings that pydantic compiles and evaluates one by one when each class is defined
-# (~250 fields on the path of a `blis replay`: ~15 M instructions, 0.7 % of the command). A method's
-# annotation naming its own class is quoted.
+# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
+# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 from pathlib import Path
 from typing import ClassVar, Literal
 
