@@ -670,11 +670,12 @@ def _cmd_host_cpus(paths: CachePaths) -> int:
     return 0
 
 
-def _cmd_host_noise(seconds: float, core: int | None, max_floor: float, json_out: Path | None) -> int:
+def _cmd_host_noise(paths: CachePaths, seconds: float, core: int | None, max_floor: float,
+                    json_out: Path | None) -> int:
     noise = _sibling("vllm_cpu_noise")
     if not seconds > 0 or not 0 <= max_floor < 1:
         raise VllmCpuError(f"--seconds must be > 0 and --max-floor within [0, 1) (got {seconds:g}, {max_floor:g})")
-    state, healthy = server_status(cache_paths())
+    state, healthy = server_status(paths)
     if state is not None and healthy:  # its engine busy-polls a core: the figure would be the server's, not the host's
         raise VllmCpuError("a server is running; measure the host before starting it (tools/vllm_cpu.py stop)")
     _say(f"host-noise: timing fixed work for {seconds:g} s ...")
@@ -738,7 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "host-cpus":
             return _cmd_host_cpus(paths)
         elif args.command == "host-noise":
-            return _cmd_host_noise(args.seconds, args.core, args.max_floor, args.json)
+            return _cmd_host_noise(paths, args.seconds, args.core, args.max_floor, args.json)
         elif args.command == "stop":
             stop(paths)
         elif args.command == "status":
