@@ -41,6 +41,17 @@ def test_identical_lone_requests_are_grouped_and_their_spread_is_a_mape_around_t
     assert "within 3.7 %" in line and "1056: 6.1 %" in line
 
 
+def test_a_server_that_reports_no_cached_tokens_has_its_cached_repeats_kept_apart_from_the_cold_ones() -> None:
+    # vLLM without --enable-prompt-tokens-details: every record's cached_tokens is -1 (not reported)
+    records = [Rec("cold-1024-0", 100, cached_tokens=-1), Rec("cold-1024-1", 120, cached_tokens=-1),
+               Rec("seed-1024", 110, cached_tokens=-1),
+               Rec("cached-1024-0", 20, cached_tokens=-1), Rec("cached-1024-1", 20, cached_tokens=-1)]
+    cold, cached = repeat_groups(records)
+    assert (cold.cached_tokens, cold.requests) == (0, 3)
+    assert cold.spread == pytest.approx((10 / 100 + 0 / 110 + 10 / 120) / 3)
+    assert (cached.cached_tokens, cached.requests, cached.spread) == (1024, 2, 0.0)
+
+
 def test_a_trace_without_repeats_says_so() -> None:
     assert repeat_groups([Rec("ramp-2", 100), Rec("ramp-2", 120)]) == []
     assert repeat_floor([]) is None and describe([]) == "no identical requests sent alone"

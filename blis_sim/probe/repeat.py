@@ -40,8 +40,7 @@ def repeat_groups(records: Iterable[Any]) -> list[RepeatGroup]:
     for r in records:
         if r.phase in alone:
             prompt = r.prefix_length + r.input_tokens
-            groups[(prompt, max(r.cached_tokens, 0), r.output_tokens)].append(
-                float(r.first_chunk_time_us - r.send_time_us))
+            groups[(prompt, _cached(r), r.output_tokens)].append(float(r.first_chunk_time_us - r.send_time_us))
     out = []
     for (prompt, cached, _), ttfts in sorted(groups.items()):
         if len(ttfts) < 2:
@@ -49,6 +48,16 @@ def repeat_groups(records: Iterable[Any]) -> list[RepeatGroup]:
         mean = sum(ttfts) / len(ttfts)
         out.append(RepeatGroup(prompt, cached, len(ttfts), mean, sum(abs(t - mean) / t for t in ttfts) / len(ttfts)))
     return out
+
+
+def _cached(r: Any) -> int:
+    """The tokens ``r`` found cached: the server's count, or where it reports none (vLLM without
+    ``--enable-prompt-tokens-details``, -1 in the trace) what the probe's phase made cached: its prefix for a
+    ``cached-*`` repeat, nothing for the others. Counted as cold, a cached repeat would join the cold samples of
+    its length and read as a spread of several hundred %."""
+    if r.cached_tokens >= 0:
+        return r.cached_tokens
+    return r.prefix_length if r.phase.startswith("cached-") else 0
 
 
 def repeat_floor(groups: Iterable[RepeatGroup]) -> float | None:
