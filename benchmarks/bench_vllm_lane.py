@@ -41,6 +41,9 @@ Prints one table (markdown) with the load average before and after each trace; `
 figure; ``--out`` keeps each trace, its replay and its calibration report. ``--quick`` halves the traces.
 ``--from DIR`` takes the traces an earlier run kept in DIR (``--out``) and redoes the fits on its probes and every
 replay and comparison, without a server: a changed simulator or fit judged on the same observations.
+A trace (or its probe) in which the server failed a request (a closed connection, an error status) is kept in
+``--out`` but not judged: it is listed under the table and in ``--json``'s ``failures``, the run goes on with the
+next trace, and the bench exits 1 at the end. A failed first probe leaves nothing to fit, so no trace runs.
 Targets (issue 13): TTFT MAPE <= 15 % on every unsaturated trace; throughput within 5 % at saturation.
 """
 from __future__ import annotations
@@ -160,6 +163,12 @@ class Lane:
     first: LatencyCoefficients | None = None  # the first probe's fit: the load levels' capacity, the drift
     first_ratio: float = 1.0  # the first probe's summed real over simulated E2E under its own fit
     rows: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)  # traces not judged: the server failed requests
+
+    def fail(self, name: str, exc: TraceFailed) -> None:
+        """Keep ``name`` out of the table, with why (its trace stays in ``out``)."""
+        self.failures.append({"trace": name, "error": str(exc)})
+        print(f"NOT JUDGED {exc}", flush=True)
 
     def engine(self, coeffs: LatencyCoefficients | None) -> EngineOptions:
         extra: dict[str, Any] = {}
@@ -179,9 +188,13 @@ class Lane:
         write_result(result, folder / "trace.yaml", folder / "trace.csv")
         failed = [r for r in result.trace.records if r.status != "ok"]
         if failed:
-            raise SystemExit(f"{name}: {len(failed)} request(s) failed, e.g. {failed[0].status}: "
-                             f"{failed[0].error_message}")
+            raise TraceFailed(f"{name}: {len(failed)} of {len(result.trace.records)} request(s) failed, e.g. "
+                              f"{failed[0].status}: {failed[0].error_message} (trace kept in {folder})")
         return result.trace
+
+
+class TraceFailed(Exception):
+    """The server failed requests of a trace: it is not judged (a partial window would read as model error)."""
 
 
 def probe(lane: Lane, name: str = "probe") -> Trace:
@@ -367,9 +380,13 @@ def run_traces(lane: Lane, first: ProbeFit, quick: bool, each: bool) -> dict[str
     print(f"predicted capacity (req/s): {json.dumps({k: round(v, 2) for k, v in capacity.items()})}", flush=True)
 
     def run(name: str, plan: WorkloadPlan, extra: dict[str, Any]) -> None:
-        fitted = probe_and_fit(lane, f"probe-{name}") if each else first
-        before = loadavg()
-        trace = lane.observe(name, plan, concurrency=1024)
+        try:
+            fitted = probe_and_fit(lane, f"probe-{name}") if each else first
+            before = loadavg()
+            trace = lane.observe(name, plan, concurrency=1024)
+        except TraceFailed as exc:
+            lane.fail(name, exc)
+            return
         report(lane, name, trace, extra, fitted, f"{before} → {loadavg()}")
 
     for mix in MIXES:
@@ -458,26 +475,28 @@ def main() -> int:
             print(f"client on core(s) {','.join(map(str, state.host_cpus))}", flush=True)
     lane = lane_at(url, args.out or Path(tempfile.mkdtemp(prefix="bench-vllm-lane-")))
     began = time.monotonic()
+    first: ProbeFit | None = None
+    capacity: dict[str, float] = {}
     try:
         with vllm_cpu.counters_locked():  # nobody else's traffic in these windows
             server = asyncio.run(characterize(url, lane.model, args.quick))
             print(f"server ({server['load_before']} → {server['load_after']}): "
                   f"prefill {json.dumps(server['prefill'])}; decode {json.dumps(server['decode'])}", flush=True)
             before = loadavg()
-            probe_trace = probe(lane)
-            first = fit_probe(lane, "probe", probe_trace)
-            print(f"probe fit ({before} → {loadavg()}): {describe(repeat_groups(probe_trace.records))}; "
-                  f"{first.coeffs.model_dump_json()}", flush=True)
-            print(HEADER, flush=True)
-            report(lane, "probe", probe_trace, {"mix": "probe", "load": "-"}, first, f"{before} → {loadavg()}")
-            capacity = run_traces(lane, first, args.quick, each=not args.one_probe)
-            if args.one_probe:
-                # The same probe again, judged with the first one's fit: how far the server's speed moved while
-                # the traces ran (on a machine that drifts, the later traces' errors are partly that).
-                before = loadavg()
-                after = probe(lane, "probe-after")
-                report(lane, "probe-after", after, {"mix": "probe", "load": "-"},
-                       ProbeFit("probe", first.coeffs, slowdown(lane, after)), f"{before} → {loadavg()}")
+            try:
+                probe_trace = probe(lane)
+            except TraceFailed as exc:
+                lane.fail("probe", exc)  # nothing to fit: no trace can be predicted
+            else:
+                first = fit_probe(lane, "probe", probe_trace)
+                print(f"probe fit ({before} → {loadavg()}): {describe(repeat_groups(probe_trace.records))}; "
+                      f"{first.coeffs.model_dump_json()}", flush=True)
+                print(HEADER, flush=True)
+                report(lane, "probe", probe_trace, {"mix": "probe", "load": "-"}, first,
+                       f"{before} → {loadavg()}")
+                capacity = run_traces(lane, first, args.quick, each=not args.one_probe)
+                if args.one_probe:
+                    probe_after(lane, first)
     finally:
         if started:
             vllm_cpu.stop()
@@ -485,9 +504,23 @@ def main() -> int:
     print_table(lane)
     if args.json:
         args.json.write_text(json.dumps({"url": url, "host_noise": host_noise, "server": server,
-                                         "fit": first.coeffs.model_dump(),
-                                         "predicted_capacity_rps": capacity, "rows": lane.rows}, indent=2) + "\n")
-    return 0
+                                         "fit": first.coeffs.model_dump() if first else None,
+                                         "predicted_capacity_rps": capacity, "rows": lane.rows,
+                                         "failures": lane.failures}, indent=2) + "\n")
+    return 1 if lane.failures else 0
+
+
+def probe_after(lane: Lane, first: ProbeFit) -> None:
+    """The same probe again, judged with the first one's fit: how far the server's speed moved while the
+    traces ran (on a machine that drifts, the later traces' errors are partly that)."""
+    before = loadavg()
+    try:
+        after = probe(lane, "probe-after")
+    except TraceFailed as exc:
+        lane.fail("probe-after", exc)
+        return
+    report(lane, "probe-after", after, {"mix": "probe", "load": "-"},
+           ProbeFit("probe", first.coeffs, slowdown(lane, after)), f"{before} → {loadavg()}")
 
 
 def print_table(lane: Lane) -> None:
@@ -495,6 +528,8 @@ def print_table(lane: Lane) -> None:
     print(HEADER)
     for row in lane.rows:
         print(fmt_row(row))
+    for failure in lane.failures:
+        print(f"not judged: {failure['error']}")
 
 
 if __name__ == "__main__":
