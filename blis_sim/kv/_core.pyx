@@ -646,6 +646,7 @@ cdef class ChunkStore:
     cdef vector[uint64_t] _seen
     cdef bint _seen0
     cdef vector[int64_t] _victims  # scratch of _pick_lru
+    cdef bint _victims_lead
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
     cdef int64_t _size[4]
@@ -852,26 +853,42 @@ cdef class ChunkStore:
 
     cdef bint _pick_lru(self, int64_t count, double now) noexcept:
         """The ``count`` least recently used evictable slots into ``_victims``, oldest first;
-        False (nothing chosen) when there are fewer. The caller reuses them for new keys."""
+        False (nothing chosen) when there are fewer. The caller reuses them for new keys.
+        ``_victims_lead``: they are T1's first ``count`` slots (none skipped)."""
         cdef vector[int64_t]* victims = &self._victims
         victims.clear()
+        self._victims_lead = True
         cdef int64_t s = self._head[0]
         while s >= 0 and <int64_t>victims.size() < count:
             if self._evictable(s, now):
                 victims.push_back(s)
+            else:
+                self._victims_lead = False
             s = self._t.at(s).next
         return <int64_t>victims.size() >= count
 
-    cdef int64_t _reuse_slot(self, int64_t s, uint64_t key, double ready) except -1:
-        """Evict slot ``s`` (of T1) and store ``key`` in it, as a new slot would: ready and
-        busy at ``ready``, most recently used."""
+    cdef inline int _rekey_slot(self, int64_t s, uint64_t key, double ready) except -1:
+        """Slot ``s`` evicted and holding ``key`` instead, ready and busy at ``ready`` (as a new
+        slot would be); its place in the lists is the caller's."""
         cdef BlisSlot* p
-        self._unlink(s)
         self._t.rekey(s, key)
         p = self._t.at(s)
         p.ready, p.busy = ready, ready
-        self._append(s, 0)
-        return s
+        return 0
+
+    cdef void _lead_to_tail(self, int64_t last) noexcept:
+        """Move T1's slots from its head through ``last`` to its tail, in their order: what
+        unlinking and appending each of them in turn does, with one relink."""
+        cdef int64_t first = self._head[0], tail = self._tail[0], nx
+        if last == tail:
+            return
+        nx = self._t.at(last).next
+        self._head[0] = nx
+        self._t.at(nx).prev = -1
+        self._t.at(tail).next = <int32_t>first
+        self._t.at(first).prev = <int32_t>tail
+        self._t.at(last).next = -1
+        self._tail[0] = last
 
     cdef bint _evict_arc(self, int64_t count, double now) except -1:
         cdef int64_t k, s, t1, t2
@@ -970,9 +987,18 @@ cdef class ChunkStore:
             # LRU: the first ``need`` new keys take the victims' slots (evicting all of them
             # first, then storing, gives the same order, keys and counts: slot numbers are not
             # observable), the rest new slots
+            # (victims leading T1 go to its tail in one relink, as the rotation they are)
+            if need > 0 and self._victims_lead:
+                self._lead_to_tail(self._victims[need - 1])
             for i in range(<Py_ssize_t>todo.size()):
                 if i < need:
-                    slots.push_back(self._reuse_slot(self._victims[i], todo[i], ready))
+                    s = self._victims[i]
+                    if not self._victims_lead:
+                        self._unlink(s)
+                    self._rekey_slot(s, todo[i], ready)
+                    if not self._victims_lead:
+                        self._append(s, 0)
+                    slots.push_back(s)
                 else:
                     slots.push_back(self._new_slot(todo[i], 0, ready, ready))
             if need > 0:
