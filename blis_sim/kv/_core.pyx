@@ -525,16 +525,28 @@ cdef class BlockPool:
             blocks.push_back(b)
         if hits:
             req.cached = hits
+        # the new blocks are the free queue's first n_new: taken in order, then detached with one
+        # relink (an allocated block's links are never read: each push sets them again)
+        cdef int32_t* nxt = self._next.data()
+        cdef int32_t* ref = self._ref.data()
+        cdef uint64_t* hashes_of = self._hash.data()
+        b = self._head
         for i in range(n_new):
-            b = self._head
-            self._unlink(b)
-            h = self._hash[b]
+            h = hashes_of[b]
             if h != 0:
                 self._map.erase_if(h, b)
-                self._hash[b] = 0
+                hashes_of[b] = 0
                 self.evictions += 1
-            self._ref[b] = 1
+            ref[b] = 1
             blocks.push_back(b)
+            b = nxt[b]
+        if n_new:
+            self._head = b
+            if b >= 0:
+                self._prev[b] = -1
+            else:
+                self._tail = -1
+            self.num_free -= n_new
         return True
 
     def cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_full_blocks):
