@@ -389,7 +389,7 @@ cdef class BlockPool:
         self._tail = -1
         self.num_free = 0
         self.evictions = 0
-        self._map.reserve(num_blocks)
+        self._map.reserve(2 * num_blocks)  # at most a quarter full: short probes and shifts
         cdef int32_t b
         for b in range(1, num_blocks):
             self._push_back(b)
