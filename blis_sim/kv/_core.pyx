@@ -674,7 +674,9 @@ cdef class ChunkStore:
         self.target_t1 = 0
         self.evictions = 0
         if capacity > 0:
-            self._t.reserve(min(3 * capacity, 1 << 22))
+            # ARC's lists hold up to 3x capacity keys; room for 8x keeps the index sparse: a small
+            # store's keys fill its 256 segments unevenly, and each probe of a full one is longer
+            self._t.reserve(min(8 * capacity, 1 << 22))
         cdef int i
         for i in range(4):
             self._head[i] = -1
