@@ -265,6 +265,11 @@ cdef extern from *:
         void drop(int64_t s) except +
 
 
+cdef struct Seen:  # an entry of ChunkStore's per-call scratch set
+    uint64_t key
+    uint64_t call
+
+
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
 cdef uint64_t _MULT_SALT = 0x5BD1E995ULL
 cdef uint64_t MASK64 = 0xFFFFFFFFFFFFFFFFULL
@@ -653,10 +658,11 @@ cdef class ChunkStore:
     # (key, ready) per chunk only (the pure twin ignores touch and pin there too).
     cdef bint _compact
     cdef BlisTable[BlisEntry] _c
-    # scratch of _prepare_store: keys seen in this call (open addressing, zeroed per call; one
-    # probe per new key where a map's find + set + erase took three)
-    cdef vector[uint64_t] _seen
-    cdef bint _seen0
+    # scratch of _prepare_store: keys seen in this call (open addressing; one probe per new key
+    # where a map's find + set + erase took three). An entry is taken in the call whose number it
+    # holds, so the table is never cleared: it only grows (then zeroed once)
+    cdef vector[Seen] _seen
+    cdef uint64_t _seen_call
     cdef vector[int64_t] _victims  # scratch of _pick_lru
     cdef bint _victims_lead
     cdef int64_t _head[4]
@@ -938,21 +944,16 @@ cdef class ChunkStore:
 
     cdef inline bint _first_sight(self, uint64_t k) noexcept:
         """Whether ``k`` is new to this call's scratch set (and now in it)."""
-        if k == 0:
-            if self._seen0:
-                return False
-            self._seen0 = True
-            return True
         cdef uint64_t mask = self._seen.size() - 1
         cdef uint64_t i = (k * 0x9E3779B97F4A7C15ULL) >> 32 & mask
-        cdef uint64_t c
+        cdef Seen* e
         while True:
-            c = self._seen[i]
-            if c == k:
-                return False
-            if c == 0:
-                self._seen[i] = k
+            e = &self._seen[i]
+            if e.call != self._seen_call:  # free in this call
+                e.key, e.call = k, self._seen_call
                 return True
+            if e.key == k:
+                return False
             i = (i + 1) & mask
 
     cdef bint _prepare_store(self, const uint64_t* keys, Py_ssize_t nkeys, double now,
@@ -978,11 +979,12 @@ cdef class ChunkStore:
                     slots.push_back(self._new_slot(k, 0, ready, ready))
             return True
         if nkeys > 1:
-            cap = 16
-            while cap < <uint64_t>(2 * nkeys):
-                cap <<= 1
-            self._seen.assign(cap, 0)
-            self._seen0 = False
+            self._seen_call += 1
+            if self._seen.size() < <size_t>(2 * nkeys):
+                cap = 16
+                while cap < <uint64_t>(2 * nkeys):
+                    cap <<= 1
+                self._seen.assign(cap, Seen(0, 0))
         for i in range(nkeys):
             k = keys[i]
             if self._resident(k) < 0 and (nkeys == 1 or self._first_sight(k)):
