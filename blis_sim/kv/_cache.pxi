@@ -439,7 +439,7 @@ cdef class CacheCore:
                 self._tc[t * _TC_INTS + RB] += (b - a) * cb
                 self._rt[t] += svc
                 self._tc[t * _TC_INTS + RJ] += 1
-                cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done)
+                cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done, done)
                 self._tc[PC] += self._put.size()
                 tier = <ChunkStore>self.tiers[t]
                 tier._touch(keys, a, b)
@@ -539,7 +539,7 @@ cdef class CacheCore:
         cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
         cdef ChunkStore tier
         cdef Station st
-        cdef double done, svc, t_done, t_svc
+        cdef double done, svc, t_done, t_svc, pin
         cdef Py_ssize_t t, i
         cdef vector[uint64_t] eligible
         if self._threshold >= 2:
@@ -566,8 +566,9 @@ cdef class CacheCore:
         self._wt[0] += svc
         self._tc[WJ] += 1
         self._tc[SC] += n
-        cpu._set_ready_slots(self._stored_slots.data(), n, done)
-        # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written.
+        # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written (the
+        # CPU copies' ready time and pin are set once, after: no tier's store reads them)
+        pin = done
         for t in range(1, self.ntiers):
             tier = <ChunkStore>self.tiers[t]
             if not tier._prepare_store(self._stored.data(), n, done, INF, self._put, self._put_slots):
@@ -583,8 +584,9 @@ cdef class CacheCore:
             self._wt[t] += t_svc
             self._tc[t * _TC_INTS + WJ] += 1
             self._tc[t * _TC_INTS + SC] += m
-            tier._set_ready_slots(self._put_slots.data(), m, t_done)
-            cpu._pin_slots(self._stored_slots.data(), n, t_done)
+            tier._set_ready_slots(self._put_slots.data(), m, t_done, t_done)
+            pin = max(pin, t_done)
+        cpu._set_ready_slots(self._stored_slots.data(), n, done, pin)
         return 0
 
     def free(self, int64_t rid):

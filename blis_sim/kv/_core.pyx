@@ -960,7 +960,7 @@ cdef class ChunkStore:
                              double ready, vector[uint64_t]& todo,
                              vector[int64_t]& slots) except -1:
         """Fills ``todo`` with the keys stored (in order, duplicates and residents left out) and
-        ``slots`` with their new slots (for _set_ready_slots / _pin_slots: no second probe);
+        ``slots`` with their new slots (for _set_ready_slots: no second probe);
         ``False``: not enough evictable room, nothing changed."""
         cdef Py_ssize_t i
         cdef uint64_t k, cap
@@ -1028,8 +1028,10 @@ cdef class ChunkStore:
             slots.push_back(self._new_slot(k, 0, ready, ready))
         return True
 
-    cdef void _set_ready_slots(self, const int64_t* slots, Py_ssize_t n, double ready) noexcept:
-        """:meth:`_set_ready` on the slots a :meth:`_prepare_store` just made."""
+    cdef void _set_ready_slots(self, const int64_t* slots, Py_ssize_t n, double ready,
+                               double until) noexcept:
+        """:meth:`_set_ready` on the slots a :meth:`_prepare_store` just made, then :meth:`_pin`
+        until ``until`` (nothing more when that is not after ``ready``): one pass, no probe."""
         cdef Py_ssize_t i
         if self._compact:
             for i in range(n):
@@ -1037,13 +1039,6 @@ cdef class ChunkStore:
             return
         for i in range(n):
             self._ready_slot(slots[i], ready)
-
-    cdef void _pin_slots(self, const int64_t* slots, Py_ssize_t n, double until) noexcept:
-        """:meth:`_pin` on the slots a :meth:`_prepare_store` made (still resident)."""
-        cdef Py_ssize_t i
-        if self._compact:
-            return
-        for i in range(n):
             self._pin_slot(slots[i], until)
 
     def _walk(self, int lst):
