@@ -206,8 +206,9 @@ cdef class CacheCore:
                            num_prompt_tokens)
 
     @cython.final
-    cdef int _add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, object root,
-                           uint64_t seed, int64_t num_prompt_tokens) except -1:
+    cdef _Req _add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, object root,
+                            uint64_t seed, int64_t num_prompt_tokens):
+        """Registers the request; returns its state (the port keeps it: no lookup by id)."""
         cdef _Req r = self._new_req(rid, num_prompt_tokens, False)
         # checked in C (a dtype comparison and a flags object per request were ~5 % of registering)
         if (not (cnp.PyArray_ISUNSIGNED(prefix) and cnp.PyArray_ITEMSIZE(prefix) == 8)
@@ -224,7 +225,7 @@ cdef class CacheCore:
         r.hashes.assign(pre, pre + shared)
         _extend(r.hashes, pre[shared - 1] if shared else <uint64_t>int(root), seed, shared, need - shared)
         self._reqs[rid] = r
-        return 0
+        return r
 
     @cython.final
     cdef _Req _new_req(self, int64_t rid, int64_t num_prompt_tokens, bint skip):
@@ -233,7 +234,7 @@ cdef class CacheCore:
             raise SimulationError(f"request {rid} is already registered with the KV cache")
         if num_prompt_tokens < 1:
             raise SimulationError(f"request {rid}: a prompt needs at least one token")
-        cdef _Req r = _Req()
+        cdef _Req r = _Req.__new__(_Req)  # (no call of the type: it has no __init__)
         r.rid = rid
         r.num_prompt = r.num_tokens = num_prompt_tokens
         r.skip = skip
@@ -744,22 +745,25 @@ cdef class RequestPort:
 
     cdef int _register(self, int64_t i) except -1:
         cdef int64_t g
+        cdef _Req r
         if i == self.window_first and self.window_snapshot is None:
             self.window_snapshot = self._kv.snapshot()
         if self._session[i] >= 0:
             self._kv.add_request(i, self._content.block_hashes(i), self._prompt[i])
+            r = self._core._req(i)
         else:
             g = self._group[i]
             if g < 0:
-                self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i], self._prompt[i])
+                r = self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i],
+                                             self._prompt[i])
             else:
                 prefix = self._prefix_of.get(g)
                 if prefix is None:
                     prefix = self._prefix_of[g] = self._content.group_prefix(g)
-                self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
-                                         self._prompt[i])
+                r = self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
+                                             self._prompt[i])
         self._registered[i] = 1
-        self._rq[i] = self._core._req(i)
+        self._rq[i] = r
         return 0
 
     cdef _Req _live(self, int64_t i):
