@@ -133,15 +133,21 @@ cdef extern from *:
     template <class S> struct BlisTable {
         static const int PAGE_BITS = 15;
         static const int64_t PAGE = 1 << 15;
-        struct Seg { std::vector<uint64_t> e; uint64_t mask; int64_t n; };
+        // a segment: mask + 1 entries, n of them in use, regrown past limit (3/4 full). 32 bytes
+        // (a vector's three words and a separate limit made it 48: a multiply per access)
+        struct Seg { uint64_t* e; uint64_t mask; int64_t n; int64_t limit; };
         std::vector<S*> pages;
         std::vector<int32_t> free_slots;
         int64_t nslots;
         Seg seg[256];
         BlisTable() : nslots(0) {
-            for (int k = 0; k < 256; ++k) { seg[k].e.assign(8, 0); seg[k].mask = 7; seg[k].n = 0; }
+            for (int k = 0; k < 256; ++k) { seg[k].e = nullptr; seg[k].n = 0; }
+            for (int k = 0; k < 256; ++k) regrow(seg[k], 8);
         }
-        ~BlisTable() { for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k]; }
+        ~BlisTable() {
+            for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k];
+            for (int k = 0; k < 256; ++k) delete[] seg[k].e;
+        }
         BlisTable(const BlisTable&) = delete;
         BlisTable& operator=(const BlisTable&) = delete;
         static inline uint64_t hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ULL; }
@@ -171,16 +177,20 @@ cdef extern from *:
             while (sg.e[i]) i = (i + 1) & sg.mask;
             sg.e[i] = c;
         }
+        // sg's entries moved into a new array of cap (a power of two, >= 8) entries
         static void regrow(Seg& sg, uint64_t cap) {
-            std::vector<uint64_t> old; old.swap(sg.e);
-            sg.e.assign(cap, 0);
+            uint64_t* old = sg.e;
+            uint64_t size = old ? sg.mask + 1 : 0;
+            sg.e = new uint64_t[cap]();
             sg.mask = cap - 1;
-            for (size_t i = 0; i < old.size(); ++i) if (old[i]) place(sg, old[i]);
+            sg.limit = (int64_t)(cap / 4 * 3);
+            for (uint64_t i = 0; i < size; ++i) if (old[i]) place(sg, old[i]);
+            delete[] old;
         }
         void reserve(uint64_t count) {
             uint64_t cap = 8;
             while (cap * 3 < (count / 256 + 1) * 4) cap <<= 1;
-            for (int k = 0; k < 256; ++k) if (cap > seg[k].e.size()) regrow(seg[k], cap);
+            for (int k = 0; k < 256; ++k) if (cap > seg[k].mask + 1) regrow(seg[k], cap);
         }
         // a new slot holding a key not in the table, indexed (the caller fills the rest)
         int64_t add(uint64_t key) {
@@ -209,7 +219,7 @@ cdef extern from *:
             uint64_t h = hash(key);
             Seg& sg = seg[h >> 56];
             place(sg, ((uint64_t)(uint32_t)(h >> 24) << 32) | (uint64_t)(s + 1));
-            if ((uint64_t)(++sg.n) * 4 > sg.e.size() * 3) regrow(sg, sg.e.size() * 2);
+            if (++sg.n > sg.limit) regrow(sg, 2 * (sg.mask + 1));
         }
         void unindex(int64_t s) {
             uint64_t h = hash(at(s)->key);
