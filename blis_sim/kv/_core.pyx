@@ -513,17 +513,21 @@ cdef class BlockPool:
         cdef Py_ssize_t i, evictable = 0
         cdef int32_t b
         cdef uint64_t h
-        cdef vector[int32_t]* hit_ids = &self._hits
+        cdef const int32_t* hit = found
+        cdef int32_t* out
+        cdef int32_t* ref = self._ref.data()
         cdef BlisPoolReq* req
         cdef vector[int32_t]* blocks
         cdef size_t want
         if n_new < 0:
             n_new = 0
-        hit_ids.clear()
+        if hit == NULL and hits:  # found here once (the allocation below takes them)
+            self._hits.resize(hits)
+            for i in range(hits):
+                self._hits[i] = <int32_t>self._map.find(hashes[i])
+            hit = self._hits.data()
         for i in range(hits):
-            b = found[i] if found != NULL else <int32_t>self._map.find(hashes[i])
-            hit_ids.push_back(b)
-            if self._ref[b] == 0:
+            if ref[hit[i]] == 0:
                 evictable += 1
         if n_new + evictable > self.num_free:
             return False
@@ -532,19 +536,21 @@ cdef class BlockPool:
         want = have + hits + n_new
         if want > blocks.capacity():  # geometric: an exact reserve copied the list per decode block
             blocks.reserve(max(want, 2 * blocks.capacity()))
-        for i in range(<Py_ssize_t>hit_ids.size()):
-            b = deref(hit_ids)[i]
-            if self._ref[b] == 0:
+        blocks.resize(want)  # written by index below: no append per block
+        out = blocks.data() + have
+        for i in range(hits):
+            b = hit[i]
+            if ref[b] == 0:
                 self._unlink(b)
-            self._ref[b] += 1
-            blocks.push_back(b)
+            ref[b] += 1
+            out[i] = b
         if hits:
             req.cached = hits
         # the new blocks are the free queue's first n_new: taken in order, then detached with one
         # relink (an allocated block's links are never read: each push sets them again)
         cdef int32_t* nxt = self._next.data()
-        cdef int32_t* ref = self._ref.data()
         cdef uint64_t* hashes_of = self._hash.data()
+        out += hits
         b = self._head
         for i in range(n_new):
             h = hashes_of[b]
@@ -553,7 +559,7 @@ cdef class BlockPool:
                 hashes_of[b] = 0
                 self.evictions += 1
             ref[b] = 1
-            blocks.push_back(b)
+            out[i] = b
             b = nxt[b]
         if n_new:
             self._head = b
