@@ -588,14 +588,16 @@ cdef class BlockPool:
         cdef Py_ssize_t i, added = 0
         cdef int32_t b
         cdef uint64_t h
+        cdef uint64_t* hashes_of = self._hash.data()
+        cdef const int32_t* ids = blocks.data()
         for i in range(start, end):
-            b = deref(blocks)[i]
-            if self._hash[b] != 0:
+            b = ids[i]
+            if hashes_of[b] != 0:
                 continue
             h = hashes[i]
             if not self._map.insert(h, b):
                 continue
-            self._hash[b] = h
+            hashes_of[b] = h
             added += 1
         if end > start:
             req.cached = end
@@ -616,11 +618,13 @@ cdef class BlockPool:
         front.clear()
         cdef Py_ssize_t i
         cdef int32_t b
+        cdef int32_t* ref = self._ref.data()
+        cdef const uint64_t* hashes_of = self._hash.data()
         for i in range(<Py_ssize_t>blocks.size() - 1, -1, -1):
             b = blocks[i]
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if self._hash[b] != 0:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashes_of[b] != 0:
                     self._push_back(b)
                 else:
                     front.push_back(b)
