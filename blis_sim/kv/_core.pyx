@@ -895,17 +895,20 @@ cdef class ChunkStore:
         """The ``count`` least recently used evictable slots into ``_victims``, oldest first;
         False (nothing chosen) when there are fewer. The caller reuses them for new keys.
         ``_victims_lead``: they are T1's first ``count`` slots (none skipped)."""
-        cdef vector[int64_t]* victims = &self._victims
-        victims.clear()
+        cdef int64_t n = 0
+        self._victims.resize(count)  # written by index, trimmed after (no append per victim)
+        cdef int64_t* victims = self._victims.data()
         self._victims_lead = True
         cdef int64_t s = self._head[0]
-        while s >= 0 and <int64_t>victims.size() < count:
+        while s >= 0 and n < count:
             if self._evictable(s, now):
-                victims.push_back(s)
+                victims[n] = s
+                n += 1
             else:
                 self._victims_lead = False
             s = self._t.at(s).next
-        return <int64_t>victims.size() >= count
+        self._victims.resize(n)
+        return n >= count
 
     cdef inline int _rekey_slot(self, int64_t s, uint64_t key, double ready) except -1:
         """Slot ``s`` evicted and holding ``key`` instead, ready and busy at ``ready`` (as a new
