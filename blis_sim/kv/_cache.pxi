@@ -13,7 +13,7 @@ from blis_sim.errors import SimulationError
 from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
 
 cdef double _EPS = 1e-6
-cdef Py_ssize_t _HASH_AHEAD = 16  # blocks hashed at least per extension of a request's hashes
+cdef Py_ssize_t _HASH_AHEAD = 4  # blocks hashed at least per extension of a request's hashes
 
 
 @cython.final
