@@ -152,6 +152,9 @@ cdef class _ItlLog:
     def __cinit__(self):
         self.spill = None
         self.spilled = 0
+        # room for a spill's worth at once: growing copied the gaps ~20 times on the way (the
+        # reserved pages count in memory only once written)
+        self.buf.reserve(_SPILL)
 
     # (int, not void ``except *``: no PyErr_Occurred() after each of ~100,000 calls)
     cdef inline int add(self, double value, long weight) except -1:
