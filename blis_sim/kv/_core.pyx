@@ -763,6 +763,24 @@ cdef class ChunkStore:
             self._tail[lst] = p
         self._size[lst] -= 1
 
+    cdef inline void _to_lru_tail(self, int64_t s) noexcept:
+        """Slot ``s`` of T1 made its most recent: :meth:`_unlink` and :meth:`_append` to T1, with
+        no count or list to update (nothing at all when it is the tail already)."""
+        cdef int64_t tail = self._tail[0]
+        if s == tail:
+            return
+        cdef BlisSlot* q = self._t.at(s)
+        cdef int64_t p = q.prev, nx = q.next  # nx >= 0: s is not the tail
+        if p >= 0:
+            self._t.at(p).next = <int32_t>nx
+        else:
+            self._head[0] = nx
+        self._t.at(nx).prev = <int32_t>p
+        self._t.at(tail).next = <int32_t>s
+        q.prev = <int32_t>tail
+        q.next = -1
+        self._tail[0] = s
+
     cdef inline int64_t _resident(self, uint64_t key) noexcept:
         if self._compact:
             return self._c.find(key)
@@ -821,8 +839,7 @@ cdef class ChunkStore:
                 continue
             lst = self._list[s]
             if not self.arc:
-                self._unlink(s)
-                self._append(s, 0)
+                self._to_lru_tail(s)
             elif lst == 0 or lst == 1:
                 self._unlink(s)
                 self._append(s, 1)
@@ -1044,10 +1061,8 @@ cdef class ChunkStore:
             for i in range(need):
                 s = self._victims[i]
                 if not self._victims_lead:
-                    self._unlink(s)
+                    self._to_lru_tail(s)
                 self._rekey_slot(s, tp[i], ready)
-                if not self._victims_lead:
-                    self._append(s, 0)
                 sp[i] = s
             for i in range(max(need, 0), nt):
                 sp[i] = self._new_slot(tp[i], 0, ready, ready)
