@@ -133,8 +133,9 @@ cdef extern from *:
     template <class S> struct BlisTable {
         static const int PAGE_BITS = 15;
         static const int64_t PAGE = 1 << 15;
-        // a segment: mask + 1 entries, n of them in use, regrown past limit (3/4 full). 32 bytes
-        // (a vector's three words and a separate limit made it 48: a multiply per access)
+        // a segment: mask + 1 entries, n of them in use, regrown past limit (3/4 full). 32 bytes,
+        // so that its address is a shift (with a vector's three words it was 40: a multiply per
+        // probe, and the limit recomputed from the vector's size per insert)
         struct Seg { uint64_t* e; uint64_t mask; int64_t n; int64_t limit; };
         std::vector<S*> pages;
         std::vector<int32_t> free_slots;
