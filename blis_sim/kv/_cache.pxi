@@ -13,7 +13,7 @@ from blis_sim.errors import SimulationError
 from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
 
 cdef double _EPS = 1e-6
-cdef Py_ssize_t _HASH_AHEAD = 16  # blocks hashed at least per extension of a request's hashes
+cdef Py_ssize_t _HASH_AHEAD = 4  # blocks hashed at least per extension of a request's hashes
 
 
 @cython.final
@@ -206,8 +206,9 @@ cdef class CacheCore:
                            num_prompt_tokens)
 
     @cython.final
-    cdef int _add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, object root,
-                           uint64_t seed, int64_t num_prompt_tokens) except -1:
+    cdef _Req _add_prefixed(self, int64_t rid, cnp.ndarray prefix, Py_ssize_t shared, object root,
+                            uint64_t seed, int64_t num_prompt_tokens):
+        """Registers the request; returns its state (the port keeps it: no lookup by id)."""
         cdef _Req r = self._new_req(rid, num_prompt_tokens, False)
         # checked in C (a dtype comparison and a flags object per request were ~5 % of registering)
         if (not (cnp.PyArray_ISUNSIGNED(prefix) and cnp.PyArray_ITEMSIZE(prefix) == 8)
@@ -224,7 +225,7 @@ cdef class CacheCore:
         r.hashes.assign(pre, pre + shared)
         _extend(r.hashes, pre[shared - 1] if shared else <uint64_t>int(root), seed, shared, need - shared)
         self._reqs[rid] = r
-        return 0
+        return r
 
     @cython.final
     cdef _Req _new_req(self, int64_t rid, int64_t num_prompt_tokens, bint skip):
@@ -233,7 +234,7 @@ cdef class CacheCore:
             raise SimulationError(f"request {rid} is already registered with the KV cache")
         if num_prompt_tokens < 1:
             raise SimulationError(f"request {rid}: a prompt needs at least one token")
-        cdef _Req r = _Req()
+        cdef _Req r = _Req.__new__(_Req)  # (no call of the type: it has no __init__)
         r.rid = rid
         r.num_prompt = r.num_tokens = num_prompt_tokens
         r.skip = skip
@@ -439,7 +440,7 @@ cdef class CacheCore:
                 self._tc[t * _TC_INTS + RB] += (b - a) * cb
                 self._rt[t] += svc
                 self._tc[t * _TC_INTS + RJ] += 1
-                cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done)
+                cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done, done)
                 self._tc[PC] += self._put.size()
                 tier = <ChunkStore>self.tiers[t]
                 tier._touch(keys, a, b)
@@ -539,7 +540,7 @@ cdef class CacheCore:
         cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
         cdef ChunkStore tier
         cdef Station st
-        cdef double done, svc, t_done, t_svc
+        cdef double done, svc, t_done, t_svc, pin
         cdef Py_ssize_t t, i
         cdef vector[uint64_t] eligible
         if self._threshold >= 2:
@@ -566,8 +567,9 @@ cdef class CacheCore:
         self._wt[0] += svc
         self._tc[WJ] += 1
         self._tc[SC] += n
-        cpu._set_ready_slots(self._stored_slots.data(), n, done)
-        # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written.
+        # Cascade: CPU → every secondary tier once the CPU copy exists; pinned until written (the
+        # CPU copies' ready time and pin are set once, after: no tier's store reads them)
+        pin = done
         for t in range(1, self.ntiers):
             tier = <ChunkStore>self.tiers[t]
             if not tier._prepare_store(self._stored.data(), n, done, INF, self._put, self._put_slots):
@@ -583,8 +585,9 @@ cdef class CacheCore:
             self._wt[t] += t_svc
             self._tc[t * _TC_INTS + WJ] += 1
             self._tc[t * _TC_INTS + SC] += m
-            tier._set_ready_slots(self._put_slots.data(), m, t_done)
-            cpu._pin_slots(self._stored_slots.data(), n, t_done)
+            tier._set_ready_slots(self._put_slots.data(), m, t_done, t_done)
+            pin = max(pin, t_done)
+        cpu._set_ready_slots(self._stored_slots.data(), n, done, pin)
         return 0
 
     def free(self, int64_t rid):
@@ -742,22 +745,25 @@ cdef class RequestPort:
 
     cdef int _register(self, int64_t i) except -1:
         cdef int64_t g
+        cdef _Req r
         if i == self.window_first and self.window_snapshot is None:
             self.window_snapshot = self._kv.snapshot()
         if self._session[i] >= 0:
             self._kv.add_request(i, self._content.block_hashes(i), self._prompt[i])
+            r = self._core._req(i)
         else:
             g = self._group[i]
             if g < 0:
-                self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i], self._prompt[i])
+                r = self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i],
+                                             self._prompt[i])
             else:
                 prefix = self._prefix_of.get(g)
                 if prefix is None:
                     prefix = self._prefix_of[g] = self._content.group_prefix(g)
-                self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
-                                         self._prompt[i])
+                r = self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
+                                             self._prompt[i])
         self._registered[i] = 1
-        self._rq[i] = self._core._req(i)
+        self._rq[i] = r
         return 0
 
     cdef _Req _live(self, int64_t i):

@@ -133,15 +133,22 @@ cdef extern from *:
     template <class S> struct BlisTable {
         static const int PAGE_BITS = 15;
         static const int64_t PAGE = 1 << 15;
-        struct Seg { std::vector<uint64_t> e; uint64_t mask; int64_t n; };
+        // a segment: mask + 1 entries, n of them in use, regrown past limit (3/4 full). 32 bytes,
+        // so that its address is a shift (with a vector's three words it was 40: a multiply per
+        // probe, and the limit recomputed from the vector's size per insert)
+        struct Seg { uint64_t* e; uint64_t mask; int64_t n; int64_t limit; };
         std::vector<S*> pages;
         std::vector<int32_t> free_slots;
         int64_t nslots;
         Seg seg[256];
         BlisTable() : nslots(0) {
-            for (int k = 0; k < 256; ++k) { seg[k].e.assign(8, 0); seg[k].mask = 7; seg[k].n = 0; }
+            for (int k = 0; k < 256; ++k) { seg[k].e = nullptr; seg[k].n = 0; }
+            for (int k = 0; k < 256; ++k) regrow(seg[k], 8);
         }
-        ~BlisTable() { for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k]; }
+        ~BlisTable() {
+            for (size_t k = 0; k < pages.size(); ++k) delete[] pages[k];
+            for (int k = 0; k < 256; ++k) delete[] seg[k].e;
+        }
         BlisTable(const BlisTable&) = delete;
         BlisTable& operator=(const BlisTable&) = delete;
         static inline uint64_t hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ULL; }
@@ -171,16 +178,20 @@ cdef extern from *:
             while (sg.e[i]) i = (i + 1) & sg.mask;
             sg.e[i] = c;
         }
+        // sg's entries moved into a new array of cap (a power of two, >= 8) entries
         static void regrow(Seg& sg, uint64_t cap) {
-            std::vector<uint64_t> old; old.swap(sg.e);
-            sg.e.assign(cap, 0);
+            uint64_t* old = sg.e;
+            uint64_t size = old ? sg.mask + 1 : 0;
+            sg.e = new uint64_t[cap]();
             sg.mask = cap - 1;
-            for (size_t i = 0; i < old.size(); ++i) if (old[i]) place(sg, old[i]);
+            sg.limit = (int64_t)(cap / 4 * 3);
+            for (uint64_t i = 0; i < size; ++i) if (old[i]) place(sg, old[i]);
+            delete[] old;
         }
         void reserve(uint64_t count) {
             uint64_t cap = 8;
             while (cap * 3 < (count / 256 + 1) * 4) cap <<= 1;
-            for (int k = 0; k < 256; ++k) if (cap > seg[k].e.size()) regrow(seg[k], cap);
+            for (int k = 0; k < 256; ++k) if (cap > seg[k].mask + 1) regrow(seg[k], cap);
         }
         // a new slot holding a key not in the table, indexed (the caller fills the rest)
         int64_t add(uint64_t key) {
@@ -209,7 +220,7 @@ cdef extern from *:
             uint64_t h = hash(key);
             Seg& sg = seg[h >> 56];
             place(sg, ((uint64_t)(uint32_t)(h >> 24) << 32) | (uint64_t)(s + 1));
-            if ((uint64_t)(++sg.n) * 4 > sg.e.size() * 3) regrow(sg, sg.e.size() * 2);
+            if (++sg.n > sg.limit) regrow(sg, 2 * (sg.mask + 1));
         }
         void unindex(int64_t s) {
             uint64_t h = hash(at(s)->key);
@@ -263,6 +274,11 @@ cdef extern from *:
         int64_t add(uint64_t key) except +
         void rekey(int64_t s, uint64_t key) except +
         void drop(int64_t s) except +
+
+
+cdef struct Seen:  # an entry of ChunkStore's per-call scratch set
+    uint64_t key
+    uint64_t call
 
 
 cdef uint64_t _SEED = 0x6A09E667F3BCC909ULL
@@ -389,7 +405,7 @@ cdef class BlockPool:
         self._tail = -1
         self.num_free = 0
         self.evictions = 0
-        self._map.reserve(num_blocks)
+        self._map.reserve(2 * num_blocks)  # at most a quarter full: short probes and shifts
         cdef int32_t b
         for b in range(1, num_blocks):
             self._push_back(b)
@@ -498,17 +514,21 @@ cdef class BlockPool:
         cdef Py_ssize_t i, evictable = 0
         cdef int32_t b
         cdef uint64_t h
-        cdef vector[int32_t]* hit_ids = &self._hits
+        cdef const int32_t* hit = found
+        cdef int32_t* out
+        cdef int32_t* ref = self._ref.data()
         cdef BlisPoolReq* req
         cdef vector[int32_t]* blocks
         cdef size_t want
         if n_new < 0:
             n_new = 0
-        hit_ids.clear()
+        if hit == NULL and hits:  # found here once (the allocation below takes them)
+            self._hits.resize(hits)
+            for i in range(hits):
+                self._hits[i] = <int32_t>self._map.find(hashes[i])
+            hit = self._hits.data()
         for i in range(hits):
-            b = found[i] if found != NULL else <int32_t>self._map.find(hashes[i])
-            hit_ids.push_back(b)
-            if self._ref[b] == 0:
+            if ref[hit[i]] == 0:
                 evictable += 1
         if n_new + evictable > self.num_free:
             return False
@@ -517,24 +537,38 @@ cdef class BlockPool:
         want = have + hits + n_new
         if want > blocks.capacity():  # geometric: an exact reserve copied the list per decode block
             blocks.reserve(max(want, 2 * blocks.capacity()))
-        for i in range(<Py_ssize_t>hit_ids.size()):
-            b = deref(hit_ids)[i]
-            if self._ref[b] == 0:
+        blocks.resize(want)  # written by index below: no append per block
+        out = blocks.data() + have
+        for i in range(hits):
+            b = hit[i]
+            if ref[b] == 0:
                 self._unlink(b)
-            self._ref[b] += 1
-            blocks.push_back(b)
+            ref[b] += 1
+            out[i] = b
         if hits:
             req.cached = hits
+        # the new blocks are the free queue's first n_new: taken in order, then detached with one
+        # relink (an allocated block's links are never read: each push sets them again)
+        cdef int32_t* nxt = self._next.data()
+        cdef uint64_t* hashes_of = self._hash.data()
+        out += hits
+        b = self._head
         for i in range(n_new):
-            b = self._head
-            self._unlink(b)
-            h = self._hash[b]
+            h = hashes_of[b]
             if h != 0:
                 self._map.erase_if(h, b)
-                self._hash[b] = 0
+                hashes_of[b] = 0
                 self.evictions += 1
-            self._ref[b] = 1
-            blocks.push_back(b)
+            ref[b] = 1
+            out[i] = b
+            b = nxt[b]
+        if n_new:
+            self._head = b
+            if b >= 0:
+                self._prev[b] = -1
+            else:
+                self._tail = -1
+            self.num_free -= n_new
         return True
 
     def cache(self, int64_t rid, const uint64_t[::1] hashes, Py_ssize_t num_full_blocks):
@@ -555,14 +589,16 @@ cdef class BlockPool:
         cdef Py_ssize_t i, added = 0
         cdef int32_t b
         cdef uint64_t h
+        cdef uint64_t* hashes_of = self._hash.data()
+        cdef const int32_t* ids = blocks.data()
         for i in range(start, end):
-            b = deref(blocks)[i]
-            if self._hash[b] != 0:
+            b = ids[i]
+            if hashes_of[b] != 0:
                 continue
             h = hashes[i]
             if not self._map.insert(h, b):
                 continue
-            self._hash[b] = h
+            hashes_of[b] = h
             added += 1
         if end > start:
             req.cached = end
@@ -583,11 +619,13 @@ cdef class BlockPool:
         front.clear()
         cdef Py_ssize_t i
         cdef int32_t b
+        cdef int32_t* ref = self._ref.data()
+        cdef const uint64_t* hashes_of = self._hash.data()
         for i in range(<Py_ssize_t>blocks.size() - 1, -1, -1):
             b = blocks[i]
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if self._hash[b] != 0:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashes_of[b] != 0:
                     self._push_back(b)
                 else:
                     front.push_back(b)
@@ -641,11 +679,13 @@ cdef class ChunkStore:
     # (key, ready) per chunk only (the pure twin ignores touch and pin there too).
     cdef bint _compact
     cdef BlisTable[BlisEntry] _c
-    # scratch of _prepare_store: keys seen in this call (open addressing, zeroed per call; one
-    # probe per new key where a map's find + set + erase took three)
-    cdef vector[uint64_t] _seen
-    cdef bint _seen0
+    # scratch of _prepare_store: keys seen in this call (open addressing; one probe per new key
+    # where a map's find + set + erase took three). An entry is taken in the call whose number it
+    # holds, so the table is never cleared: it only grows (then zeroed once)
+    cdef vector[Seen] _seen
+    cdef uint64_t _seen_call
     cdef vector[int64_t] _victims  # scratch of _pick_lru
+    cdef bint _victims_lead
     cdef int64_t _head[4]
     cdef int64_t _tail[4]
     cdef int64_t _size[4]
@@ -661,7 +701,9 @@ cdef class ChunkStore:
         self.target_t1 = 0
         self.evictions = 0
         if capacity > 0:
-            self._t.reserve(min(3 * capacity, 1 << 22))
+            # ARC's lists hold up to 3x capacity keys; room for 8x keeps the index sparse: a small
+            # store's keys fill its 256 segments unevenly, and each probe of a full one is longer
+            self._t.reserve(min(8 * capacity, 1 << 22))
         cdef int i
         for i in range(4):
             self._head[i] = -1
@@ -722,6 +764,24 @@ cdef class ChunkStore:
             self._tail[lst] = p
         self._size[lst] -= 1
 
+    cdef inline void _to_lru_tail(self, int64_t s) noexcept:
+        """Slot ``s`` of T1 made its most recent: :meth:`_unlink` and :meth:`_append` to T1, with
+        no count or list to update (nothing at all when it is the tail already)."""
+        cdef int64_t tail = self._tail[0]
+        if s == tail:
+            return
+        cdef BlisSlot* q = self._t.at(s)
+        cdef int64_t p = q.prev, nx = q.next  # nx >= 0: s is not the tail
+        if p >= 0:
+            self._t.at(p).next = <int32_t>nx
+        else:
+            self._head[0] = nx
+        self._t.at(nx).prev = <int32_t>p
+        self._t.at(tail).next = <int32_t>s
+        q.prev = <int32_t>tail
+        q.next = -1
+        self._tail[0] = s
+
     cdef inline int64_t _resident(self, uint64_t key) noexcept:
         if self._compact:
             return self._c.find(key)
@@ -780,8 +840,7 @@ cdef class ChunkStore:
                 continue
             lst = self._list[s]
             if not self.arc:
-                self._unlink(s)
-                self._append(s, 0)
+                self._to_lru_tail(s)
             elif lst == 0 or lst == 1:
                 self._unlink(s)
                 self._append(s, 1)
@@ -852,26 +911,45 @@ cdef class ChunkStore:
 
     cdef bint _pick_lru(self, int64_t count, double now) noexcept:
         """The ``count`` least recently used evictable slots into ``_victims``, oldest first;
-        False (nothing chosen) when there are fewer. The caller reuses them for new keys."""
-        cdef vector[int64_t]* victims = &self._victims
-        victims.clear()
+        False (nothing chosen) when there are fewer. The caller reuses them for new keys.
+        ``_victims_lead``: they are T1's first ``count`` slots (none skipped)."""
+        cdef int64_t n = 0
+        self._victims.resize(count)  # written by index, trimmed after (no append per victim)
+        cdef int64_t* victims = self._victims.data()
+        self._victims_lead = True
         cdef int64_t s = self._head[0]
-        while s >= 0 and <int64_t>victims.size() < count:
+        while s >= 0 and n < count:
             if self._evictable(s, now):
-                victims.push_back(s)
+                victims[n] = s
+                n += 1
+            else:
+                self._victims_lead = False
             s = self._t.at(s).next
-        return <int64_t>victims.size() >= count
+        self._victims.resize(n)
+        return n >= count
 
-    cdef int64_t _reuse_slot(self, int64_t s, uint64_t key, double ready) except -1:
-        """Evict slot ``s`` (of T1) and store ``key`` in it, as a new slot would: ready and
-        busy at ``ready``, most recently used."""
+    cdef inline int _rekey_slot(self, int64_t s, uint64_t key, double ready) except -1:
+        """Slot ``s`` evicted and holding ``key`` instead, ready and busy at ``ready`` (as a new
+        slot would be); its place in the lists is the caller's."""
         cdef BlisSlot* p
-        self._unlink(s)
         self._t.rekey(s, key)
         p = self._t.at(s)
         p.ready, p.busy = ready, ready
-        self._append(s, 0)
-        return s
+        return 0
+
+    cdef void _lead_to_tail(self, int64_t last) noexcept:
+        """Move T1's slots from its head through ``last`` to its tail, in their order: what
+        unlinking and appending each of them in turn does, with one relink."""
+        cdef int64_t first = self._head[0], tail = self._tail[0], nx
+        if last == tail:
+            return
+        nx = self._t.at(last).next
+        self._head[0] = nx
+        self._t.at(nx).prev = -1
+        self._t.at(tail).next = <int32_t>first
+        self._t.at(first).prev = <int32_t>tail
+        self._t.at(last).next = -1
+        self._tail[0] = last
 
     cdef bint _evict_arc(self, int64_t count, double now) except -1:
         cdef int64_t k, s, t1, t2
@@ -907,35 +985,35 @@ cdef class ChunkStore:
 
     cdef inline bint _first_sight(self, uint64_t k) noexcept:
         """Whether ``k`` is new to this call's scratch set (and now in it)."""
-        if k == 0:
-            if self._seen0:
-                return False
-            self._seen0 = True
-            return True
         cdef uint64_t mask = self._seen.size() - 1
         cdef uint64_t i = (k * 0x9E3779B97F4A7C15ULL) >> 32 & mask
-        cdef uint64_t c
+        cdef Seen* e
         while True:
-            c = self._seen[i]
-            if c == k:
-                return False
-            if c == 0:
-                self._seen[i] = k
+            e = &self._seen[i]
+            if e.call != self._seen_call:  # free in this call
+                e.key, e.call = k, self._seen_call
                 return True
+            if e.key == k:
+                return False
             i = (i + 1) & mask
 
     cdef bint _prepare_store(self, const uint64_t* keys, Py_ssize_t nkeys, double now,
                              double ready, vector[uint64_t]& todo,
                              vector[int64_t]& slots) except -1:
         """Fills ``todo`` with the keys stored (in order, duplicates and residents left out) and
-        ``slots`` with their new slots (for _set_ready_slots / _pin_slots: no second probe);
-        ``False``: not enough evictable room, nothing changed."""
-        cdef Py_ssize_t i
+        ``slots`` with their new slots (for _set_ready_slots: no second probe);
+        ``False``: not enough evictable room, nothing changed. (``keys`` must not point into
+        ``todo``.)"""
+        cdef Py_ssize_t i, nt = 0
         cdef uint64_t k, cap
         cdef int64_t need, s
         cdef bint ok
-        todo.clear()
-        slots.clear()
+        # todo and slots are sized for every key, written through pointers and trimmed: an append
+        # per key loaded and stored the vector's end each time (~1.4 million for 10k requests)
+        todo.resize(nkeys)
+        slots.resize(nkeys)
+        cdef uint64_t* tp = todo.data()
+        cdef int64_t* sp = slots.data()
         self._prefetch(keys, 0, nkeys)
         if self._compact:
             # unbounded: nothing to evict, so each new key is stored at once, and a later copy of
@@ -943,51 +1021,67 @@ cdef class ChunkStore:
             for i in range(nkeys):
                 k = keys[i]
                 if self._c.find(k) < 0:
-                    todo.push_back(k)
-                    slots.push_back(self._new_slot(k, 0, ready, ready))
+                    tp[nt] = k
+                    sp[nt] = self._new_slot(k, 0, ready, ready)
+                    nt += 1
+            todo.resize(nt)
+            slots.resize(nt)
             return True
         if nkeys > 1:
-            cap = 16
-            while cap < <uint64_t>(2 * nkeys):
-                cap <<= 1
-            self._seen.assign(cap, 0)
-            self._seen0 = False
+            self._seen_call += 1
+            if self._seen.size() < <size_t>(2 * nkeys):
+                cap = 16
+                while cap < <uint64_t>(2 * nkeys):
+                    cap <<= 1
+                self._seen.assign(cap, Seen(0, 0))
         for i in range(nkeys):
             k = keys[i]
             if self._resident(k) < 0 and (nkeys == 1 or self._first_sight(k)):
-                todo.push_back(k)
-        if todo.size() == 0:
+                tp[nt] = k
+                nt += 1
+        todo.resize(nt)
+        slots.resize(nt)
+        if nt == 0:
             return True
         need = 0
         if self.capacity > 0:
-            need = <int64_t>todo.size() - (self.capacity - self._size[0] - self._size[1])
+            need = nt - (self.capacity - self._size[0] - self._size[1])
             if need > 0:
                 ok = self._evict_arc(need, now) if self.arc else self._pick_lru(need, now)
                 if not ok:
                     todo.clear()
+                    slots.clear()
                     return False
         if not self.arc:
             # LRU: the first ``need`` new keys take the victims' slots (evicting all of them
             # first, then storing, gives the same order, keys and counts: slot numbers are not
             # observable), the rest new slots
-            for i in range(<Py_ssize_t>todo.size()):
-                if i < need:
-                    slots.push_back(self._reuse_slot(self._victims[i], todo[i], ready))
-                else:
-                    slots.push_back(self._new_slot(todo[i], 0, ready, ready))
+            # (victims leading T1 go to its tail in one relink, as the rotation they are)
+            if need > 0 and self._victims_lead:
+                self._lead_to_tail(self._victims[need - 1])
+            for i in range(need):
+                s = self._victims[i]
+                if not self._victims_lead:
+                    self._to_lru_tail(s)
+                self._rekey_slot(s, tp[i], ready)
+                sp[i] = s
+            for i in range(max(need, 0), nt):
+                sp[i] = self._new_slot(tp[i], 0, ready, ready)
             if need > 0:
                 self.evictions += need
             return True
-        for i in range(<Py_ssize_t>todo.size()):
-            k = todo[i]
+        for i in range(nt):
+            k = tp[i]
             s = self._t.find(k)  # a ghost (B1/B2) entry of the key gives way
             if s >= 0:
                 self._drop_slot(s)
-            slots.push_back(self._new_slot(k, 0, ready, ready))
+            sp[i] = self._new_slot(k, 0, ready, ready)
         return True
 
-    cdef void _set_ready_slots(self, const int64_t* slots, Py_ssize_t n, double ready) noexcept:
-        """:meth:`_set_ready` on the slots a :meth:`_prepare_store` just made."""
+    cdef void _set_ready_slots(self, const int64_t* slots, Py_ssize_t n, double ready,
+                               double until) noexcept:
+        """:meth:`_set_ready` on the slots a :meth:`_prepare_store` just made, then :meth:`_pin`
+        until ``until`` (nothing more when that is not after ``ready``): one pass, no probe."""
         cdef Py_ssize_t i
         if self._compact:
             for i in range(n):
@@ -995,13 +1089,6 @@ cdef class ChunkStore:
             return
         for i in range(n):
             self._ready_slot(slots[i], ready)
-
-    cdef void _pin_slots(self, const int64_t* slots, Py_ssize_t n, double until) noexcept:
-        """:meth:`_pin` on the slots a :meth:`_prepare_store` made (still resident)."""
-        cdef Py_ssize_t i
-        if self._compact:
-            return
-        for i in range(n):
             self._pin_slot(slots[i], until)
 
     def _walk(self, int lst):
