@@ -129,14 +129,19 @@ def cli_once(prefix: str, out_dir: str, tree: str | None = None) -> tuple[float,
            "--results-path", os.path.join(out_dir, f"{tag}-sim.json"),
            "--metrics-path", os.path.join(out_dir, f"{tag}-simagg.json")]
     env = dict(os.environ, PYTHONPATH=tree or str(ROOT))  # this checkout unless told otherwise
-    t0 = time.perf_counter()
     # run from out_dir: `python -m` puts the working directory first on sys.path, which would
     # shadow PYTHONPATH when run from a checkout
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env, cwd=out_dir)
+    return _timed(cmd, env, out_dir, "blis replay")
+
+
+def _timed(cmd: list[str], env: dict[str, str], cwd: str, what: str) -> tuple[float, float, float]:
+    """``cmd`` run to its end, stdout discarded: (wall seconds, its CPU seconds, its peak RSS in MB)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"blis replay failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
+        raise SystemExit(f"{what} failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
 
 
@@ -155,13 +160,7 @@ def floor_once(code: str) -> tuple[float, float, float]:
     """``code`` in a fresh interpreter with the CLI's one BLAS thread, timed as :func:`cli_once` times
     the command: (wall seconds, CPU seconds, peak RSS in MB)."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tempfile.gettempdir())
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"the import floor failed: python -c {code!r}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
+    return _timed([sys.executable, "-c", code], env, tempfile.gettempdir(), "the import floor")
 
 
 def _print_cli(n: int, tree: str | None, runs: list[tuple[float, float, float]], no_compile: bool,
