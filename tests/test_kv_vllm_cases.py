@@ -283,6 +283,27 @@ def test_storage_hit_promotes_through_the_cpu(backend: str) -> None:
     cache.check_invariants()
 
 
+def test_with_an_fs_tier_the_first_pass_queries_the_cpu_tier_for_every_chunk(backend: str) -> None:
+    """vLLM 0.32 with an fs tier (measured on the real lane: cpu-hit, 256-token prefixes, 96 CPU-tier
+    queries for 32 hits): the fs tier answers a key's first lookup with RETRY, which does not stop the
+    connector's scan, so the CPU tier is asked about every chunk; the fs tier is asked up to its first miss."""
+    for fs, cpu_queries, fs_queries in ((True, 24, 1), (False, 9, 0)):
+        cache = offload_cache(backend, gpu_blocks=80, fs=fs)
+        prefix = tokens(128, 40)  # 8 chunks
+        run_request(cache, 1, prefix, 0.0)
+        evict_gpu(cache, 99, 1e4)
+        before = cache.snapshot()["tiers"]
+        lk, _ = run_request(cache, 2, np.concatenate([prefix, tokens(256, 41)]), 2e4)  # 24 chunks
+        after = cache.snapshot()["tiers"]
+        assert lk.host_tokens == 128
+        delta = after["0:primary"]["chunk_queries"] - before["0:primary"]["chunk_queries"]
+        assert delta == cpu_queries, fs
+        assert after["0:primary"]["chunk_hits"] - before["0:primary"]["chunk_hits"] == 8
+        if fs:
+            assert after["1:fs"]["chunk_queries"] - before["1:fs"]["chunk_queries"] == fs_queries
+        cache.check_invariants()
+
+
 def test_store_threshold_needs_repeated_lookups(backend: str) -> None:
     cache = offload_cache(backend, threshold=2)
     p = tokens(64, 25)  # 4 chunks

@@ -374,6 +374,12 @@ class ServerState:
     # Cores of the model's worker, and of everything else of the server (empty: placement left to the kernel).
     device_cpus: tuple[int, ...] = ()
     host_cpus: tuple[int, ...] = ()
+    # The --kv-transfer-config it was started with (None: no offloading), its fs tier's root (created for this
+    # server, removed by stop unless given with --fs-root) and the shared-memory file of its tiering spec.
+    offload: dict[str, Any] | None = None
+    fs_root: str = ""
+    fs_root_owned: bool = False
+    shm_file: str = ""
 
     @classmethod
     def load(cls, path: Path) -> ServerState | None:
@@ -466,9 +472,50 @@ def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = No
     return argv + list(extra)
 
 
+#: The lane's offload tiers (docs/vllm-cpu.md, "Offload tiers"): vLLM's OffloadingConnector with the out-of-tree
+#: specs of tools/vllm_cpu_offload.py, which run vLLM's own offload managers on this CPU. 32 MiB of CPU tier is
+#: 2,048 chunks of the tiny model's 16 KiB blocks (4x its 512 GPU blocks).
+OFFLOAD_KINDS = ("cpu", "tiered")
+OFFLOAD_CPU_BYTES = 32 << 20
+OFFLOAD_SPECS = {"cpu": "HostCpuOffloadingSpec", "tiered": "HostTieringOffloadingSpec"}
+
+
+def offload_transfer_config(kind: str, *, port: int, fs_root: Path | None = None,
+                            cpu_bytes: int = OFFLOAD_CPU_BYTES, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` of an offloading lane server (``kind``: cpu or tiered). ``extra`` is merged
+    into ``kv_connector_extra_config`` (eviction_policy, store_threshold, block_size, blis_fail_store_every...)."""
+    if kind not in OFFLOAD_KINDS:
+        raise VllmCpuError(f"--offload must be one of {', '.join(OFFLOAD_KINDS)} (got {kind!r})")
+    spec: dict[str, Any] = {"spec_name": OFFLOAD_SPECS[kind], "spec_module_path": "vllm_cpu_offload",
+                            "cpu_bytes_to_use": int(cpu_bytes), "eviction_policy": "lru"}
+    if kind == "tiered":
+        if fs_root is None:
+            raise VllmCpuError("a tiered offload server needs an fs root")
+        spec["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root), "n_read_threads": 2,
+                                    "n_write_threads": 2}]
+    spec.update(extra or {})
+    # engine_id names the tiering spec's shared-memory file (/dev/shm/vllm_offload_<engine_id>.mmap), so that
+    # stop can remove it: vLLM's force-kill at shutdown leaves it behind.
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "engine_id": f"blis-lane-{port}",
+            "kv_connector_extra_config": spec}
+
+
+def _remove_offload_leftovers(state: ServerState) -> None:
+    """The tiering spec's shared-memory file (leaked by vLLM's force-kill) and an fs root this script created."""
+    if state.shm_file:
+        for leftover in Path(state.shm_file).parent.glob(Path(state.shm_file).stem + "*.mmap"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+    if state.fs_root and state.fs_root_owned:
+        shutil.rmtree(state.fs_root, ignore_errors=True)
+
+
 def server_env() -> dict[str, str]:
-    """Loopback only, offline, no usage stats; 2 GiB of CPU KV space (the override then caps the blocks)."""
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1",
+    """Loopback only, offline, no usage stats; 2 GiB of CPU KV space (the override then caps the blocks);
+    tools/ on the path, where the offload specs' module is (``spec_module_path: vllm_cpu_offload``)."""
+    tools = str(Path(__file__).resolve().parent)
+    pythonpath = os.pathsep.join(p for p in (tools, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": pythonpath, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_LOOPBACK_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
             "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -482,11 +529,16 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 
 def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None, model: str = "tiny",
           enforce_eager: bool = False, timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli",
-          extra: Sequence[str] = (), place: bool = True) -> tuple[ServerState, bool]:
+          extra: Sequence[str] = (), place: bool = True, offload: str | None = None,
+          offload_extra: dict[str, Any] | None = None, cpu_bytes: int = OFFLOAD_CPU_BYTES,
+          fs_root: Path | None = None) -> tuple[ServerState, bool]:
     """Start the server of ``model`` unless a healthy one is recorded. Returns (state, started_now).
     A recorded server of the other model is an error (one server at a time: each busy-polls ~1.6 cores).
     With ``place``, everything of the server but its model worker is kept off the worker's cores
-    (tools/vllm_cpu_placement.py); ``host_cpus`` in the state then says where clients should run."""
+    (tools/vllm_cpu_placement.py); ``host_cpus`` in the state then says where clients should run.
+    ``offload`` (cpu or tiered) serves vLLM's own offload tiers (:func:`offload_transfer_config`); a tiered
+    server's fs tier gets a fresh root under the cache (its file names are content hashes, so an old directory
+    would turn seeds into hits) unless ``fs_root`` names one."""
     paths = paths or cache_paths()
     num_gpu_blocks = lane_model(model).num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
     state, healthy = server_status(paths)
@@ -495,7 +547,14 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
                            f"run `python tools/vllm_cpu.py stop` before starting the {model!r} one")
     if state is not None and not healthy:
         state, healthy = _wait_for_other_start(paths, state, timeout)
+    wanted_kind = offload or ""
     if state is not None and healthy:
+        running_kind = ((state.offload or {}).get("kv_connector_extra_config", {}).get("spec_name", "")
+                        if state.offload else "")
+        if running_kind != (OFFLOAD_SPECS.get(wanted_kind, "") if wanted_kind else ""):
+            raise VllmCpuError(f"start: the recorded server (PID {state.pid}) runs with offload "
+                               f"{running_kind or 'none'}; run `python tools/vllm_cpu.py stop` before starting one "
+                               f"with offload {wanted_kind or 'none'}")
         _say(f"start: already running (PID {state.pid}) at {state.url}")
         if state.num_gpu_blocks != num_gpu_blocks:
             _say(f"start: warning: it has {state.num_gpu_blocks} GPU blocks, not the {num_gpu_blocks} asked for; "
@@ -507,6 +566,20 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
         raise VllmCpuError(f"start: no {model} model in {paths.model_dir(model)}; run "
                            "`python tools/vllm_cpu.py build-model`")
     port = _free_port()
+    transfer: dict[str, Any] | None = None
+    owned = False
+    shm = ""
+    if offload:
+        if offload == "tiered" and fs_root is None:
+            fs_root, owned = paths.root / f"fs-tier-{port}", True
+            shutil.rmtree(fs_root, ignore_errors=True)
+        if fs_root is not None:
+            fs_root.mkdir(parents=True, exist_ok=True)
+        transfer = offload_transfer_config(offload, port=port, fs_root=fs_root, cpu_bytes=cpu_bytes,
+                                           extra=offload_extra)
+        extra = [*extra, "--kv-transfer-config", json.dumps(transfer, sort_keys=True)]
+        if offload == "tiered":
+            shm = f"/dev/shm/vllm_offload_{transfer['engine_id']}.mmap"
     argv = server_argv(paths, port, num_gpu_blocks=num_gpu_blocks, model=model, enforce_eager=enforce_eager,
                        extra=extra)
     url = f"http://127.0.0.1:{port}"
@@ -519,7 +592,7 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
                                 env=server_env(), start_new_session=True, cwd=paths.root)
     state = ServerState(pid=proc.pid, port=port, url=url, log=str(paths.log_file), started_at=time.time(),
                         startup_seconds=0.0, num_gpu_blocks=0, block_size=0, owner=owner, argv=tuple(argv),
-                        model=model)
+                        model=model, offload=transfer, fs_root=str(fs_root or ""), fs_root_owned=owned, shm_file=shm)
     state.save(paths.state_file)  # recorded at once, so that `stop` works even while it is starting
     try:
         _wait_healthy(proc, url, timeout, paths.log_file)
@@ -531,6 +604,7 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
                                EXIT_SERVER)
     except BaseException:
         _terminate_group(proc.pid)
+        _remove_offload_leftovers(state)
         paths.state_file.unlink(missing_ok=True)
         raise
     where = placement.place_server(proc.pid) if place else placement.UNPLACED
@@ -608,6 +682,7 @@ def stop(paths: CachePaths | None = None) -> bool:
         return False
     began = time.monotonic()
     _terminate_group(state.pid)
+    _remove_offload_leftovers(state)
     paths.state_file.unlink(missing_ok=True)
     _say(f"stop: stopped PID {state.pid} ({state.url}) in {time.monotonic() - began:.1f} s")
     return True
@@ -705,6 +780,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, help="seconds to wait for /health")
     p_start.add_argument("--no-placement", action="store_true",
                          help="leave the frontend's processes free to run on the model worker's cores")
+    p_start.add_argument("--offload", choices=OFFLOAD_KINDS, default=None,
+                         help="serve vLLM's own offload tiers (tools/vllm_cpu_offload.py): cpu, or tiered (CPU + a "
+                              "fresh fs tier)")
+    p_start.add_argument("--cpu-bytes", type=int, default=OFFLOAD_CPU_BYTES,
+                         help="the CPU tier's cpu_bytes_to_use (default %(default)s)")
+    p_start.add_argument("--offload-extra", type=json.loads, default=None, metavar="JSON",
+                         help="merged into kv_connector_extra_config, e.g. '{\"eviction_policy\": \"arc\"}'")
+    p_start.add_argument("--fs-root", type=Path, default=None,
+                         help="the fs tier's root_dir (default: a fresh one under the cache, removed by stop)")
     p_start.add_argument("--log-iterations", action="store_true",
                          help="log every engine step's batch and model time (--enable-logging-iteration-details; "
                               "read them with tools/vllm_cpu_iterations.py)")
@@ -734,7 +818,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 state, _ = start(paths, num_gpu_blocks=args.num_gpu_blocks, model=args.model,
                                  enforce_eager=args.enforce_eager,
                                  timeout=args.timeout, place=not args.no_placement,
-                                 extra=["--enable-logging-iteration-details"] if args.log_iterations else [])
+                                 extra=["--enable-logging-iteration-details"] if args.log_iterations else [],
+                                 offload=args.offload, offload_extra=args.offload_extra, cpu_bytes=args.cpu_bytes,
+                                 fs_root=args.fs_root)
             print(state.url)
         elif args.command == "host-cpus":
             return _cmd_host_cpus(paths)

@@ -27,6 +27,10 @@ Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
   CPU HIT, and its tokens count as coming from ``disk``. Loads CPU -> GPU are asynchronous.
 * Tiering counters (chunks) are counted once per (request, tier, key) when the lookup resolves:
   tier 0 query (+hit if in the CPU); on a CPU miss, each secondary tier in order gets a query (+hit).
+  With secondary tiers, the first pass asks the CPU tier about every chunk of the request (a
+  secondary tier's first answer is RETRY, and the connector's scan does not stop at a RETRY:
+  ``OffloadingConnectorScheduler._maximal_prefix_lookup``), so tier 0 counts every chunk; the
+  secondary tiers count up to the first chunk that no tier holds.
 * LRU recency (vLLM 0.32's ``LRUCachePolicy``): set when a chunk is stored, and when a request
   finishes for every chunk it loaded or offered, in reverse prefix order; lookups do not touch it.
 * Transfers run on stations of ``n`` parallel FIFO servers: a job of ``b`` bytes takes
@@ -206,6 +210,17 @@ class OffloadTiers:
         keys: list[int] = []
         retry = False
         promoted = self._promoted_for.setdefault(req, set())
+        if self.secondary:
+            # vLLM's secondary tiers answer their first lookup of a key with RETRY (the fs tier's
+            # existence check runs on a background thread), and the connector's prefix scan goes on
+            # past a RETRY: the first pass meets no MISS and asks the CPU tier about every chunk.
+            for c in range(first, last):
+                key = hashes[(c + 1) * self.blocks_per_chunk - 1]
+                entry = self.cpu.get(key)
+                if entry is None:
+                    self._count(req, 0, key, False)
+                elif entry.ready_at <= now:
+                    self._count(req, 0, key, True)
         for c in range(first, last):
             key = hashes[(c + 1) * self.blocks_per_chunk - 1]
             entry = self.cpu.get(key)

@@ -1158,6 +1158,16 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
         deltas[t] = 0
     for t in range(1, ntiers):  # the secondary tiers are probed chunk by chunk: start the loads
         (<ChunkStore>tiers[t])._prefetch(keys, pos, min(nchunks, pos + 256))
+    if ntiers > 1:
+        # The first pass over asynchronous secondary tiers never meets a MISS, so it queries the
+        # CPU tier for every chunk (see _core_py._count_first_pass); a PENDING chunk is counted later.
+        for n in range(pos, nchunks):
+            s = cpu._resident(keys[n])
+            if s < 0:
+                _count(flags, stride, deltas, 0, n, n + 1, False)
+            elif cpu.ready_of(s) <= now:
+                _count(flags, stride, deltas, 0, n, n + 1, True)
+        s = -1
     while pos < nchunks:
         n = 0
         while pos + n < nchunks:

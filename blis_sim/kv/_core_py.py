@@ -562,6 +562,19 @@ def _count(flags: np.ndarray, deltas: np.ndarray, tier: int, a: int, b: int, hit
         seg |= 2
 
 
+def _count_first_pass(cpu: ChunkStore, keys: np.ndarray, pos: int, nchunks: int, now: float,
+                      flags: np.ndarray, deltas: np.ndarray) -> None:
+    """The primary tier's counts of a lookup's first pass when secondary tiers exist
+    (docs/vllm-semantics.md, "Tiering counters"): a secondary tier answers RETRY until its
+    asynchronous lookup resolves, so the first pass never meets a MISS and queries the CPU tier
+    for every chunk from ``pos`` to ``nchunks`` (a READY chunk is a hit, an absent one a miss, a
+    PENDING one is counted later, when a pass that reaches it sees it READY)."""
+    for c in range(pos, nchunks):
+        state = cpu.state_of(int(keys[c]), now)
+        if state != PENDING:
+            _count(flags, deltas, 0, c, c + 1, state == READY)
+
+
 def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int, now: float,
               flags: np.ndarray, deltas: np.ndarray, track: Any = None) -> tuple[int, list]:
     """The connector's lookup over the offload tiers, from chunk ``pos`` (the first chunk not on
@@ -576,6 +589,8 @@ def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int,
     cpu = tiers[0]
     plan: list[tuple[int, int, int]] = []
     deltas.fill(0)
+    if len(tiers) > 1:
+        _count_first_pass(cpu, keys, pos, nchunks, now, flags, deltas)
     while pos < nchunks:
         n = cpu.ready_prefix(keys, pos, nchunks, now)
         if n:
