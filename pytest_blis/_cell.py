@@ -276,8 +276,16 @@ def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True)
     rows = [r for r in report.verdicts()
             if (r.metric != "ttft_mape" or expect.check_ttft)
             and (r.unit != "rate" or expect.check_ttft or expect.saturated)]
+    agreement = report.request_hit_agreement
+    if getattr(expect, "cached_tokens_equal", False):
+        if agreement is None:
+            rows.append(VerdictRow("cached_tokens_per_request", 0.0, 0.0, 1.0, 0.0, False, "requests"))
+        else:
+            rows.append(VerdictRow("cached_tokens_per_request", agreement.real_cached_tokens,
+                                   agreement.sim_cached_tokens, agreement.requests - agreement.matching, 0.0,
+                                   agreement.matching == agreement.requests, "requests"))
     if not timing:
-        return [r for r in rows if r.unit == "pp"]
+        return [r for r in rows if r.unit in ("pp", "requests")]
     e2e = report.metrics.get("e2e")
     if expect.e2e_mape_threshold is not None and e2e is not None:
         mape = e2e.request_level.mape

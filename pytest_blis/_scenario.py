@@ -230,6 +230,8 @@ class Expect(_Strict):
     e2e_mape_threshold: float | None = Field(None, ge=0, description="judge E2E MAPE too (None: reported only)")
     saturated: bool = Field(False, description="the measured window must run the server at or past capacity; "
                                                "simulated throughput is then judged against the observed")
+    cached_tokens_equal: bool = Field(False, description="every request's cached tokens (the server's "
+                                                         "usage.prompt_tokens_details) must equal the simulator's")
 
 
 class Scenario(_Strict):

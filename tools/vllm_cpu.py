@@ -473,27 +473,41 @@ def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = No
 
 
 #: The lane's offload tiers (docs/vllm-cpu.md, "Offload tiers"): vLLM's OffloadingConnector with the out-of-tree
-#: specs of tools/vllm_cpu_offload.py, which run vLLM's own offload managers on this CPU. 32 MiB of CPU tier is
-#: 2,048 chunks of the tiny model's 16 KiB blocks (4x its 512 GPU blocks).
-OFFLOAD_KINDS = ("cpu", "tiered")
-OFFLOAD_CPU_BYTES = 32 << 20
-OFFLOAD_SPECS = {"cpu": "HostCpuOffloadingSpec", "tiered": "HostTieringOffloadingSpec"}
+#: specs of tools/vllm_cpu_offload.py, which run vLLM's own offload managers on this CPU. The server is configured
+#: from the same offload file the simulator replays with (scenarios/lane/offload/*.yaml, written as JSON so that
+#: this script reads it with the standard library): its vLLM keys are passed on, its timing-only keys (the fs
+#: tier's device class and bandwidths, which only the simulator needs) are not.
+OFFLOAD_SPEC_MODULE = "vllm_cpu_offload"
+_VLLM_SPEC_KEYS = ("cpu_bytes_to_use", "eviction_policy", "offload_prompt_only", "store_threshold", "block_size",
+                   "self_describing_kv_events", "blis_fail_store_every")
+_VLLM_FS_KEYS = ("n_read_threads", "n_write_threads", "locality")
 
 
-def offload_transfer_config(kind: str, *, port: int, fs_root: Path | None = None,
-                            cpu_bytes: int = OFFLOAD_CPU_BYTES, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` of an offloading lane server (``kind``: cpu or tiered). ``extra`` is merged
-    into ``kv_connector_extra_config`` (eviction_policy, store_threshold, block_size, blis_fail_store_every...)."""
-    if kind not in OFFLOAD_KINDS:
-        raise VllmCpuError(f"--offload must be one of {', '.join(OFFLOAD_KINDS)} (got {kind!r})")
-    spec: dict[str, Any] = {"spec_name": OFFLOAD_SPECS[kind], "spec_module_path": "vllm_cpu_offload",
-                            "cpu_bytes_to_use": int(cpu_bytes), "eviction_policy": "lru"}
-    if kind == "tiered":
+def read_offload_file(path: Path) -> dict[str, Any]:
+    """The ``kv_offload:`` block of an offload file written as JSON (a YAML file the simulator reads too)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise VllmCpuError(f"--offload-config {path}: not a readable JSON offload file ({exc})") from None
+    block = doc.get("kv_offload") if isinstance(doc, dict) else None
+    if not isinstance(block, dict) or not block.get("cpu_bytes_to_use"):
+        raise VllmCpuError(f"--offload-config {path}: needs a kv_offload block with cpu_bytes_to_use")
+    return block
+
+
+def offload_transfer_config(block: dict[str, Any], *, port: int, fs_root: Path | None = None) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` of an offloading lane server for an offload file's ``kv_offload`` block."""
+    tiers = block.get("secondary_tiers") or []
+    if any(t.get("type") != "fs" for t in tiers):
+        raise VllmCpuError("the lane serves fs secondary tiers only")
+    spec: dict[str, Any] = {"spec_name": "HostTieringOffloadingSpec" if tiers else "HostCpuOffloadingSpec",
+                            "spec_module_path": OFFLOAD_SPEC_MODULE}
+    spec.update({k: block[k] for k in _VLLM_SPEC_KEYS if k in block})
+    if tiers:
         if fs_root is None:
-            raise VllmCpuError("a tiered offload server needs an fs root")
-        spec["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root), "n_read_threads": 2,
-                                    "n_write_threads": 2}]
-    spec.update(extra or {})
+            raise VllmCpuError("a server with an fs tier needs an fs root")
+        spec["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root if i == 0 else fs_root / f"tier{i}"),
+                                    **{k: t[k] for k in _VLLM_FS_KEYS if k in t}} for i, t in enumerate(tiers)]
     # engine_id names the tiering spec's shared-memory file (/dev/shm/vllm_offload_<engine_id>.mmap), so that
     # stop can remove it: vLLM's force-kill at shutdown leaves it behind.
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "engine_id": f"blis-lane-{port}",
@@ -529,16 +543,15 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 
 def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None, model: str = "tiny",
           enforce_eager: bool = False, timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli",
-          extra: Sequence[str] = (), place: bool = True, offload: str | None = None,
-          offload_extra: dict[str, Any] | None = None, cpu_bytes: int = OFFLOAD_CPU_BYTES,
+          extra: Sequence[str] = (), place: bool = True, offload_config: Path | None = None,
           fs_root: Path | None = None) -> tuple[ServerState, bool]:
     """Start the server of ``model`` unless a healthy one is recorded. Returns (state, started_now).
     A recorded server of the other model is an error (one server at a time: each busy-polls ~1.6 cores).
     With ``place``, everything of the server but its model worker is kept off the worker's cores
     (tools/vllm_cpu_placement.py); ``host_cpus`` in the state then says where clients should run.
-    ``offload`` (cpu or tiered) serves vLLM's own offload tiers (:func:`offload_transfer_config`); a tiered
-    server's fs tier gets a fresh root under the cache (its file names are content hashes, so an old directory
-    would turn seeds into hits) unless ``fs_root`` names one."""
+    ``offload_config`` (an offload file, :func:`read_offload_file`) serves vLLM's own offload tiers
+    (:func:`offload_transfer_config`); an fs tier gets a fresh root under the cache (its file names are content
+    hashes, so an old directory would turn seeds into hits) unless ``fs_root`` names one."""
     paths = paths or cache_paths()
     num_gpu_blocks = lane_model(model).num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
     state, healthy = server_status(paths)
@@ -547,14 +560,17 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
                            f"run `python tools/vllm_cpu.py stop` before starting the {model!r} one")
     if state is not None and not healthy:
         state, healthy = _wait_for_other_start(paths, state, timeout)
-    wanted_kind = offload or ""
+    block = read_offload_file(offload_config) if offload_config is not None else None
     if state is not None and healthy:
-        running_kind = ((state.offload or {}).get("kv_connector_extra_config", {}).get("spec_name", "")
-                        if state.offload else "")
-        if running_kind != (OFFLOAD_SPECS.get(wanted_kind, "") if wanted_kind else ""):
-            raise VllmCpuError(f"start: the recorded server (PID {state.pid}) runs with offload "
-                               f"{running_kind or 'none'}; run `python tools/vllm_cpu.py stop` before starting one "
-                               f"with offload {wanted_kind or 'none'}")
+        running = (state.offload or {}).get("kv_connector_extra_config")
+        wanted = offload_transfer_config(block, port=state.port, fs_root=Path(state.fs_root or "/")
+                                         )["kv_connector_extra_config"] if block else None
+        if (running is None) != (wanted is None) or (running and wanted and {
+                k: v for k, v in running.items() if k != "secondary_tiers"} != {
+                k: v for k, v in wanted.items() if k != "secondary_tiers"}):
+            raise VllmCpuError(f"start: the recorded server (PID {state.pid}) runs with another offload config "
+                               f"({json.dumps(running) if running else 'none'}); run `python tools/vllm_cpu.py "
+                               "stop` first")
         _say(f"start: already running (PID {state.pid}) at {state.url}")
         if state.num_gpu_blocks != num_gpu_blocks:
             _say(f"start: warning: it has {state.num_gpu_blocks} GPU blocks, not the {num_gpu_blocks} asked for; "
@@ -569,16 +585,16 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
     transfer: dict[str, Any] | None = None
     owned = False
     shm = ""
-    if offload:
-        if offload == "tiered" and fs_root is None:
+    if block is not None:
+        tiered = bool(block.get("secondary_tiers"))
+        if tiered and fs_root is None:
             fs_root, owned = paths.root / f"fs-tier-{port}", True
             shutil.rmtree(fs_root, ignore_errors=True)
-        if fs_root is not None:
+        if tiered and fs_root is not None:
             fs_root.mkdir(parents=True, exist_ok=True)
-        transfer = offload_transfer_config(offload, port=port, fs_root=fs_root, cpu_bytes=cpu_bytes,
-                                           extra=offload_extra)
+        transfer = offload_transfer_config(block, port=port, fs_root=fs_root)
         extra = [*extra, "--kv-transfer-config", json.dumps(transfer, sort_keys=True)]
-        if offload == "tiered":
+        if tiered:
             shm = f"/dev/shm/vllm_offload_{transfer['engine_id']}.mmap"
     argv = server_argv(paths, port, num_gpu_blocks=num_gpu_blocks, model=model, enforce_eager=enforce_eager,
                        extra=extra)
@@ -780,13 +796,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_start.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, help="seconds to wait for /health")
     p_start.add_argument("--no-placement", action="store_true",
                          help="leave the frontend's processes free to run on the model worker's cores")
-    p_start.add_argument("--offload", choices=OFFLOAD_KINDS, default=None,
-                         help="serve vLLM's own offload tiers (tools/vllm_cpu_offload.py): cpu, or tiered (CPU + a "
-                              "fresh fs tier)")
-    p_start.add_argument("--cpu-bytes", type=int, default=OFFLOAD_CPU_BYTES,
-                         help="the CPU tier's cpu_bytes_to_use (default %(default)s)")
-    p_start.add_argument("--offload-extra", type=json.loads, default=None, metavar="JSON",
-                         help="merged into kv_connector_extra_config, e.g. '{\"eviction_policy\": \"arc\"}'")
+    p_start.add_argument("--offload-config", type=Path, default=None, metavar="FILE",
+                         help="serve vLLM's own offload tiers (tools/vllm_cpu_offload.py) as this offload file (JSON, "
+                              "the one replay uses: scenarios/lane/offload/*.yaml) says")
     p_start.add_argument("--fs-root", type=Path, default=None,
                          help="the fs tier's root_dir (default: a fresh one under the cache, removed by stop)")
     p_start.add_argument("--log-iterations", action="store_true",
@@ -819,8 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  enforce_eager=args.enforce_eager,
                                  timeout=args.timeout, place=not args.no_placement,
                                  extra=["--enable-logging-iteration-details"] if args.log_iterations else [],
-                                 offload=args.offload, offload_extra=args.offload_extra, cpu_bytes=args.cpu_bytes,
-                                 fs_root=args.fs_root)
+                                 offload_config=args.offload_config, fs_root=args.fs_root)
             print(state.url)
         elif args.command == "host-cpus":
             return _cmd_host_cpus(paths)

@@ -30,10 +30,14 @@ def _fmt_value(row: VerdictRow, value: float) -> str:
     # hit-rates are fractions shown as percentages; TTFT real/sim are mean µs; throughputs per second
     if row.unit == "rate":
         return f"{value:.2f}/s"
+    if row.unit == "requests":
+        return f"{value:.0f} tok"
     return f"{value * 100:.2f}%" if row.unit == "pp" else f"{value:.0f}us"
 
 
 def _fmt_error(row: VerdictRow, value: float) -> str:
+    if row.unit == "requests":
+        return f"{value:.0f} req"
     return f"{value:.2f}pp" if row.unit == "pp" else f"{value * 100:.1f}%"
 
 

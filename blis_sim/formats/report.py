@@ -262,7 +262,8 @@ class VerdictRow:
     error: float
     tolerance: float
     within: bool
-    unit: str  # "pp" (percentage points), "mape" (a fraction) or "rate" (relative error of a throughput)
+    unit: str  # "pp" (percentage points), "mape" (a fraction), "rate" (relative error of a throughput) or
+    #            "requests" (requests whose cached tokens differ; real/sim: the cached tokens in total)
 
 
 class CalibrationReport(_Model):
