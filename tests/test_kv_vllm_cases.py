@@ -304,14 +304,21 @@ def test_with_an_fs_tier_the_first_pass_queries_the_cpu_tier_for_every_chunk(bac
         cache.check_invariants()
 
 
-def test_store_threshold_needs_repeated_lookups(backend: str) -> None:
+def test_store_threshold_counts_offers(backend: str) -> None:
+    """vLLM 0.32's reuse filter counts store offers (CPUOffloadingManager.prepare_store), not
+    lookups (measured on the real lane: offload-threshold.blis.yaml, the whole prefix stored on its
+    second offer): a prompt offered once stores nothing, offered again every chunk."""
     cache = offload_cache(backend, threshold=2)
     p = tokens(64, 25)  # 4 chunks
-    run_request(cache, 1, p, 0.0)  # chunk 0 looked up once: nothing stored
-    assert cache.snapshot()["tiers"]["0:primary"]["stored_chunks"] == 0
+    run_request(cache, 1, p, 0.0)  # offered once: nothing stored, 4 skipped
+    tiers = cache.snapshot()["tiers"]["0:primary"]
+    assert tiers["stored_chunks"] == 0 and tiers["store_skipped_chunks"] == 4
     evict_gpu(cache, 98, 1e4)
-    run_request(cache, 2, p, 2e4)  # chunk 0 looked up twice: stored
-    assert cache.snapshot()["tiers"]["0:primary"]["stored_chunks"] == 1
+    run_request(cache, 2, p, 2e4)  # offered twice: all 4 stored
+    assert cache.snapshot()["tiers"]["0:primary"]["stored_chunks"] == 4
+    evict_gpu(cache, 97, 3e4)
+    lk, _ = run_request(cache, 3, p, 4e4)
+    assert lk.host_tokens == 64
 
 
 def test_blocks_per_chunk_keys_chunks_by_their_last_block(backend: str) -> None:

@@ -315,12 +315,8 @@ cdef class CacheCore:
             if nchunks * ct - gpu >= ct:
                 start = gpu // ct
                 self._grow_flags(r, nchunks)
-                track = None
-                if self._threshold >= 2:
-                    track = _Tracker(self._tracker, self._tracker_max,
-                                     [keys[t] for t in range(nchunks)])
                 pos = _walk(self.tiers, keys, start, nchunks, now, r.flags.data(), r.flags_cols,
-                            self._deltas.data(), r.plan, track)
+                            self._deltas.data(), r.plan)
                 for t in range(self.ntiers):
                     self._tc[t * _TC_INTS + CQ] += self._deltas[2 * t]
                     self._tc[t * _TC_INTS + CH] += self._deltas[2 * t + 1]
@@ -543,12 +539,23 @@ cdef class CacheCore:
         cdef double done, svc, t_done, t_svc, pin
         cdef Py_ssize_t t, i
         cdef vector[uint64_t] eligible
+        cdef Py_ssize_t absent = 0
         if self._threshold >= 2:
+            # The offer counts first (resident chunks too); then a chunk not in the CPU tier is stored
+            # only once seen store_threshold times (the pure _store; CPUOffloadingManager.prepare_store).
             tr = self._tracker
             for i in range(nkeys):
-                if tr.get(keys[i], 0) >= self._threshold:
-                    eligible.push_back(keys[i])
-            self._tc[SK] += nkeys - <Py_ssize_t>eligible.size()
+                k = keys[i]
+                c = tr.pop(k, 0)
+                if not c and len(tr) >= self._tracker_max:
+                    del tr[next(iter(tr))]
+                tr[k] = c + 1
+            for i in range(nkeys):
+                if cpu._resident(keys[i]) < 0:
+                    absent += 1
+                    if tr[keys[i]] >= self._threshold:
+                        eligible.push_back(keys[i])
+            self._tc[SK] += absent - <Py_ssize_t>eligible.size()
             if not eligible.size():
                 return 0
             keys, nkeys = eligible.data(), eligible.size()
@@ -674,26 +681,6 @@ cdef void _extend(vector[uint64_t]& out, uint64_t parent, uint64_t seed, Py_ssiz
         return
     out.resize(have + count)
     _chain_fill(out.data() + have, parent, seed, start, count)
-
-
-@cython.final
-cdef class _Tracker:
-    """store_threshold's reuse tracker as a ``track(a, b)`` callable (the pure ``_track``)."""
-
-    cdef dict tr
-    cdef Py_ssize_t cap
-    cdef list keys
-
-    def __init__(self, dict tr, Py_ssize_t cap, list keys):
-        self.tr, self.cap, self.keys = tr, cap, keys
-
-    def __call__(self, Py_ssize_t a, Py_ssize_t b):
-        tr = self.tr
-        for k in self.keys[a:b]:
-            c = tr.pop(k, 0)
-            if not c and len(tr) >= self.cap:
-                del tr[next(iter(tr))]
-            tr[k] = c + 1
 
 
 # -- the engine's KV port on the compiled cache ----------------------------------------------------

@@ -1143,7 +1143,7 @@ cdef inline void _count(unsigned char* flags, Py_ssize_t stride, int64_t* deltas
 
 cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize_t nchunks,
                       double now, unsigned char* flags, Py_ssize_t stride, int64_t* deltas,
-                      vector[Span]& plan, object track) except -1:
+                      vector[Span]& plan) except -1:
     """:func:`tier_walk` on raw arrays (``flags``: tiers × ``stride``; ``deltas``: tiers × 2,
     zeroed here); fills ``plan``, returns the run's end."""
     cdef ChunkStore cpu = <ChunkStore?>tiers[0]
@@ -1176,16 +1176,12 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
                 break
             n += 1
         if n:
-            if track is not None:
-                track(pos, pos + n)
             _count(flags, stride, deltas, 0, pos, pos + n, True)
             sp.tier, sp.a, sp.b = 0, pos, pos + n
             plan.push_back(sp)
             pos += n
             if pos >= nchunks:
                 break
-        if track is not None:
-            track(pos, pos + 1)
         key = keys[pos]
         # s: the probe of keys[pos] that ended the run above. Resident: PENDING (a READY one would
         # have joined the run)
@@ -1213,13 +1209,13 @@ cdef Py_ssize_t _walk(list tiers, const uint64_t* keys, Py_ssize_t pos, Py_ssize
 
 
 def tier_walk(list tiers, const uint64_t[::1] keys, Py_ssize_t pos, Py_ssize_t nchunks,
-              double now, unsigned char[:, ::1] flags, int64_t[:, ::1] deltas, track=None):
+              double now, unsigned char[:, ::1] flags, int64_t[:, ::1] deltas):
     """The connector's lookup over the offload tiers (see :func:`blis_sim.kv._core_py.tier_walk`)."""
     cdef vector[Span] plan
     cdef Py_ssize_t t
     nchunks = min(nchunks, keys.shape[0])
     pos = _walk(tiers, _ptr(keys), pos, nchunks, now, &flags[0, 0], flags.shape[1],
-                &deltas[0, 0], plan, track)
+                &deltas[0, 0], plan)
     out = [(sp.tier, sp.a, sp.b) for sp in plan]
     for t in range(deltas.shape[0]):
         if deltas[t, 0] or deltas[t, 1]:

@@ -576,13 +576,12 @@ def _count_first_pass(cpu: ChunkStore, keys: np.ndarray, pos: int, nchunks: int,
 
 
 def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int, now: float,
-              flags: np.ndarray, deltas: np.ndarray, track: Any = None) -> tuple[int, list]:
+              flags: np.ndarray, deltas: np.ndarray) -> tuple[int, list]:
     """The connector's lookup over the offload tiers, from chunk ``pos`` (the first chunk not on
     the GPU) up to ``nchunks``: the longest run of chunks each READY in the CPU tier or, failing
     that, READY in the first secondary tier that holds it. A chunk being written or promoted in
     the CPU tier (PENDING: vLLM's unresolved lookup) ends the run uncounted. Counts each tier's
-    chunk queries/hits into ``flags``/``deltas`` (see :func:`_count`); ``track(a, b)``, if
-    given, sees every chunk looked up in the CPU tier (store_threshold's reuse tracker).
+    chunk queries/hits into ``flags``/``deltas`` (see :func:`_count`).
     Returns ``(end, plan, counted)``: the run ends before chunk ``end``; ``plan`` =
     ``[(tier, a, b)]`` ranges in order, adjacent ranges of one tier merged; ``counted``: some
     count moved (``deltas`` is zeroed first)."""
@@ -594,15 +593,11 @@ def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int,
     while pos < nchunks:
         n = cpu.ready_prefix(keys, pos, nchunks, now)
         if n:
-            if track is not None:
-                track(pos, pos + n)
             _count(flags, deltas, 0, pos, pos + n, True)
             plan.append((0, pos, pos + n))
             pos += n
             if pos >= nchunks:
                 break
-        if track is not None:
-            track(pos, pos + 1)
         key = int(keys[pos])
         if cpu.state_of(key, now) != ABSENT:
             break

@@ -6,7 +6,6 @@ per-request state (block hashes, scheduled end, offload progress, per-source cac
 """
 from __future__ import annotations
 
-from functools import partial
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -258,7 +257,8 @@ class KVCache(Readouts):
         return f
 
     def _track(self, keys: np.ndarray, a: int, b: int) -> None:
-        """store_threshold's reuse tracker: one count per chunk looked up (LRU-bounded)."""
+        """store_threshold's reuse tracker: one count per chunk offered for storage, resident or not
+        (LRU-bounded; vLLM's ``CPUOffloadingManager._record_accesses``, called by ``prepare_store``)."""
         tr = self._tracker
         for k in keys[a:b].tolist():
             c = tr.pop(k, 0)
@@ -288,10 +288,9 @@ class KVCache(Readouts):
             if nchunks * ct - gpu >= ct:
                 start = gpu // ct
                 flags = self._flags_of(r, nchunks)
-                track = partial(self._track, keys) if self._threshold >= 2 else None
                 deltas = self._deltas
                 pos, plan, counted = self._core.tier_walk(self.tiers, keys, start, nchunks, now,
-                                                          flags, deltas, track)
+                                                          flags, deltas)
                 if counted:
                     for t, (dq, dh) in enumerate(deltas.tolist()):
                         tc = self._tier_counters[t]
@@ -489,9 +488,13 @@ class KVCache(Readouts):
         tcs = self._tier_counters
         tc0 = tcs[0]
         if self._threshold >= 2:
+            # The offer counts first; then only chunks not in the CPU tier are store candidates, and a
+            # candidate seen fewer than store_threshold times is skipped (CPUOffloadingManager.prepare_store).
+            self._track(keys, 0, len(keys))
             tr = self._tracker
-            eligible = [k for k in keys.tolist() if tr.get(k, 0) >= self._threshold]
-            tc0["store_skipped_chunks"] += len(keys) - len(eligible)
+            absent = [k for k in keys.tolist() if cpu.state_of(k, now) == self._core.ABSENT]
+            eligible = [k for k in absent if tr.get(k, 0) >= self._threshold]
+            tc0["store_skipped_chunks"] += len(absent) - len(eligible)
             keys = np.array(eligible, dtype=np.uint64)
             if not len(keys):
                 return
