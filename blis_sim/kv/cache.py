@@ -110,7 +110,8 @@ class Readouts:
         return out
 
     def hit_rate_entries(self) -> list[dict[str, Any]]:
-        """The shared-shape per-definition entries (shared-shapes.md; ``metric`` is None)."""
+        """The per-definition entries in their shared shape, ``metric`` None
+        (docs/formats.md, "Where the per-definition hit-rates live")."""
         c = self.counters
 
         def entry(definition: str, tier: str | None, unit: str, hits: int,

@@ -78,7 +78,7 @@ def new_request_id() -> str:
 
 
 def build_body(target: Target, wire: WireRequest) -> dict[str, Any]:
-    """The JSON body, as the reference builds it (blis-pipeline.md §3.2)."""
+    """The JSON body, as the reference builds it (docs/reference-formats.md §3.2)."""
     body: dict[str, Any] = {"model": target.model, "stream": wire.streaming}
     if target.api_format == "chat":
         body["messages"] = [{"role": "user", "content": wire.prompt}]
