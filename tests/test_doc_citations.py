@@ -84,8 +84,10 @@ def _defined(kind: str) -> frozenset[str]:
 
 
 def _page_path(name: str, *, in_doc: Path | None) -> Path:
+    """A page named in code is relative to the repository; in a doc, to the doc (README's bare names: docs/)."""
     if in_doc is not None and not name.startswith("docs/"):
-        return (in_doc.parent / name).resolve()
+        beside = (in_doc.parent / name).resolve()
+        return beside if beside.is_file() else (DOCS / name).resolve()
     return (ROOT / name).resolve()
 
 
@@ -95,10 +97,10 @@ def check_line(line: str, *, in_doc: Path | None = None, code: bool = True) -> l
     decision and a section must name its page."""
     errors = []
     if OUTSIDE_RE.search(line):
-        errors.append("refers outside the repository (../shared, shared/..., reference/*.md)")
+        errors.append("refers outside the repository (a shared design folder beside the checkout)")
     pages = [(m.start(), m.group(1)) for m in PAGE_RE.finditer(line)]
-    for _, name in pages:
-        if (name.startswith("docs/") or in_doc is not None) and not _page_path(name, in_doc=in_doc).is_file():
+    for _, name in pages:  # in a doc, a bare name may be a link's text: its target is checked below
+        if name.startswith("docs/") and not _page_path(name, in_doc=in_doc).is_file():
             errors.append(f"no such page: {name}")
     for m in SECTION_RE.finditer(line):
         before = [name for pos, name in pages if pos < m.start()]
