@@ -77,7 +77,7 @@ class PromptBuilder:
 
     @functools.cached_property
     def _spaced(self) -> tuple[str, ...]:
-        """The alphabet with the leading spaces already on (one concatenation per word saved per request)."""
+        """The alphabet with the leading spaces already on, so that a prompt is one join of words."""
         return tuple(" " + w for w in self.alphabet)
 
     def describe(self) -> str:
