@@ -149,9 +149,11 @@ def _sources() -> list[tuple[Path, Path | None, bool]]:
         for path in sorted((ROOT / sub).rglob("*")):
             if path.suffix in CODE_SUFFIXES and path.is_file() and path != Path(__file__).resolve():
                 out.append((path, None, True))
-    out.append((ROOT / ".ci" / "run", None, True))
+    out.extend((ROOT / name, None, True) for name in (".ci/run", "conftest.py", "setup.py", "pyproject.toml"))
+    out.extend((p, None, True) for p in sorted((ROOT / "scenarios").rglob("*.yaml")))
     out.append((ROOT / "README.md", ROOT / "README.md", False))
     out.extend((p, p, False) for p in sorted(DOCS.glob("*.md")))
+    out.extend((p, p, False) for p in sorted((ROOT / "samples").rglob("*.md")))
     return out
 
 
