@@ -12,8 +12,8 @@ for fields in ``_omitempty`` (Go's ``omitempty``), dict-typed fields (Go maps) i
 
 # No ``from __future__ import annotations`` here nor in the model modules on a replay's path (hitrate,
 # offload, results, trace_data, trace_header): with it every field annotation is a string that pydantic
-# compiles and evaluates when its class is defined, at every start-up of every command (the classes are
-# built at import), and every model would re-evaluate StrictModel's two ClassVar annotations.
+# compiles and evaluates when its class is defined (~250 fields there: ~15 M instructions, 0.7 % of a
+# `blis replay`), and every model would re-evaluate StrictModel's two ClassVar annotations.
 import math
 import types
 import typing
