@@ -42,7 +42,7 @@ from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*(gpu|cpu)\s*$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*capacity\s*$")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # no '[', ']' or '::' (pytest --lf, §1.3)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # no '[', ']' or '::' (docs/design.md §8.1)
 
 
 class _Strict(BaseModel):

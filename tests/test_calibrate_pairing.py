@@ -1,4 +1,5 @@
-"""Pairing, warm-up exclusion, network adjustment and ITL (blis-pipeline.md §5.2–§5.4, calibrate_test.go)."""
+"""Pairing, warm-up exclusion, network adjustment and ITL (docs/reference-formats.md §5.2–§5.4; the reference's
+calibrate_test.go)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

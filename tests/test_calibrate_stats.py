@@ -1,4 +1,4 @@
-"""Calibration statistics against hand-computed values (blis-pipeline.md §5.5, calibrate_test.go)."""
+"""Calibration statistics against hand-computed values (docs/reference-formats.md §5.5, calibrate_test.go)."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
 """Agreement with the real vLLM (design D4): block 32, GPU tier only, the request sequences and the
-counter deltas measured on vLLM 0.32 on this CPU (``reference/vllm-cpu.md``), and the SSE framing of
+counter deltas measured on vLLM 0.32 on this CPU (docs/vllm-cpu-measurements.md §1), and the SSE framing of
 the real sample (``samples/vllm-cpu/sse-completions-stream.txt``)."""
 from __future__ import annotations
 

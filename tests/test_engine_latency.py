@@ -124,7 +124,7 @@ def test_bad_model_config_and_hardware_are_config_errors(tmp_path: Path) -> None
 
 
 def test_kv_capacity_matches_the_reference_formula() -> None:
-    # blis-kv-model.md §6: Qwen3-14B on one H100 at 0.9 utilisation → 15,909 blocks of 16
+    # docs/reference-formats.md §7.3: Qwen3-14B on one H100 at 0.9 utilisation → 15,909 blocks of 16
     assert abs(default_num_gpu_blocks("qwen/qwen3-14b", 16) - 15909) <= 50
     assert default_num_gpu_blocks("unknown/model", 16) == 1_000_000
 

@@ -131,7 +131,7 @@ REJECTS = [
     (MINIMAL + "      base_latency: .nan\n", "base_latency must be a finite value >= 0", 8,
      "kv_offload.secondary_tiers.0.base_latency"),
     (MINIMAL.replace("17179869184", "0"), "cpu_bytes_to_use must be > 0", 2, "kv_offload.cpu_bytes_to_use"),
-    # the reference accepts this and panics later (§6.3): refused at load time
+    # the reference accepts this and panics later (docs/reference-formats.md §6.3): refused at load time
     (MINIMAL.replace("17179869184", "1000"), "smaller than one offload chunk", 2, "kv_offload.cpu_bytes_to_use"),
     (MINIMAL + "      max_bytes: 10\n", "max_bytes (10) is smaller than one offload chunk", 8,
      "kv_offload.secondary_tiers.0.max_bytes"),

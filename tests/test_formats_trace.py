@@ -369,7 +369,7 @@ observed_kv_metrics:
 
 
 def test_reference_observe_header_example_round_trips_byte_identical(tmp_path: Path) -> None:
-    # the example of blis-pipeline.md §1.1, as the reference's observe writes it with --scrape-kv-metrics
+    # the reference's example header (docs/reference-formats.md §1.1): its observe with --scrape-kv-metrics
     (tmp_path / "h.yaml").write_text(REFERENCE_OBSERVE_HEADER)
     header = read_trace_header(tmp_path / "h.yaml")
     obs = header.observed_kv_metrics

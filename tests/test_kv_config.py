@@ -117,7 +117,7 @@ def _stations() -> list:
 
 @pytest.mark.parametrize("station", _stations(), ids=lambda c: c.__module__)
 def test_station_ramp_matches_the_reference_check_vector(station: type) -> None:
-    """blis-kv-model.md §2.5: peak 10 B/µs, base 100, Qsat 4, f1 0.5, 1000 B → 300/250/220/200."""
+    """docs/reference-formats.md §7.1: peak 10 B/µs, base 100, Qsat 4, f1 0.5, 1000 B → 300/250/220/200."""
     st = station(TierStation(read_bandwidth=10.0, base_latency=100.0,
                                      saturation_queue_depth=4, single_transfer_fraction=0.5,
                                      n_read_threads=8), seed=0)

@@ -1,5 +1,5 @@
 """blis_sim.kv against the behaviour measured on a real vLLM (0.32, docs/vllm-cpu.md)
-and the semantics of vllm-semantics.md §A.2–§A.4, on both backends."""
+and the semantics of docs/vllm-semantics.md §2–§4, on both backends."""
 from __future__ import annotations
 
 import numpy as np

@@ -55,6 +55,17 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert any(ci_cmd in b for b in blocks), f"README does not show CI's test command: {ci_cmd}"
 
 
+def test_readme_is_a_guide_not_a_log() -> None:
+    """README guides a newcomer in at most 150 lines: the quick start, a worked example, the current figures
+    each with its command, and a map of the docs. Dated run logs live in docs/benchmarks.md."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, f"README has {len(readme.splitlines())} lines (at most 150)"
+    for heading in ("## Quick start", "## A worked example", "## Current figures", "## Map of the docs"):
+        assert heading in readme, f"README lacks {heading!r}"
+    assert "Offload tiers against a real vLLM" in readme
+    assert not re.search(r"\b20\d\d-\d\d-\d\d \d\d:\d\d", readme), "README carries a dated run log"
+
+
 def test_nothing_reads_outside_the_repository() -> None:
     """A clone or an sdist has no ``../shared`` beside it: every sample a test, benchmark or doc uses is in
     ``samples/``. A path that climbs out of the checkout would pass here and fail for every user."""

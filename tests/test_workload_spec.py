@@ -27,7 +27,7 @@ clients:
     output_distribution: {type: constant, params: {value: 5}}
 """
 
-# The §2.4 examples of blis-pipeline.md, verbatim.
+# The two example specs of docs/reference-formats.md §2.4, as the reference gives them.
 SWEEP = """\
 version: "2"
 seed: 42

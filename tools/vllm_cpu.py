@@ -92,7 +92,7 @@ class LaneModel:
 
 
 #: ``tiny``: the counter tests' model (a step is mostly vLLM's overhead); 512 blocks so that ~17 distinct
-#: 1024-token prompts evict. ``lane``: the timing lane's compute-bound model (docs/vllm-cpu-lane.md); 4096
+#: 1024-token prompts evict. ``lane``: the timing lane's compute-bound model (docs/vllm-cpu.md, "The lane model"); 4096
 #: blocks (131,072 tokens, 512 MiB of KV) hold 32 sequences of 4,096 tokens, so that its 32 running
 #: sequences never preempt each other and a saturated server queues in ``waiting`` instead.
 MODELS: dict[str, LaneModel] = {
@@ -456,7 +456,8 @@ def model_dtype(paths: CachePaths, name: str) -> str:
 
 def server_argv(paths: CachePaths, port: int, *, num_gpu_blocks: int | None = None, model: str = "tiny",
                 enforce_eager: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    """The `vllm serve` command line of the lane (vllm-cpu.md "Serve", plus the lane's small GPU cache)."""
+    """The `vllm serve` command line of the lane (docs/vllm-cpu.md, "The server", plus the
+    lane's small GPU cache)."""
     spec = lane_model(model)
     blocks = spec.num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
     argv = [str(paths.vllm_bin), "serve", str(paths.model_dir(model)), "--host", "127.0.0.1", "--port", str(port),

@@ -8,7 +8,8 @@ even on a server that has already served this script. Each step is bracketed by 
 settle wait (the engine publishes its stats every 0.1-1 s), and records the counter deltas, each request's
 ``usage.prompt_tokens_details.cached_tokens``, the server-side TTFT histogram delta and the client TTFT.
 
-Sequences (vllm-cpu.md): a 1024-token prompt twice; its 1024 tokens + a new 50-token suffix; 1025, 1000 and 20
+Sequences (docs/vllm-cpu-measurements.md §1): a 1024-token prompt twice; its 1024 tokens + a new 50-token
+suffix; 1025, 1000 and 20
 tokens each twice; a repeat of a cached prompt with ``prompt_logprobs``; the eviction curve with the small GPU
 cache (a victim prompt, then distinct prompts sized to evict e of its blocks, then the victim again); then TTFT
 against prompt length (64-2048 tokens, cold and prefix-cached, 8 requests each); then timing of a short request (64 prompt

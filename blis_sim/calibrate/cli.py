@@ -1,6 +1,6 @@
 """`blis calibrate`: argument parsing, file loading and exit codes around :func:`calibrate_detailed`.
 
-``register(subparsers)`` adds the subcommand. Flags: the reference's (blis-pipeline.md §5.1: --trace-header,
+``register(subparsers)`` adds the subcommand. Flags: the reference's (docs/reference-formats.md §5.1: --trace-header,
 --trace-data, --sim-results, --report, --warmup-requests, --network-rtt-us, --network-bandwidth-mbps,
 --itl-data, --sim-metrics, --hit-rate-tolerance-pp, --ttft-mape-threshold, --slo-ttft/-itl/-e2e; not the
 LoRA digital-twin mode). Exit codes: 0 every verdict within, 1 a verdict out of tolerance (the reference

@@ -1,4 +1,5 @@
-"""Match trace rows with simulated results, exclude warm-up, adjust for the network (blis-pipeline.md §5.2–§5.4).
+"""Match trace rows with simulated results, exclude warm-up, adjust for the network
+(docs/reference-formats.md §5.2–§5.4).
 
 API::
 

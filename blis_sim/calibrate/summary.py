@@ -6,7 +6,7 @@ API::
     print_summary(outcome, report_path, stream=sys.stderr) -> None
 
 The JSON report is the contract; these lines are for people. Messages and number formats follow the
-reference's logrus lines (blis-pipeline.md §5.7), printed as ``INFO <message>`` / ``WARN <message>``.
+reference's logrus lines (docs/reference-formats.md §5.7), printed as ``INFO <message>`` / ``WARN <message>``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A vLLM-compatible server for tests and the embedded default: ``blis emulate``.
 
-It re-implements vLLM 0.33's behaviour from ``reference/vllm-semantics.md`` (V1 scheduler, prefix
+It re-implements vLLM 0.33's behaviour from ``docs/vllm-semantics.md`` (V1 scheduler, prefix
 cache with LRU block pool, offloading connector with a CPU tier and fs tiers, Prometheus
 counters) and shares no code with the simulator (design D3: nothing here imports ``blis_sim.kv``,
 ``blis_sim.engine``, ``blis_sim.workload`` or ``blis_sim.observe``; a test enforces it).

@@ -8,7 +8,7 @@ API::
     spec = load_offload_spec(path, block_size=32, kv_bytes_per_token=512)   # --kv-offload-config
 
 ``EmulatorConfig.kv_offload_config`` is a path to the simulator's offload YAML
-(``blis-pipeline.md`` §6: a top-level ``kv_offload:`` block); ``offload`` takes an
+(``docs/reference-formats.md`` §6: a top-level ``kv_offload:`` block); ``offload`` takes an
 :class:`OffloadSpec` directly. Bad values raise :class:`~blis_sim.errors.ConfigError` naming the field.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ API::
     pool.usage()                          # 1 - free/(num_gpu_blocks - 1), vLLM's kv_cache_usage_perc
     pool.reset()                          # drop every cached hash (only when nothing is in use)
 
-Semantics (``vllm-semantics.md`` §A.3): block ``i`` hashes ``(hash_{i-1}, tokens of block i)``;
+Semantics (``docs/vllm-semantics.md`` §3): block ``i`` hashes ``(hash_{i-1}, tokens of block i)``;
 only full blocks are hashed. The lookup stops at the first miss. The free queue pops from the front;
 freed blocks with a hash are appended to the back (LRU eviction order, and a request's tail block is
 freed first so a chain's tail goes before its head); blocks without a hash go to the front. A cached

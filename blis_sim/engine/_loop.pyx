@@ -66,7 +66,8 @@ cdef inline long _div(long x, long d, int shift) noexcept nogil:
 
 cdef inline object _tuple(object x):
     """``x``, checked to be a tuple (a port's Lookup / Admission namedtuple), so that its items are
-    read with a tuple's index, not the generic sequence protocol (~3 % of the loop)."""
+    read with a tuple's index, not the generic sequence protocol (the loop reads one per admission and
+    lookup)."""
     if not isinstance(x, tuple):
         raise TypeError(f"a KV port answered {type(x).__name__}, not a tuple")
     return x

@@ -58,7 +58,7 @@ FEATURES = ("one", "prefill_tokens", "decode_seqs", "decode_context", "prefill_c
 N_FEATURES = len(FEATURES)
 
 #: The default when no coefficient file is given: a linear fit to the reference's bundled
-#: trained-physics step times for Qwen3-14B on one H100 (blis-kv-model.md §5.2 worked table), with
+#: trained-physics step times for Qwen3-14B on one H100 (docs/reference-formats.md §7.2 worked table), with
 #: its 15.6 ms per-request queueing constant as the frontend base. A starting point, not a calibration.
 #: Plain values here; :data:`DEFAULT_COEFFICIENTS` (the model, built on first use) and
 #: :func:`default_step_model` (no pydantic model built: the replay path) both come from them.

@@ -3,7 +3,7 @@
 ``geometry_for(model, config_path=None)``: from a local ``config.json`` when given, else from the
 small bundled table (the reference's two bundled models and the tiny Llama that real vLLM serves on
 this project's CPU machines); ``None`` if unknown. ``default_num_gpu_blocks(model, block_size)``:
-the reference's capacity formula (blis-kv-model.md §6: 0.9 of an H100's memory minus weights,
+the reference's capacity formula (docs/reference-formats.md §7.3: 0.9 of an H100's memory minus weights,
 activations and non-torch memory, over the bytes of one block), or the reference's literal default
 of 1,000,000 blocks for an unknown model.
 """

@@ -6,7 +6,7 @@ model (``--model-config``, else a bundled ``--model``, else the trace header's `
 bundled) and needs the hardware stated explicitly: a prior for the wrong device (an H100 prior on a
 CPU trace) would pull unidentified coefficients to wrong values, so no hardware means no prior.
 
-Prior of each coefficient (docs/engine.md, "The fit's physics prior"), from :func:`roofline_terms`:
+Prior of each coefficient (docs/engine.md, "The fit", its physics prior), from :func:`roofline_terms`:
 ``base`` = reading every weight once; ``per_prefill_token`` = one token through the linear layers
 (plus its KV write); ``per_decode_seq`` = one decode token through the linear layers and the LM
 head; ``per_context_token`` and ``per_prefill_context`` = reading one token's KV; ``per_prefill_attention`` =

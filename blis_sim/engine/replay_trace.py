@@ -9,7 +9,7 @@ API::
     outcome = replay_outcome(prepared, options)         # (a sweep: no re-reading, no table rebuild)
     outcome.write_outputs("sim.json", "simagg.json")     # the files, written from the columns (fast)
 
-Rules (issue 4 item 5; blis-pipeline.md §4.3–§4.4 with the reference's bugs fixed):
+Rules (issue 4 item 5; docs/reference-formats.md §4.3–§4.4 with the reference's bugs fixed):
 
 * **KV-offload config.** A header ``kv_offload`` block (sim-generated traces) is authoritative: a
   ``--kv-offload-config`` that resolves differently is an error (INV-13). Without a header block the
@@ -69,7 +69,7 @@ class ReplayOutcome(SimulatedOutputs):
 
 
 def resolve_offload(header: Any, flag_cfg: Any, *, kv_bytes_per_token: float | None) -> Any:
-    """The offload config this replay uses (blis-pipeline.md §4.3), or None."""
+    """The offload config this replay uses (docs/reference-formats.md §4.3), or None."""
     from blis_sim.formats.offload import OffloadConfig
 
     recorded = None

@@ -1,6 +1,6 @@
 """Requests as numpy columns: what the step loop, the KV content and the outputs need.
 
-:func:`table_from_trace` builds a :class:`RequestTable` from a TraceV2 (blis-pipeline.md §4.2, with
+:func:`table_from_trace` builds a :class:`RequestTable` from a TraceV2 (docs/reference-formats.md §4.2, with
 our fixes): every row except ``status == "error"`` rows (they never reached the engine) is replayed;
 the prompt is ``server_input_tokens`` when the server reported it, else ``prefix_length +
 input_tokens``; rows of one prefix group share the group's first ``prefix_length`` tokens; rounds of

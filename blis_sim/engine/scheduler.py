@@ -2,7 +2,7 @@
 
 :func:`simulate` runs the compiled step loop (``_loop.pyx``; the pure twin ``_loop_py.py`` with
 ``BLIS_PURE_PYTHON=1``) over a :class:`Workload` of request arrays and a KV port. The rules, as vLLM
-0.33's ``Scheduler.schedule()`` applies them (vllm-semantics.md §A.2–§A.4):
+0.33's ``Scheduler.schedule()`` applies them (docs/vllm-semantics.md §2–§4):
 
 * One step at a time; a step's batch is formed at its start, its duration comes from the latency
   model (:mod:`blis_sim.engine.latency`), its outputs (progress, sampled tokens, completions) land at

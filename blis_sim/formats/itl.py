@@ -1,4 +1,4 @@
-"""The ITL CSV (``observe --record-itl``, blis-pipeline.md §1.5): one row per SSE chunk.
+"""The ITL CSV (``observe --record-itl``, docs/reference-formats.md §1.5): one row per SSE chunk.
 
 API::
 

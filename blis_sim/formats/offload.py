@@ -1,4 +1,5 @@
-"""The KV offload config (``--kv-offload-config``, blis-pipeline.md §6), resolved into :class:`OffloadConfig`.
+"""The KV offload config (``--kv-offload-config``, docs/reference-formats.md §6), resolved into
+:class:`OffloadConfig`.
 
 API::
 
@@ -31,9 +32,9 @@ API::
   capacity; ``None`` = unbounded) with ``capacity_chunks``; ``TierConfig.label(i)`` gives vLLM's tier label
   (``"1:fs"``).
 
-Validation is the reference's (every message of §6.2, prefixed by the file, line and field), plus the one
-config the reference accepts and then crashes on that we refuse: a CPU budget under one chunk. The other two
-crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
+Validation is the reference's (every message of docs/reference-formats.md §6.2, prefixed by the file, line
+and field), plus the one config the reference accepts and then crashes on that we refuse: a CPU budget under
+one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
 Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
 types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects.
 """
@@ -238,7 +239,8 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
         where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
                                       f"{kv_bytes_per_token} × block_size {block_size})")
     if cpu_bytes < bytes_per_chunk:
-        # The reference accepts this and then panics building the cache (§6.3); a CPU tier must hold a chunk.
+        # The reference accepts this and then panics building the cache
+        # (docs/reference-formats.md §6.3); a CPU tier must hold a chunk.
         where.fail("cpu_bytes_to_use",
                    f"kv_offload: cpu_bytes_to_use ({cpu_bytes}) is smaller than one offload chunk "
                    f"({bytes_per_chunk} bytes = {block_size} tokens × {kv_bytes_per_token:g} bytes/token): the CPU "

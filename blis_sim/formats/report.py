@@ -12,7 +12,7 @@ API::
     write_report(report, path, blis_compatible=False)   atomic (temp file + rename)
     reference_view(report) -> CalibrationReport     the report without our additions
 
-Reference fields (blis-pipeline.md §5.6), in the reference's key order, with its omitempty rules:
+Reference fields (docs/reference-formats.md §5.6), in the reference's key order, with its omitempty rules:
 ``trace_info`` (``itl_dropped``/``duration`` omitted when empty), ``metrics`` (keys sorted: e2e, itl, ttft),
 ``config_match``, ``known_limitations``, ``goodput``, ``hit_rate``, ``ttft_tolerance``.
 

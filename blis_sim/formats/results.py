@@ -1,4 +1,4 @@
-"""Simulator outputs: per-request SimResult JSON and the aggregate MetricsOutput JSON (blis-pipeline.md §4.6).
+"""Simulator outputs: per-request SimResult JSON and the aggregate MetricsOutput JSON (docs/reference-formats.md §4.6).
 
 API::
 

@@ -12,11 +12,12 @@ API::
 
 Models (strict pydantic, frozen; unknown keys are errors):
 
-- :class:`TraceHeader` — every key of the reference header (blis-pipeline.md §1.1) in its order:
+- :class:`TraceHeader` — every key of the reference header (docs/reference-formats.md §1.1) in its order:
   ``trace_version, time_unit, created_at, mode, warm_up_requests, workload_seed, workload_spec,
   session_context_growth, server`` (:class:`TraceServerConfig`), ``network`` (:class:`TraceNetworkConfig`),
-  ``goodput_slo_targets`` ({class: :class:`SLOTargets`}), ``kv_offload`` (:class:`TraceKVOffloadConfig`,
-  §1.2), ``observed_kv_metrics`` (:class:`ObservedKVMetrics`, §1.3), then OUR block ``pytest_blis``
+  ``goodput_slo_targets`` ({class: :class:`SLOTargets`}), ``kv_offload`` (:class:`TraceKVOffloadConfig`),
+  ``observed_kv_metrics`` (:class:`ObservedKVMetrics`; both: docs/reference-formats.md §1.2–§1.3), then OUR block
+  ``pytest_blis``
   (:class:`PytestBlisHeader`: tool/vLLM versions, KV geometry, per-definition ``kv_hit_rates``, per-tier I/O,
   scrape info, phases, partial flag, offload extensions, latency model). ``blis_compatible=True`` leaves our
   block out so BLIS can read the file back.
@@ -27,9 +28,10 @@ Models (strict pydantic, frozen; unknown keys are errors):
   first / last chunk time − send time (client side, include the network).
 
 The pieces live in :mod:`~blis_sim.formats.trace_header`, :mod:`~blis_sim.formats.trace_data` and
-:mod:`~blis_sim.formats.itl`; this module re-exports them. Reading follows the reference (§1.4): positional base columns shifted by the inline optional columns found in
-the header row, trailing columns by header name, extra columns tolerated, Go ``ParseBool`` forms, the
-reference's range checks. Any problem is a :class:`~blis_sim.errors.FormatError` naming file, line and column.
+:mod:`~blis_sim.formats.itl`; this module re-exports them. Reading follows the reference
+(docs/reference-formats.md §1.4): positional base columns shifted by the inline optional columns found in the
+header row, trailing columns by header name, extra columns tolerated, Go ``ParseBool`` forms, the reference's
+range checks. Any problem is a :class:`~blis_sim.errors.FormatError` naming file, line and column.
 Writing follows Go: yaml.v3 layout (4-space indent, ``hit_rate: 0`` explicit, absent blocks absent),
 ``encoding/csv`` minimal quoting with ``\\n`` line ends; an optional column is written only when some record
 carries it. Files are written atomically (temp file + rename), so an interrupted run never leaves half a file.

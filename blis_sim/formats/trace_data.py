@@ -1,4 +1,4 @@
-"""The TraceV2 data CSV (blis-pipeline.md §1.4): one :class:`TraceRecord` per request.
+"""The TraceV2 data CSV (docs/reference-formats.md §1.4): one :class:`TraceRecord` per request.
 
 API::
 
@@ -235,7 +235,7 @@ def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
 
 
 def read_trace_data(path: str | Path) -> list[TraceRecord]:
-    """Read a TraceV2 data CSV with the reference's positional rules (blis-pipeline.md §1.4)."""
+    """Read a TraceV2 data CSV with the reference's positional rules (docs/reference-formats.md §1.4)."""
     p = Path(path)
     with gc_paused():
         text = _plain_text(p)

@@ -1,4 +1,4 @@
-"""The TraceV2 header YAML (blis-pipeline.md §1.1–§1.3) and our ``pytest_blis`` block.
+"""The TraceV2 header YAML (docs/reference-formats.md §1.1–§1.3) and our ``pytest_blis`` block.
 
 API::
 
@@ -9,8 +9,9 @@ API::
 :class:`TraceHeader` has every key of the reference header in its order: ``trace_version, time_unit,
 created_at, mode, warm_up_requests, workload_seed, workload_spec, session_context_growth, server``
 (:class:`TraceServerConfig`), ``network`` (:class:`TraceNetworkConfig`), ``goodput_slo_targets``
-({class: :class:`SLOTargets`}), ``kv_offload`` (:class:`TraceKVOffloadConfig`, §1.2; convert with
-``blis_sim.formats.offload``), ``observed_kv_metrics`` (:class:`ObservedKVMetrics`, §1.3), then OUR block
+({class: :class:`SLOTargets`}), ``kv_offload`` (:class:`TraceKVOffloadConfig`, docs/reference-formats.md §1.2;
+convert with ``blis_sim.formats.offload``), ``observed_kv_metrics`` (:class:`ObservedKVMetrics`,
+docs/reference-formats.md §1.3), then OUR block
 ``pytest_blis`` (:class:`PytestBlisHeader`: tool/vLLM versions, KV geometry, per-definition ``kv_hit_rates``,
 per-tier I/O, scrape info, phases, partial flag, offload extensions, latency model). ``blis_compatible=True``
 leaves our block out so BLIS can read the file back.
@@ -93,7 +94,8 @@ class TraceTierConfig(StrictModel):
 
 
 class TraceKVOffloadConfig(StrictModel):
-    """``kv_offload:`` — the resolved offload config (§1.2); convert with ``blis_sim.formats.offload``."""
+    """``kv_offload:`` — the resolved offload config (docs/reference-formats.md §1.2); convert with
+    ``blis_sim.formats.offload``."""
 
     cpu_bytes_to_use: int = Field(default=0, ge=0)
     per_block_bytes: int = Field(default=0, ge=0)
@@ -109,7 +111,8 @@ class TraceKVOffloadConfig(StrictModel):
 
 
 class ObservedKVMetrics(StrictModel):
-    """``observed_kv_metrics:`` — the real side's primary hit-rate (§1.3). ``hit_rate: 0`` is written."""
+    """``observed_kv_metrics:`` — the real side's primary hit-rate (docs/reference-formats.md §1.3).
+    ``hit_rate: 0`` is written."""
 
     source: Literal["tiered", "gpu-prefix-cache-fallback"]
     hit_rate: float = Field(ge=0.0, le=1.0)
@@ -221,7 +224,7 @@ class PytestBlisHeader(StrictModel):
 
 
 class TraceHeader(StrictModel):
-    """The TraceV2 header (§1.1), keys in the reference's order, plus ``pytest_blis``."""
+    """The TraceV2 header (docs/reference-formats.md §1.1), keys in the reference's order, plus ``pytest_blis``."""
 
     trace_version: int = 3
     time_unit: str = "us"

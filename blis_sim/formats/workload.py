@@ -8,7 +8,7 @@ API::
     spec = workload_spec_from_data({"aggregate_rate": 4, ...}, source="<flags>")   # built in code
     for phase in spec.resolved_phases(): ...         # ResolvedPhase: name, clients, aggregate_rate, num_requests, ...
 
-Every key of the reference spec is accepted with the reference's meaning (blis-pipeline.md §2 and the Go
+Every key of the reference spec is accepted with the reference's meaning (docs/reference-formats.md §2 and the Go
 ``sim/workload/spec.go``): ``version, seed, category, aggregate_rate, num_requests, horizon, clients, cohorts,
 goodput_slo_targets, servegen_data, inference_perf``. Parsing is strict: an unknown key anywhere (including an
 unknown distribution parameter, which BLIS would silently ignore) is an error naming file, line and field.

@@ -54,7 +54,7 @@ class _Req:
         self.num_tokens = num_prompt
         self.end = 0  # tokens computed or scheduled (vLLM: num_computed_tokens + scheduled)
         self.stored = 0  # chunks already offered to the offload store
-        self.nblocks = 0  # GPU blocks owned (mirrors the pool, saves a call per decode step)
+        self.nblocks = 0  # GPU blocks owned (mirrors the pool, so a decode step need not ask it)
         self.ncached = 0  # full blocks whose hashes were offered to the GPU cache
         self.preempted = False
         self.skip = skip
@@ -109,7 +109,8 @@ class Readouts:
         return out
 
     def hit_rate_entries(self) -> list[dict[str, Any]]:
-        """The shared-shape per-definition entries (shared-shapes.md; ``metric`` is None)."""
+        """The per-definition entries in their shared shape, ``metric`` None
+        (docs/formats.md, "Where the per-definition hit-rates live")."""
         c = self.counters
 
         def entry(definition: str, tier: str | None, unit: str, hits: int,

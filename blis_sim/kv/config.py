@@ -2,7 +2,7 @@
 
 * :class:`TierStation` — one transfer station: ``n_read_threads`` / ``n_write_threads`` servers,
   service time ``base_latency + bytes / (bandwidth · ramp(q))`` µs, optional seeded jitter
-  (blis-kv-model.md §2.5). Bandwidths are bytes/µs (= MB/s), latencies µs.
+  (docs/reference-formats.md §7.1). Bandwidths are bytes/µs (= MB/s), latencies µs.
 * :class:`CpuTierConfig` — the primary offload tier (vLLM's CPU tier): capacity in **chunks**,
   ``lru`` | ``arc`` eviction, ``store_threshold`` (a chunk must be looked up that many times before it
   is stored; < 2 disables the filter), and the CPU↔GPU link as a :class:`TierStation`.

@@ -1,6 +1,6 @@
 """Transfer stations: how long a tier's read or write job takes, and when it completes.
 
-:class:`TransferStation` models one tier (blis-kv-model.md §2.5) as two pools of servers:
+:class:`TransferStation` models one tier (docs/reference-formats.md §7.1) as two pools of servers:
 ``n_read_threads`` for reads (towards the GPU: CPU→GPU loads, fs→CPU promotions) and
 ``n_write_threads`` for writes (GPU→CPU stores, CPU→fs cascades), each pool FIFO. A job submitted
 at ``t`` starts on the pool's earliest-free server at ``max(t, free)`` and takes

@@ -102,7 +102,7 @@ def length_drift(rows: Iterable[TraceRecord]) -> LengthDrift:
 
 
 def summary_metrics(rows: Sequence[TraceRecord], wall_s: float) -> dict[str, Any]:
-    """The reference's observe stdout JSON (§3.7): ok rows with 0 < TTFT ≤ E2E, ms."""
+    """The reference's observe stdout JSON (docs/reference-formats.md §3.7): ok rows with 0 < TTFT ≤ E2E, ms."""
     ok = [r for r in rows if r.status == STATUS_OK and 0 < r.ttft_us <= r.e2e_us]
     ttft = [r.ttft_us / 1000 for r in ok]
     e2e = [r.e2e_us / 1000 for r in ok]

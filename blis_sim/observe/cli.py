@@ -1,6 +1,6 @@
 """`blis observe`: flags → :class:`ObserveOptions` + workload, run, write the trace, exit code.
 
-``register(subparsers)`` adds the subcommand with the reference's flags (blis-pipeline.md §3.1) that
+``register(subparsers)`` adds the subcommand with the reference's flags (docs/reference-formats.md §3.1) that
 apply, plus ours: ``--settle``, ``--window-phases``, ``--grace``, ``--no-tokenize``,
 ``--blis-compatible``, ``--progress/--no-progress``. Exit codes: 0 written; 2 bad flags or spec;
 3 no request succeeded (the trace is still written); 130 interrupted (what was collected is written,
@@ -68,7 +68,8 @@ def register(subparsers: Any) -> None:
     a = p.add_argument
     a("--workload-spec", default="", help="workload spec YAML (reference v2, plus our phases)")
     a("--workload", default="", help="a reference preset name (not supported: use --workload-spec)")
-    a("--rate", type=float, default=0.0, help="synthesise one client at this rate, req/s (reference §2.3)")
+    a("--rate", type=float, default=0.0,
+      help="synthesise one client at this rate, req/s (docs/reference-formats.md §2.3)")
     a("--concurrency", type=int, default=0, help="synthesise N closed-loop users")
     a("--think-time-ms", type=float, default=0.0, help="closed-loop think time with --concurrency, ms")
     for name, default in (("prompt-tokens", 512), ("output-tokens", 512)):
@@ -125,7 +126,8 @@ def _check_required(args: argparse.Namespace) -> None:
 
 
 def synthesized_spec(args: argparse.Namespace) -> Any:
-    """The reference's distribution synthesis (§2.3): one client, constant arrivals, gaussian lengths."""
+    """The reference's distribution synthesis (docs/reference-formats.md §2.3): one client, constant arrivals,
+    gaussian lengths."""
     from blis_sim.formats.workload import WorkloadSpec
 
     def gaussian(prefix: str) -> dict[str, Any]:

@@ -69,7 +69,8 @@ class Target:
 
 
 def new_request_id() -> str:
-    """A random version-4 UUID in its text form, as ``str(uuid.uuid4())`` gives, at a fifth of its cost."""
+    """A random version-4 UUID in its text form, as ``str(uuid.uuid4())`` gives, formatted from the bytes
+    directly (no ``UUID`` object: observe makes one per request)."""
     raw = bytearray(os.urandom(16))
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
@@ -78,7 +79,7 @@ def new_request_id() -> str:
 
 
 def build_body(target: Target, wire: WireRequest) -> dict[str, Any]:
-    """The JSON body, as the reference builds it (blis-pipeline.md §3.2)."""
+    """The JSON body, as the reference builds it (docs/reference-formats.md §3.2)."""
     body: dict[str, Any] = {"model": target.model, "stream": wire.streaming}
     if target.api_format == "chat":
         body["messages"] = [{"role": "user", "content": wire.prompt}]

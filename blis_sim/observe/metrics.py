@@ -11,11 +11,11 @@ API::
 
 Parsing uses prometheus-client and keys on *sample* names (``x_total`` and a bare ``x`` both match
 ``x``), because a counter's family name depends on whether the exposition carries TYPE lines
-(ecosystem.md §4.1). Every label series is summed (over ``engine`` and tiers) after an optional
+(docs/vllm-semantics.md §6). Every label series is summed (over ``engine`` and tiers) after an optional
 ``model_name`` filter. A window is invalid (a reset) when any counter we read decreases, disappears,
 or its ``_created`` timestamp changes between the two snapshots.
 
-Primary-source precedence follows the reference (blis-pipeline.md §3.5): the tiered offload
+Primary-source precedence follows the reference (docs/reference-formats.md §3.5): the tiered offload
 counters (``chunk_*`` as released, or the PR-48798 ``block_*`` spelling) whenever the end snapshot
 has them, tagged ``tiered``; else the GPU prefix cache (``prefix_cache_*``, then the legacy
 ``gpu_prefix_cache_*`` counters, then the V0 gauge), tagged ``gpu-prefix-cache-fallback``.

@@ -3,7 +3,7 @@
 API::
 
     builder = await calibrate_prompts(session, target)   # probes /tokenize, else the reference's
-                                                          # tokens-per-word calibration (§3.3)
+                                                          # tokens-per-word ratio (docs/reference-formats.md §3.3)
     text = builder.text(token_ids, prefix_length)         # deterministic text for a request
     builder.mode, builder.describe()                      # "exact" | "ratio" | "fallback", for the log/header
 
@@ -30,7 +30,7 @@ from blis_sim.observe.client import Target
 
 log = logging.getLogger("blis_sim.observe")
 
-# The reference's 100-word vocabulary (blis-pipeline.md §3.3), so ratio mode matches its prompts.
+# The reference's 100-word vocabulary (docs/reference-formats.md §3.3), so ratio mode matches its prompts.
 VOCABULARY: tuple[str, ...] = tuple("""
 alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec
 romeo sierra tango uniform victor whiskey xray yankee zulu apple banana cherry date elder fig grape hazel
@@ -77,7 +77,7 @@ class PromptBuilder:
 
     @functools.cached_property
     def _spaced(self) -> tuple[str, ...]:
-        """The alphabet with the leading spaces already on (one concatenation per word saved per request)."""
+        """The alphabet with the leading spaces already on, so that a prompt is one join of words."""
         return tuple(" " + w for w in self.alphabet)
 
     def describe(self) -> str:

@@ -12,7 +12,7 @@ API::
 ``spec`` is a :class:`~blis_sim.formats.workload.WorkloadSpec` or an already generated
 :class:`~blis_sim.workload.plan.WorkloadPlan`.
 
-Order of a run (blis-pipeline.md §3.4, plus our phases and settle delay): ``/version``; prompt
+Order of a run (docs/reference-formats.md §3.4, plus our phases and settle delay): ``/version``; prompt
 calibration (``/tokenize``, else the tokens-per-word request); prewarm; then the phases in order, each
 started when the previous one drained (+ its ``gap_us``). The counter window brackets the measured
 phases (``window_phases``, default all): settle, start scrape, phases, drain, settle, end scrape.
@@ -67,7 +67,8 @@ FIRST_CONTENT_GAP_US = 1000  # first chunk vs first content: more than this is w
 
 @dataclass(frozen=True)
 class ObserveOptions:
-    """Everything `blis observe` takes besides the server URL and the workload (flags of §3.1)."""
+    """Everything `blis observe` takes besides the server URL and the workload (flags of
+    docs/reference-formats.md §3.1)."""
 
     model: str
     api_format: str = "completions"
@@ -454,7 +455,8 @@ class _Run:
                           f"{p99:.1f} ms (waiting for a --max-concurrency slot counts; a busy client machine too)")
 
     def _compare_server_ttft(self, rows: list[TraceRecord]) -> None:
-        """Log client vs server-side TTFT over the window (vllm-cpu.md: they differ under load)."""
+        """Log client vs server-side TTFT over the window (they differ under load:
+        docs/vllm-cpu-measurements.md §5)."""
         window = self.window.result if self.window is not None else None
         if window is None or not window.server_ttft or not window.server_ttft["count"]:
             return

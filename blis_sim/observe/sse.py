@@ -8,7 +8,7 @@ API::
     kind, payload = classify(line)                # ("data", str) | ("done", "") | ("skip", "")
     info = interpret(obj)                         # ChunkInfo(content, finish_reason, usage, error)
 
-Framing follows the SSE spec as vLLM uses it (vllm-semantics.md §A.5): ``data:`` with or without the
+Framing follows the SSE spec as vLLM uses it (docs/vllm-semantics.md §5): ``data:`` with or without the
 space, comment lines (``:``, keep-alives) and other fields ignored, ``data: [DONE]`` ends the stream.
 """
 from __future__ import annotations

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-try:  # hashlib's blake2b is this very type; importing hashlib also loads OpenSSL (~2 ms of start-up)
+try:  # hashlib's blake2b is this very type; importing hashlib also loads OpenSSL,
+    # which nothing here needs
     from _blake2 import blake2b
 except ImportError:  # an interpreter built without the module: hashlib's own fallback
     from hashlib import blake2b

@@ -1,8 +1,8 @@
 """What a real vLLM 0.32's prefix-cache counters and per-request cached tokens say, against hand-computed values.
 
-The rule (vllm-semantics.md, measured in vllm-cpu.md): queries += the whole prompt; hits += the cached prefix in
-whole 32-token blocks, never including the last prompt token (it is always recomputed); on this CPU server every
-hit comes from the device, so ``prompt_tokens_cached_by_source{device}`` = hits and
+The rule (docs/vllm-semantics.md §2, measured in docs/vllm-cpu-measurements.md §1): queries += the whole
+prompt; hits += the cached prefix in whole 32-token blocks, never including the last prompt token (it is always
+recomputed); on this CPU server every hit comes from the device, so ``prompt_tokens_cached_by_source{device}`` = hits and
 ``prompt_tokens_by_source`` splits the prompt into ``local_cache_hit`` = hits and ``local_compute`` = the rest.
 ``usage.prompt_tokens_details.cached_tokens`` is the same hit, per request.
 """
