@@ -206,12 +206,16 @@ def _resolve_any(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
     if "kv_offload" in data:
         raise UsageError(f"--kv-offloading-size applies to vLLM's kv_transfer_config, not to the kv_offload: YAML "
                          f"of {doc.file}: set cpu_bytes_to_use there")
-    data = offload_vllm.apply_flags(data, size, backend, where.add)
+    def refuse(field: str, message: str) -> None:
+        where.add(field, message)
+        where.dropped.add(field)  # left out of the block: the native checks must not call it missing
+
+    data = offload_vllm.apply_flags(data, size, backend, refuse)
     notes: list[str] = []
     shaped = offload_vllm.translate(YamlDoc(data=data, file=doc.file, lines=doc.lines, raw=doc.raw),
-                                    gpu_block_size=gpu_block_size, add=where.add, note=notes.append)
+                                    gpu_block_size=gpu_block_size, add=refuse, note=notes.append)
     inner = _Where(doc.file, shaped, offload_vllm.EXTRA)
-    inner.problems = where.problems
+    inner.problems, inner.dropped = where.problems, where.dropped
     spec = _validate_collecting(_VllmShaped, shaped, inner).kv_connector_extra_config
     cfg = _resolve(spec or _OffloadSpec(), kv_bytes_per_token, gpu_block_size, device_classes, inner)
     if notes:
