@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from blis_sim import limits
 from blis_sim.errors import ConfigError, FormatError, UsageError
 from blis_sim.formats._model import StrictModel, construct
 from blis_sim.formats._strict import (YamlDoc, _restore_strings, describe_each, load_yaml, parse_yaml, read_text,
@@ -297,41 +298,37 @@ def _resolve(spec: _OffloadSpec, kv_bytes_per_token: float, gpu_bs: int,
                   f"kv_offload: store_threshold={st}: store_threshold is not supported for TieringOffloadingSpec "
                   "(values >= 2 are rejected; it is single-tier-only and fixed at 1 on the multi-tier offload "
                   "path)")
-    geometry = True
     block_size, bpc = gpu_bs, 1
     if gpu_bs <= 0:
         where.add("block_size", f"kv_offload: GPU block size (--block-size-in-tokens) must be > 0, got {gpu_bs}")
-        geometry = False
     elif spec.block_size is not None and spec.blocks_per_chunk is not None:
         where.add("blocks_per_chunk",
                   "kv_offload: block_size and blocks_per_chunk are mutually exclusive (they encode the same "
                   "quantity: block_size = blocks_per_chunk × gpu_block_size); set at most one")
-        geometry = False
     elif spec.block_size is not None:
         if spec.block_size <= 0 or spec.block_size % gpu_bs:
             where.add("block_size", f"kv_offload: block_size ({spec.block_size}) must be a positive multiple of "
                                     f"the GPU block size ({gpu_bs})")
-            geometry = False
         else:
             block_size, bpc = spec.block_size, spec.block_size // gpu_bs
     elif spec.blocks_per_chunk is not None:
         if spec.blocks_per_chunk <= 0:
             where.add("blocks_per_chunk", f"kv_offload: blocks_per_chunk must be > 0, got {spec.blocks_per_chunk}")
-            geometry = False
         elif spec.blocks_per_chunk > _INT64_MAX // gpu_bs:
             where.add("blocks_per_chunk", f"kv_offload: blocks_per_chunk ({spec.blocks_per_chunk}) is too large: "
                                           f"blocks_per_chunk × GPU block size ({gpu_bs}) would overflow int64")
-            geometry = False
         else:
             bpc = spec.blocks_per_chunk
             block_size = bpc * gpu_bs
     tiers = [_resolve_tier(i, t, classes, where) for i, t in enumerate(spec.secondary_tiers or [])]
-    if not geometry or spec.cpu_bytes_to_use is None:
+    if gpu_bs <= 0:
         for i, t in enumerate(tiers):
             _check_tier(i, t, where)
         where.check()
-    assert spec.cpu_bytes_to_use is not None
-    return _build(cpu_bytes=spec.cpu_bytes_to_use, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
+    # A missing budget or a refused chunk size is recorded: _build then runs on valid stand-ins (the
+    # largest budget, one GPU block per chunk) so that its other checks still report, and raises them all.
+    cpu_bytes = limits.MAX_BYTES if spec.cpu_bytes_to_use is None else spec.cpu_bytes_to_use
+    return _build(cpu_bytes=cpu_bytes, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
                   tph=gpu_bs if spec.tokens_per_hash is None else spec.tokens_per_hash,
                   policy="lru" if spec.eviction_policy is None else spec.eviction_policy,
                   prompt_only=True if spec.offload_prompt_only is None else spec.offload_prompt_only,
