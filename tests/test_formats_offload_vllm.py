@@ -412,3 +412,68 @@ def test_run_prints_every_problem_on_its_own_line(tmp_path: Path) -> None:
     lines = out.stderr.strip().split("\n")
     assert lines[0] == f"blis run: error: {bad}: 2 problems"
     assert lines[1].startswith(f"  {bad}:3: field 'kv_role'") and lines[2].startswith(f"  {bad}:7: field ")
+
+
+# --------------------------------------------------------------------------------------------- plugin, emulator
+
+MINIMAL_AS_VLLM = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                   "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 268435456,
+                                                 "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/blis-kv"}]}}
+
+
+def test_scenario_offload_takes_the_vllm_json_as_a_file_or_inline(tmp_path: Path) -> None:
+    from pytest_blis._scenario import ServerSpec
+    from pytest_blis._server import _offload_for
+
+    scenarios = REPO / "scenarios"
+    want, _ = _offload_for(ServerSpec(offload="minimal-offload.yaml"), scenarios)
+    (tmp_path / "ktc.json").write_text(json.dumps(MINIMAL_AS_VLLM))
+    inline = json.dumps(MINIMAL_AS_VLLM)
+    with pytest.warns(UserWarning, match="device_class=nvme_gen4"):
+        from_file, path = _offload_for(ServerSpec(offload="ktc.json"), tmp_path)
+    with pytest.warns(UserWarning, match="device_class=nvme_gen4"):
+        from_inline, source = _offload_for(ServerSpec(offload=inline), tmp_path)
+    assert from_file == want and from_inline == want
+    assert path == tmp_path / "ktc.json" and source == inline  # the JSON reaches the emulator unaltered
+
+
+class _Config:
+    """What ``pytest_blis._options.resolve`` reads of a pytest config."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def getoption(self, name: str) -> Any:
+        return self.options.get(name)
+
+    def getini(self, name: str) -> Any:
+        return [] if name == "blis_server_url" else {"blis_hit_rate_tolerance_pp": "5",
+                                                      "blis_ttft_mape_threshold": "0.15"}.get(name, "")
+
+
+def test_plugin_options_keep_inline_json_and_take_the_size() -> None:
+    from pytest_blis._options import resolve
+
+    inline = json.dumps({"kv_connector_extra_config": {"root_dir": "/a//b/"}})
+    opts = resolve(_Config(blis_kv_offload_config=inline, blis_kv_offloading_size=2.0))  # type: ignore[arg-type]
+    assert opts.kv_offload_config == inline and opts.kv_offloading_size == 2.0
+    opts = resolve(_Config(blis_kv_offload_config="deploy/ktc.json"))  # type: ignore[arg-type]
+    assert opts.kv_offload_config == Path("deploy/ktc.json") and opts.kv_offloading_size is None
+
+
+def test_the_emulator_reads_the_vllm_json_into_the_same_spec(tmp_path: Path) -> None:
+    import argparse
+
+    from blis_sim.emulator.cli import add_arguments, config_from_args, config_to_argv
+    from blis_sim.emulator.config import EmulatorConfig, load_offload_spec
+
+    want = load_offload_spec(REPO / "scenarios" / "minimal-offload.yaml", block_size=16, kv_bytes_per_token=4096)
+    inline = json.dumps(MINIMAL_AS_VLLM)
+    assert load_offload_spec(inline, block_size=16, kv_bytes_per_token=4096) == want
+    # through the emulator's command line, as spawn_emulator passes it
+    argv = config_to_argv(EmulatorConfig(profile="zero", kv_offload_config=inline))
+    assert argv[argv.index("--kv-offload-config") + 1] == inline
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(argv))
+    assert config.kv_offload_config == inline
