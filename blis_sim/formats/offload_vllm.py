@@ -64,7 +64,7 @@ GIB = 1 << 30
 BACKENDS = ("native", "lmcache")
 _TOP_KEYS = ("kv_connector", "engine_id", "kv_buffer_device", "kv_role", "kv_port", EXTRA,
              "kv_connector_module_path", "enable_permute_local_kv", "kv_load_failure_policy")
-_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+_ROLES = ("kv_producer", "kv_both", "kv_consumer")  # vLLM's order (get_args(KVRole))
 _STOCK_SPECS = {"CPUOffloadingSpec": "cpu", "TieringOffloadingSpec": "tiering"}
 _CPU_KEYS = ("spec_name", "spec_module_path", "cpu_bytes_to_use", "block_size", "blocks_per_chunk",
              "eviction_policy", "cache_policy_module_path", "store_threshold", "max_tracker_size",
