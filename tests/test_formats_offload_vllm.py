@@ -36,20 +36,6 @@ kv_offload:
       device_class: nvme_gen4
 """
 
-VLLM_TIERED: dict[str, Any] = {
-    "kv_connector": "OffloadingConnector",
-    "kv_role": "kv_both",
-    "kv_connector_extra_config": {
-        "spec_name": "TieringOffloadingSpec",
-        "cpu_bytes_to_use": 1073741824,
-        "block_size": 64,
-        "eviction_policy": "arc",
-        "offload_prompt_only": False,
-        "secondary_tiers": [{"type": "fs", "root_dir": "/mnt/kv-cache", "n_read_threads": 8,
-                             "n_write_threads": 4, "locality": "LOCAL"}],
-    },
-}
-
 NATIVE_CPU = "kv_offload:\n  cpu_bytes_to_use: 1073741824\n"
 
 # a file whose lines are known: errors must name them
@@ -68,6 +54,12 @@ VLLM_LINES = """\
   }
 }
 """
+
+# the same deployment with every other key vLLM takes, as NATIVE_TIERED spells it
+VLLM_TIERED: dict[str, Any] = json.loads(VLLM_LINES)
+VLLM_TIERED["kv_connector_extra_config"].update(eviction_policy="arc", offload_prompt_only=False)
+VLLM_TIERED["kv_connector_extra_config"]["secondary_tiers"][0].update(n_read_threads=8, n_write_threads=4,
+                                                                       locality="LOCAL")
 
 
 def _kv(cfg: OffloadConfig) -> KVConfig:

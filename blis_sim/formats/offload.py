@@ -355,7 +355,7 @@ __all__ = ["DEFAULT_DEVICE_CLASSES", "DEFAULT_GPU_BLOCK_SIZE", "DeviceClass", "O
 # The file loader (``--kv-offload-config``, ``defaults.yaml``) and its models live in
 # :mod:`blis_sim.formats.offload_file`: a replay of a trace whose header records the config never
 # reads one, and does not build those classes. Its names are still served from here (PEP 562).
-_FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "is_inline", "load_device_classes",
+_FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "INLINE", "is_inline", "load_device_classes",
                          "load_offload_config", "parse_offload_config", "resolve_offload_config"})
 
 

@@ -102,12 +102,10 @@ def apply_flags(data: dict[str, Any], size_gib: float | None, backend: str | Non
         add("", "--kv-offloading-backend lmcache is not modelled: vLLM then uses LMCacheMPConnector, whose "
                 "storage lives in a separate LMCache server process (only the native OffloadingConnector is)")
         return data
-    out = dict(data)
-    extra = dict(out.get(EXTRA) or {}) if isinstance(out.get(EXTRA, {}), dict) else out.get(EXTRA)
-    if isinstance(extra, dict):
-        extra["cpu_bytes_to_use"] = size_gib * GIB
-    out.update({"kv_connector": "OffloadingConnector", "kv_role": "kv_both", EXTRA: extra})
-    return out
+    extra = data.get(EXTRA, {})
+    if isinstance(extra, dict):  # anything else is refused by translate()
+        extra = {**extra, "cpu_bytes_to_use": size_gib * GIB}
+    return {**data, "kv_connector": "OffloadingConnector", "kv_role": "kv_both", EXTRA: extra}
 
 
 def translate(doc: YamlDoc, *, gpu_block_size: int, add: Add, note: Callable[[str], None]) -> YamlDoc:
@@ -137,10 +135,8 @@ def translate(doc: YamlDoc, *, gpu_block_size: int, add: Add, note: Callable[[st
     policy = data.get("kv_load_failure_policy")
     if policy is not None and policy not in ("recompute", "fail"):
         add("kv_load_failure_policy", f"kv_load_failure_policy must be 'recompute' or 'fail', got {policy!r}")
-    extra = data.get(EXTRA)
-    if extra is None:
-        extra = {}
-    if not isinstance(extra, dict):
+    extra = data.get(EXTRA, {})
+    if not isinstance(extra, dict):  # KVTransferConfig's field is a dict: null is refused too
         add(EXTRA, f"{EXTRA} must be a mapping, got {type(extra).__name__}")
         extra = {}
     block = _extra(extra, gpu_block_size, lambda f, m: add(f"{EXTRA}.{f}".rstrip("."), m), note)
