@@ -278,6 +278,17 @@ def test_refusals_name_the_file_and_the_vllm_field(text: str, fragment: str, fie
     assert info.value.location.line == 1  # the whole document is on line 1 here
 
 
+def test_tiering_spec_refuses_a_store_threshold_even_without_tiers() -> None:
+    # TieringOffloadingSpec.get_manager raises for store_threshold >= 2 whatever its tiers
+    data = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1 << 30,
+                                          "store_threshold": 2}}
+    with pytest.raises(ConfigError, match="store_threshold is not supported for TieringOffloadingSpec"):
+        _vllm_text(json.dumps(data))
+    data["kv_connector_extra_config"]["spec_name"] = "CPUOffloadingSpec"
+    assert _vllm_text(json.dumps(data)).store_threshold == 2
+
+
 def test_errors_carry_the_line_of_the_vllm_file() -> None:
     cases = [
         (VLLM_LINES.replace('"block_size": 64', '"block_size": 20'), 7, f"{E}.block_size"),

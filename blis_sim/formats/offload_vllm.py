@@ -208,8 +208,11 @@ def _extra(extra: dict[str, Any], gpu_bs: int, add: Add, note: Callable[[str], N
     threshold = extra.get("store_threshold")
     if threshold is not None:
         n = _int(threshold, "store_threshold", add)
-        if n is not None and n >= 2:
-            out["store_threshold"] = n  # the native check refuses it with tiers, in TieringOffloadingSpec's words
+        if n is not None and n >= 2 and kind == "tiering":
+            # TieringOffloadingSpec.get_manager refuses it even with no secondary tier (our block would not)
+            add("store_threshold", "store_threshold is not supported for TieringOffloadingSpec")
+        elif n is not None and n >= 2:
+            out["store_threshold"] = n
     size = extra.get("max_tracker_size")
     if size is not None:
         n = _int(size, "max_tracker_size", add)
