@@ -6,6 +6,9 @@ API::
     cfg = load_offload_config(path, kv_bytes_per_token=..., gpu_block_size=16,
                               device_classes=load_device_classes("defaults.yaml"))   # classes optional
     cfg = resolve_offload_config(mapping, kv_bytes_per_token=..., file="<flag>")    # already-parsed YAML
+    cfg = load_offload_config("ktc.json", kv_bytes_per_token=...)   # vllm serve's --kv-transfer-config (JSON/YAML)
+    cfg = load_offload_config('{"kv_connector": ...}', kv_bytes_per_token=...)   # ... or the JSON itself
+    cfg = load_offload_config(None, kv_bytes_per_token=..., kv_offloading_size=1.0)   # --kv-offloading-size GiB
     block = cfg.to_header()                      # -> TraceKVOffloadConfig (the trace header's kv_offload)
     ext = cfg.extensions()                       # -> OffloadExtensions | None (pytest_blis.offload)
     cfg2 = OffloadConfig.from_header(block, ext)  # header -> config; cfg2.equivalent(cfg) is True
@@ -35,7 +38,10 @@ Validation is the reference's (every message of §6.2, prefixed by the file, lin
 config the reference accepts and then crashes on that we refuse: a CPU budget under one chunk. The other two
 crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
 Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
-types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects.
+types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects; a file's problems are all
+reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's own forms (the
+``--kv-transfer-config`` JSON, ``--kv-offloading-size``) are mapped onto the same block by
+:mod:`blis_sim.formats.offload_vllm`.
 """
 
 # No ``from __future__ import annotations``: pydantic would compile each field's annotation string

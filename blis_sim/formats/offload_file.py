@@ -207,6 +207,7 @@ def _resolve_any(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
     if "kv_offload" in data:
         raise UsageError(f"--kv-offloading-size applies to vLLM's kv_transfer_config, not to the kv_offload: YAML "
                          f"of {doc.file}: set cpu_bytes_to_use there")
+
     def refuse(field: str, message: str) -> None:
         where.add(field, message)
         where.dropped.add(field)  # left out of the block: the native checks must not call it missing
