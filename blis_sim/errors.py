@@ -27,7 +27,12 @@ def one_line(message: str) -> str:
 
 
 def error_line(command: str, exc: BaseException) -> str:
-    """The one line the CLI prints for an error of ``blis <command>``."""
+    """What the CLI prints for an error of ``blis <command>``: one line, or for :class:`ConfigErrors` a
+    summary line and then one line per problem."""
+    problems = getattr(exc, "problems", None)
+    if problems:
+        head = f"blis {command}: error: {one_line(exc.args[0] if exc.args else '')}"
+        return "\n".join([head] + [f"  {one_line(str(p))}" for p in problems])
     return f"blis {command}: error: {one_line(str(exc))}"
 
 
@@ -70,6 +75,22 @@ class FormatError(InputError):
 
 class ConfigError(InputError):
     """A configuration that parses but cannot be used (inconsistent or out-of-range values)."""
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one input, reported together so that one run shows them all. ``problems``
+    holds each as its own :class:`InputError` (a :class:`FormatError` or :class:`ConfigError`, with its
+    file, line and field); ``str()`` is a summary line followed by one line per problem."""
+
+    def __init__(self, problems: "list[InputError]", *, file: str | None = None) -> None:
+        self.problems = tuple(problems)
+        summary = f"{file or '<input>'}: {len(self.problems)} problems"
+        super().__init__(summary, file=file)
+        self.args = (summary,)
+        self.reason = summary
+
+    def __str__(self) -> str:
+        return "\n".join([self.args[0]] + [f"  {p}" for p in self.problems])
 
 
 class UsageError(InputError):

@@ -22,7 +22,7 @@ DEFAULT_EMULATOR_NICE = -10
 class BlisOptions:
     server_urls: tuple[str, ...]
     model: str | None
-    kv_offload_config: Path | None
+    kv_offload_config: Path | str | None  # a file, or vllm serve's --kv-transfer-config JSON itself
     vllm_commit: str | None
     hit_rate_tolerance_pp: float
     ttft_mape_threshold: float
@@ -35,6 +35,7 @@ class BlisOptions:
     parallel_observe: bool = False
     timing_report_only: bool = False  # TTFT/E2E MAPE and throughput reported, not judged (hit-rates still are)
     emulator_nice: int = DEFAULT_EMULATOR_NICE
+    kv_offloading_size: float | None = None  # vllm serve's --kv-offloading-size, GiB
 
     @property
     def embedded(self) -> bool:
@@ -49,8 +50,11 @@ def add_options(parser: pytest.Parser) -> None:
                          "xdist workers). Default: an embedded emulator per worker.")
     group.addoption("--blis-model", metavar="NAME",
                     help="model name sent to the server (default: the first of /v1/models)")
-    group.addoption("--blis-kv-offload-config", metavar="PATH",
-                    help="the deployment's offload config, used to replay a real server's traces")
+    group.addoption("--blis-kv-offload-config", metavar="PATH|JSON",
+                    help="the deployment's offload config, used to replay a real server's traces: our kv_offload: "
+                         "YAML, or what vllm serve takes as --kv-transfer-config (a JSON or YAML file, or the JSON)")
+    group.addoption("--blis-kv-offloading-size", type=float, metavar="GIB",
+                    help="the deployment's vllm serve --kv-offloading-size (a CPU tier of GIB, total over TP ranks)")
     group.addoption("--blis-vllm-commit", metavar="SHA", help="recorded verbatim in every trace header")
     group.addoption("--blis-hit-rate-tolerance-pp", type=float, metavar="PP",
                     help=f"hit-rate tolerance in percentage points (default {DEFAULT_TOLERANCE_PP:g})")
@@ -120,7 +124,9 @@ def resolve(config: pytest.Config) -> BlisOptions:
     return BlisOptions(
         server_urls=tuple(u.rstrip("/") for u in urls),
         model=config.getoption("blis_model") or config.getini("blis_model") or None,
-        kv_offload_config=Path(offload) if offload else None,
+        # JSON given inline stays text (a Path would normalise the slashes inside it)
+        kv_offload_config=(offload if offload.lstrip().startswith("{") else Path(offload)) if offload else None,
+        kv_offloading_size=config.getoption("blis_kv_offloading_size"),
         vllm_commit=config.getoption("blis_vllm_commit"),
         hit_rate_tolerance_pp=tol,
         ttft_mape_threshold=mape,

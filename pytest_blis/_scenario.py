@@ -108,7 +108,9 @@ class ServerSpec(_Strict):
 
     block_size: int = Field(16, ge=1, le=4096)
     num_gpu_blocks: int = Field(2048, ge=1)
-    offload: str | None = Field(None, description="offload config YAML, relative to the scenario file")
+    offload: str | None = Field(None, description="offload config: our kv_offload: YAML or vllm serve's "
+                                                  "--kv-transfer-config (JSON or YAML), a file relative to the "
+                                                  "scenario file, or that JSON itself")
     kv_bytes_per_token: int = Field(4096, ge=1, description="KV bytes per token (sizes the CPU tier's chunks)")
     profile: str = Field("tiny-cpu", description="emulator step-time profile")
     metrics_profile: str = "vllm-0.33"

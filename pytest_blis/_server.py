@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blis_sim.errors import ServerError
-from blis_sim.formats.offload import OffloadConfig, load_offload_config
+from blis_sim.formats.offload import OffloadConfig, is_inline, load_offload_config
 from pytest_blis._options import BlisOptions
 from pytest_blis._scenario import Capacity, ServerSpec
 from pytest_blis._session import SessionState, worker_index
@@ -39,7 +39,7 @@ class ServerTarget:
     block_size: int
     num_gpu_blocks: int
     offload: OffloadConfig | None  # the offload config replay uses (None: GPU only)
-    offload_path: Path | None
+    offload_path: Path | str | None  # str: vllm serve's --kv-transfer-config JSON, given inline
     lock_dir: Path
     capabilities: frozenset[str] = field(default_factory=frozenset)  # "cpu", "storage"
     namespace: str = ""  # mixed into prompt content (see SessionState.namespace)
@@ -88,12 +88,16 @@ def _geometry(url: str) -> tuple[int, int]:
     return int(geo.get("block_size") or 0), int(geo.get("num_gpu_blocks") or 0)
 
 
-def _offload_for(spec: ServerSpec, base_dir: Path) -> tuple[OffloadConfig | None, Path | None]:
+def _offload_for(spec: ServerSpec, base_dir: Path) -> tuple[OffloadConfig | None, Path | str | None]:
     if spec.offload is None:
         return None, None
-    path = (base_dir / spec.offload).resolve()
-    return load_offload_config(path, gpu_block_size=spec.block_size,
-                               kv_bytes_per_token=spec.kv_bytes_per_token), path
+    source = spec.offload if is_inline(spec.offload) else (base_dir / spec.offload).resolve()
+    return load_offload_config(source, gpu_block_size=spec.block_size, kv_bytes_per_token=spec.kv_bytes_per_token,
+                               warn=_warn), source
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=2)
 
 
 def _capabilities(offload: OffloadConfig | None) -> frozenset[str]:
@@ -158,10 +162,11 @@ class ServerPool:
         if not block_size or not blocks:
             raise ServerError("vllm:cache_config_info does not give block_size and num_gpu_blocks", url=url)
         offload = path = None
-        if self.options.kv_offload_config is not None:
-            path = self.options.kv_offload_config.resolve()
-            offload = load_offload_config(path, gpu_block_size=block_size,
-                                          kv_bytes_per_token=self.options.kv_bytes_per_token)
+        source, size = self.options.kv_offload_config, self.options.kv_offloading_size
+        if source is not None or size is not None:
+            path = source.resolve() if isinstance(source, Path) else source
+            offload = load_offload_config(path, gpu_block_size=block_size, kv_offloading_size=size,
+                                          kv_bytes_per_token=self.options.kv_bytes_per_token, warn=_warn)
         return ServerTarget(url=url, model=str(model), embedded=False, block_size=block_size,
                             num_gpu_blocks=blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks", capabilities=_capabilities(offload),

@@ -10,7 +10,8 @@ mutated two ways:
   wrong value or removed, or an unknown key added, and written back.
 
 The property (:func:`check`): the target either loads, or raises a :class:`~blis_sim.errors.BlisError` whose
-CLI line (``blis_sim.errors.error_line``, what ``blis`` prints) is one line naming the file; a parse error
+CLI line (``blis_sim.errors.error_line``, what ``blis`` prints) is one line naming the file (several problems of
+one file, :class:`~blis_sim.errors.ConfigErrors`: a summary line and one such line per problem); a parse error
 names the line too. Anything else (a traceback) or a target running longer than ``timeout_s`` (a hang) is a
 :class:`Failure`. No hypothesis here: the soak drives these with ``random.Random``, the tests with
 hypothesis' ``st.randoms()``.
@@ -33,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from blis_sim.errors import BlisError, error_line
+from blis_sim.errors import BlisError, ConfigErrors, error_line
 
 REPO = Path(__file__).resolve().parents[1]
 BLIS = REPO / "samples" / "blis"
@@ -127,10 +128,19 @@ def _load_trace_data(path: Path) -> None:
     read_trace_data(path)
 
 
+# samples/blis/offload.yaml as a deployment passes it to `vllm serve --kv-transfer-config`
+VLLM_OFFLOAD = json.dumps({
+    "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+    "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1073741824,
+                                  "eviction_policy": "lru", "offload_prompt_only": True,
+                                  "secondary_tiers": [{"type": "fs", "root_dir": "/mnt/kv-cache", "n_read_threads": 16,
+                                                       "n_write_threads": 16, "locality": "LOCAL"}]}}, indent=2)
+
+
 def _load_offload(path: Path) -> None:
     from blis_sim.formats.offload import load_offload_config
 
-    _build_kv(load_offload_config(path, kv_bytes_per_token=KV_BYTES_PER_TOKEN))
+    _build_kv(load_offload_config(path, kv_bytes_per_token=KV_BYTES_PER_TOKEN, warn=lambda message: None))
 
 
 def _load_workload(path: Path) -> None:
@@ -217,6 +227,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("workload-spec", "run", "workload.yaml", "yaml", _workload_sample, _load_workload),
     Target("workload-phases", "run", "spec.yaml", "yaml", lambda: PHASED_SPEC.encode(), _load_workload),
     Target("offload-config", "replay", "offload.yaml", "yaml", lambda: (BLIS / "offload.yaml").read_bytes(),
+           _load_offload),
+    Target("offload-config-vllm", "replay", "kv-transfer-config.json", "json", lambda: VLLM_OFFLOAD.encode(),
            _load_offload),
     Target("sim-results", "calibrate", "sim.json", "json", lambda: _json_head(BLIS / "sim.json", ROWS),
            _load_sim_results),
@@ -421,10 +433,13 @@ def run(target: Target, data: bytes, workdir: Path, *, timeout_s: float = 10.0) 
         with time_limit(timeout_s):
             target.load(path)
     except BlisError as exc:
-        line = error_line(target.command, exc)
-        problem = message_problem(line, path, target.command)
-        if problem:
-            return "bad-message", Failure(target.name, "bad-message", f"{problem}: {line!r}", data)
+        # several problems of one file (ConfigErrors): a summary line, then one line per problem; each must be
+        # a good error line by itself
+        lines = [exc.args[0], *map(str, exc.problems)] if isinstance(exc, ConfigErrors) else [str(exc)]
+        for line in (error_line(target.command, BlisError(text)) for text in lines):
+            problem = message_problem(line, path, target.command)
+            if problem:
+                return "bad-message", Failure(target.name, "bad-message", f"{problem}: {line!r}", data)
         return "input-error", None
     except _Hang:
         return "hang", Failure(target.name, "hang", f"no answer within {timeout_s} s", data)

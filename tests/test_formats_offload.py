@@ -149,8 +149,9 @@ def test_rejects_name_file_line_field_and_the_reference_fragment(text: str, frag
 
 
 def test_schema_errors_are_format_errors(tmp_path: Path) -> None:
+    # (a budget large enough for a chunk: a file's problems are reported together, this one has only the key)
     with pytest.raises(FormatError, match=r"off.yaml:3: field 'kv_offload.bogus': unknown key 'bogus'"):
-        _parse("kv_offload:\n  cpu_bytes_to_use: 1\n  bogus: 1\n")
+        _parse("kv_offload:\n  cpu_bytes_to_use: 17179869184\n  bogus: 1\n")
     with pytest.raises(FormatError, match=r"off.yaml:3: .*duplicate key 'cpu_bytes_to_use'"):
         _parse("kv_offload:\n  cpu_bytes_to_use: 1\n  cpu_bytes_to_use: 2\n")
     with pytest.raises(FormatError, match=r"off.yaml:2: field 'kv_offload.cpu_bytes_to_use'"):

@@ -1,4 +1,5 @@
-"""Reading ``--kv-offload-config`` (the simulator's offload YAML) into the emulator's :class:`OffloadSpec`.
+"""Reading ``--kv-offload-config`` (the simulator's offload YAML, or what ``vllm serve`` takes as
+``--kv-transfer-config``) into the emulator's :class:`OffloadSpec`.
 
 The file is parsed and validated by the shared reader, ``blis_sim.formats.offload.load_offload_config``
 (every message with file, line and field); only the file format is shared with the simulator,
@@ -14,11 +15,12 @@ from blis_sim.emulator.config import OffloadSpec, TierSpec
 from blis_sim.errors import ConfigError
 
 
-def read(path: Path, *, block_size: int, kv_bytes_per_token: int) -> OffloadSpec:
-    from blis_sim.formats.offload import load_offload_config
+def read(path: str | Path, *, block_size: int, kv_bytes_per_token: int) -> OffloadSpec:
+    """The config at ``path`` (our YAML, or vLLM's --kv-transfer-config as a file or as the JSON itself)."""
+    from blis_sim.formats.offload import INLINE, is_inline, load_offload_config
 
     cfg = load_offload_config(path, kv_bytes_per_token=kv_bytes_per_token, gpu_block_size=block_size)
-    return spec_from_offload_config(cfg, file=str(path))
+    return spec_from_offload_config(cfg, file=INLINE if is_inline(path) else str(path))
 
 
 def spec_from_offload_config(cfg: Any, *, file: str | None = None) -> OffloadSpec:

@@ -87,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int)
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
-    g.add_argument("--kv-offload-config", help="offload YAML (the simulator's format): CPU + fs tiers")
+    g.add_argument("--kv-offload-config", help="offload config: the simulator's YAML, or vllm serve's "
+                                               "--kv-transfer-config (a JSON or YAML file, or the JSON): CPU + fs tiers")
     g.add_argument("--eos-probability", type=float, default=d.eos_probability,
                    help="chance per token of EOS (finish_reason stop), default %(default)s")
     g.add_argument("--step-noise", type=float, help="relative step-time noise (profile default)")

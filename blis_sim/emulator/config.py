@@ -230,4 +230,5 @@ def load_offload_spec(path: str | Path, *, block_size: int, kv_bytes_per_token: 
     """
     from blis_sim.emulator import _offload_file
 
-    return _offload_file.read(Path(path), block_size=block_size, kv_bytes_per_token=kv_bytes_per_token)
+    # a str stays one: it may be vllm serve's --kv-transfer-config JSON itself, which Path() would alter
+    return _offload_file.read(path, block_size=block_size, kv_bytes_per_token=kv_bytes_per_token)

@@ -61,7 +61,13 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=1, help="tensor parallel degree")
     g.add_argument("--seed", type=int, default=42, help="seed of synthetic token content and jitter")
     g.add_argument("--horizon", type=float, default=None, help="stop at this simulated time, µs")
-    g.add_argument("--kv-offload-config", default=None, help="offload tiers YAML (kv_offload:)")
+    g.add_argument("--kv-offload-config", default=None,
+                   help="offload tiers: our YAML (kv_offload:), or what vllm serve takes as --kv-transfer-config "
+                        "(a JSON or YAML file, or the JSON string itself)")
+    g.add_argument("--kv-offloading-size", type=float, default=None, metavar="GIB",
+                   help="vllm serve's --kv-offloading-size: a CPU tier of this many GiB (total over TP ranks)")
+    g.add_argument("--kv-offloading-backend", choices=("native", "lmcache"), default=None,
+                   help="vllm serve's --kv-offloading-backend (only native is modelled)")
     g.add_argument("--defaults-filepath", default=None,
                    help="a defaults.yaml with kv_offload_devices (device classes)")
 
@@ -170,7 +176,8 @@ def _latency(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _offload(args: argparse.Namespace, header: Any = None) -> Any:
-    if not args.kv_offload_config:
+    size = getattr(args, "kv_offloading_size", None)
+    if not args.kv_offload_config and size is None:
         return None
     from blis_sim.formats.offload import load_device_classes, load_offload_config
 
@@ -187,7 +194,10 @@ def _offload(args: argparse.Namespace, header: Any = None) -> Any:
     kwargs: dict[str, Any] = {"kv_bytes_per_token": kvb, "gpu_block_size": block or 16}
     if classes is not None:
         kwargs["device_classes"] = classes
-    return load_offload_config(args.kv_offload_config, **kwargs)
+    command = getattr(args, "command", None) or "run"
+    return load_offload_config(args.kv_offload_config or None, kv_offloading_size=size,
+                               kv_offloading_backend=getattr(args, "kv_offloading_backend", None),
+                               warn=lambda m: print(f"blis {command}: warning: {m}", file=sys.stderr), **kwargs)
 
 
 def _validate_sim_flags(args: argparse.Namespace) -> None:

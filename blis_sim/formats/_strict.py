@@ -79,8 +79,26 @@ def describe(exc: ValidationError, doc: YamlDoc | None = None, file: str | None 
 
     ``line_of`` may map a location tuple to a line for non-YAML inputs (e.g. a CSV row number).
     """
-    err = exc.errors(include_url=False)[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    errors = exc.errors(include_url=False)
+    more = len(errors) - 1
+    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+    return describe_error(errors[0], doc, file, line_of, suffix)
+
+
+def describe_each(exc: ValidationError, doc: YamlDoc) -> list[tuple[Path_, FormatError]]:
+    """Every error of a pydantic ``ValidationError``, each with its location (for reporting them together)."""
+    return [(error_loc(err), describe_error(err, doc)) for err in exc.errors(include_url=False)]
+
+
+def error_loc(err: Any) -> Path_:
+    """A pydantic error's location without the validator steps pydantic puts in it."""
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def describe_error(err: Any, doc: YamlDoc | None = None, file: str | None = None, line_of: Any = None,
+                   suffix: str = "") -> FormatError:
+    """One pydantic error (an item of ``ValidationError.errors()``) as a FormatError."""
+    loc = error_loc(err)
     reason = err["msg"]
     if err["type"] == "extra_forbidden":
         reason = f"unknown key '{loc[-1]}'" if loc else "unknown key"
@@ -88,9 +106,7 @@ def describe(exc: ValidationError, doc: YamlDoc | None = None, file: str | None 
         reason = "required field is missing"
     elif "input" in err and not isinstance(err["input"], (dict, list)):
         reason = f"{reason} (got {err['input']!r})"
-    more = len(exc.errors()) - 1
-    if more:
-        reason += f" (and {more} more error{'s' if more > 1 else ''})"
+    reason += suffix
     line = None
     if doc is not None:
         line = doc.line_of(loc)

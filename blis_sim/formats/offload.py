@@ -7,6 +7,9 @@ API::
     cfg = load_offload_config(path, kv_bytes_per_token=..., gpu_block_size=16,
                               device_classes=load_device_classes("defaults.yaml"))   # classes optional
     cfg = resolve_offload_config(mapping, kv_bytes_per_token=..., file="<flag>")    # already-parsed YAML
+    cfg = load_offload_config("ktc.json", kv_bytes_per_token=...)   # vllm serve's --kv-transfer-config (JSON/YAML)
+    cfg = load_offload_config('{"kv_connector": ...}', kv_bytes_per_token=...)   # ... or the JSON itself
+    cfg = load_offload_config(None, kv_bytes_per_token=..., kv_offloading_size=1.0)   # --kv-offloading-size GiB
     block = cfg.to_header()                      # -> TraceKVOffloadConfig (the trace header's kv_offload)
     ext = cfg.extensions()                       # -> OffloadExtensions | None (pytest_blis.offload)
     cfg2 = OffloadConfig.from_header(block, ext)  # header -> config; cfg2.equivalent(cfg) is True
@@ -36,7 +39,10 @@ Validation is the reference's (every message of docs/reference-formats.md §6.2,
 and field), plus the one config the reference accepts and then crashes on that we refuse: a CPU budget under
 one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
 Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
-types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects.
+types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects; a file's problems are all
+reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's own forms (the
+``--kv-transfer-config`` JSON, ``--kv-offloading-size``) are mapped onto the same block by
+:mod:`blis_sim.formats.offload_vllm`.
 """
 
 # No ``from __future__ import annotations``: pydantic would compile each field's annotation string
@@ -48,7 +54,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from blis_sim import limits
 from blis_sim._lazy import lazy_exports
-from blis_sim.errors import ConfigError
+from blis_sim.errors import ConfigError, ConfigErrors, InputError
 from blis_sim.formats._model import StrictModel, construct, plain_fields
 from blis_sim.formats._strict import YamlDoc
 from blis_sim.formats.trace_header import OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
@@ -161,6 +167,7 @@ class OffloadConfig(StrictModel):
             where.fail("block_size", f"kv_offload: block_size ({block.block_size}) must be a positive multiple "
                                      f"of blocks_per_chunk ({block.blocks_per_chunk})")
         _check_bounds(where, per_block_bytes=block.per_block_bytes)  # before it is divided as a float
+        where.check()
         if block.per_block_bytes > 0:
             kv_bytes_per_token = block.per_block_bytes / block.block_size
         elif kv_bytes_per_token is None:
@@ -201,15 +208,39 @@ class OffloadConfig(StrictModel):
 
 
 class _Where:
-    """Turns a field path into file:line for errors."""
+    """Turns a field path into file:line for errors, and collects them: :meth:`add` records a problem and
+    goes on, :meth:`check` raises what was recorded (one error as itself, several as
+    :class:`~blis_sim.errors.ConfigErrors`), :meth:`fail` records and raises."""
 
     def __init__(self, file: str | None, doc: YamlDoc | None, root: str) -> None:
         self.file, self.doc, self.root = file, doc, root
+        self.problems: list[InputError] = []
+        #: field paths (dotted, under ``root``) whose value was dropped by a schema error: a value check of
+        #: them or of anything under them would report a consequence, not a problem of the file
+        self.dropped: set[str] = set()
+
+    def add(self, field: str, message: str) -> None:
+        dotted = f"{self.root}.{field}".strip(".")
+        if any(dotted == d or dotted.startswith(d + ".") for d in self.dropped):
+            return
+        path = tuple(int(p) if p.isdigit() else p for p in dotted.split(".") if p)
+        line = self.doc.line_of(path) if self.doc is not None else None
+        err = ConfigError(message, file=self.file, line=line, field=".".join(str(p) for p in path))
+        if not any(str(e) == str(err) for e in self.problems):
+            self.problems.append(err)
+
+    def check(self) -> None:
+        if not self.problems:
+            return
+        problems = sorted(self.problems, key=lambda e: e.location.line or 0)
+        if len(problems) == 1:
+            raise problems[0]
+        raise ConfigErrors(problems, file=self.file)
 
     def fail(self, field: str, message: str) -> NoReturn:
-        path = tuple(int(p) if p.isdigit() else p for p in f"{self.root}.{field}".split(".") if p)
-        line = self.doc.line_of(path) if self.doc is not None else None
-        raise ConfigError(message, file=self.file, line=line, field=".".join(str(p) for p in path))
+        self.add(field, message)
+        self.check()
+        raise ConfigError(message, file=self.file)  # only reached for a field a schema error already dropped
 
 
 def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, policy: str, prompt_only: bool,
@@ -220,36 +251,40 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
     _check_bounds(where, cpu_bytes_to_use=cpu_bytes, block_size=block_size, blocks_per_chunk=bpc,
                   tokens_per_hash=tph, store_threshold=store_threshold)
     if cpu_bytes <= 0:
-        where.fail("cpu_bytes_to_use", f"kv_offload: cpu_bytes_to_use must be > 0 when offload is enabled, "
-                                       f"got {cpu_bytes}")
+        where.add("cpu_bytes_to_use", f"kv_offload: cpu_bytes_to_use must be > 0 when offload is enabled, "
+                                      f"got {cpu_bytes}")
     if tph <= 0:
-        where.fail("tokens_per_hash", f"kv_offload: tokens_per_hash must be > 0, got {tph}")
+        where.add("tokens_per_hash", f"kv_offload: tokens_per_hash must be > 0, got {tph}")
     if policy not in ("lru", "arc"):
-        where.fail("eviction_policy", f"kv_offload: eviction_policy must be \"lru\" or \"arc\", got {policy!r}")
+        where.add("eviction_policy", f"kv_offload: eviction_policy must be \"lru\" or \"arc\", got {policy!r}")
     for i, t in enumerate(tiers):
         _check_tier(i, t, where)
+    bytes_per_chunk = 0
     if not (kv_bytes_per_token > 0 and math.isfinite(kv_bytes_per_token)):
-        where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
-                                      f"{kv_bytes_per_token})")
-    bytes_per_chunk = int(kv_bytes_per_token * block_size)
-    if bytes_per_chunk > limits.MAX_BYTES:
-        where.fail("per_block_bytes",
-                   f"kv_offload: derived per_block_bytes {limits.over(bytes_per_chunk, limits.MAX_BYTES)}")
-    if bytes_per_chunk <= 0:
-        where.fail("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
-                                      f"{kv_bytes_per_token} × block_size {block_size})")
-    if cpu_bytes < bytes_per_chunk:
-        # The reference accepts this and then panics building the cache
-        # (docs/reference-formats.md §6.3); a CPU tier must hold a chunk.
-        where.fail("cpu_bytes_to_use",
-                   f"kv_offload: cpu_bytes_to_use ({cpu_bytes}) is smaller than one offload chunk "
-                   f"({bytes_per_chunk} bytes = {block_size} tokens × {kv_bytes_per_token:g} bytes/token): the CPU "
-                   f"tier could hold nothing; give at least {bytes_per_chunk} bytes")
-    for i, t in enumerate(tiers):
-        if t["max_bytes"] is not None and t["max_bytes"] < bytes_per_chunk:
-            where.fail(f"secondary_tiers.{i}.max_bytes",
-                       f"kv_offload: secondary_tiers[{i}].max_bytes ({t['max_bytes']}) is smaller than one offload "
-                       f"chunk ({bytes_per_chunk} bytes); omit it for an unbounded tier")
+        where.add("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
+                                     f"{kv_bytes_per_token})")
+    else:
+        bytes_per_chunk = int(kv_bytes_per_token * block_size)
+        if bytes_per_chunk > limits.MAX_BYTES:
+            where.add("per_block_bytes",
+                      f"kv_offload: derived per_block_bytes {limits.over(bytes_per_chunk, limits.MAX_BYTES)}")
+        elif bytes_per_chunk <= 0:
+            where.add("per_block_bytes", f"kv_offload: derived per_block_bytes must be > 0 (kv_bytes_per_token="
+                                         f"{kv_bytes_per_token} × block_size {block_size})")
+        else:
+            if 0 < cpu_bytes < bytes_per_chunk:
+                # The reference accepts this and then panics building the cache
+                # (docs/reference-formats.md §6.3): a CPU tier must hold a chunk.
+                where.add("cpu_bytes_to_use",
+                          f"kv_offload: cpu_bytes_to_use ({cpu_bytes}) is smaller than one offload chunk "
+                          f"({bytes_per_chunk} bytes = {block_size} tokens × {kv_bytes_per_token:g} bytes/token): "
+                          f"the CPU tier could hold nothing; give at least {bytes_per_chunk} bytes")
+            for i, t in enumerate(tiers):
+                if t["max_bytes"] is not None and 0 < t["max_bytes"] < bytes_per_chunk:
+                    where.add(f"secondary_tiers.{i}.max_bytes",
+                              f"kv_offload: secondary_tiers[{i}].max_bytes ({t['max_bytes']}) is smaller than one "
+                              f"offload chunk ({bytes_per_chunk} bytes); omit it for an unbounded tier")
+    where.check()
     resolved = []
     for i, t in enumerate(tiers):  # what the checks above do not cover (a header's empty root_dir, ...)
         try:
@@ -287,7 +322,7 @@ def _check_bounds(where: _Where, tier: int | None = None, **values: int | None) 
     for name, value in values.items():
         reason = None if value is None else limits.over(value, _MAXIMA[name])
         if reason:
-            where.fail(field + name, f"kv_offload: {label}{name} {reason}")
+            where.add(field + name, f"kv_offload: {label}{name} {reason}")
 
 
 def _check_tier(i: int, t: dict[str, Any], where: _Where) -> None:
@@ -295,29 +330,29 @@ def _check_tier(i: int, t: dict[str, Any], where: _Where) -> None:
     _check_bounds(where, i, n_read_threads=t["n_read_threads"], n_write_threads=t["n_write_threads"],
                   saturation_queue_depth=t["saturation_queue_depth"], max_bytes=t["max_bytes"])
     if t["locality"] not in ("", "LOCAL", "REMOTE"):
-        where.fail(f + ".locality", f"{p}.locality must be \"LOCAL\" or \"REMOTE\" (or unset), got {t['locality']!r}")
+        where.add(f + ".locality", f"{p}.locality must be \"LOCAL\" or \"REMOTE\" (or unset), got {t['locality']!r}")
     for name in ("n_read_threads", "n_write_threads"):
         if t[name] <= 0:
-            where.fail(f"{f}.{name}", f"{p}.{name} must be > 0, got {t[name]}")
+            where.add(f"{f}.{name}", f"{p}.{name} must be > 0, got {t[name]}")
     for name in ("read_bandwidth", "write_bandwidth"):
         if not (math.isfinite(t[name]) and t[name] > 0):
-            where.fail(f"{f}.{name}", f"{p}.{name} must be a finite value > 0, got {t[name]:g}")
+            where.add(f"{f}.{name}", f"{p}.{name} must be a finite value > 0, got {t[name]:g}")
     if not (math.isfinite(t["base_latency"]) and t["base_latency"] >= 0):
-        where.fail(f + ".base_latency", f"{p}.base_latency must be a finite value >= 0, got {t['base_latency']:g}")
+        where.add(f + ".base_latency", f"{p}.base_latency must be a finite value >= 0, got {t['base_latency']:g}")
     if t["saturation_queue_depth"] < 0:
-        where.fail(f + ".saturation_queue_depth",
+        where.add(f + ".saturation_queue_depth",
                    f"{p}.saturation_queue_depth must be >= 0, got {t['saturation_queue_depth']}")
     f1 = t["single_transfer_fraction"]
     if not math.isfinite(f1):
-        where.fail(f + ".single_transfer_fraction", f"{p}.single_transfer_fraction must be a finite value, got {f1:g}")
+        where.add(f + ".single_transfer_fraction", f"{p}.single_transfer_fraction must be a finite value, got {f1:g}")
     if t["saturation_queue_depth"] >= 2 and not 0 < f1 <= 1:
-        where.fail(f + ".single_transfer_fraction",
+        where.add(f + ".single_transfer_fraction",
                    f"{p}.single_transfer_fraction must be in (0,1] when saturation_queue_depth >= 2, got {f1:g}")
     if not (math.isfinite(t["latency_jitter_stddev"]) and t["latency_jitter_stddev"] >= 0):
-        where.fail(f + ".latency_jitter_stddev",
+        where.add(f + ".latency_jitter_stddev",
                    f"{p}.latency_jitter_stddev must be a finite value >= 0, got {t['latency_jitter_stddev']:g}")
     if t["max_bytes"] is not None and t["max_bytes"] <= 0:
-        where.fail(f + ".max_bytes", f"{p}.max_bytes must be > 0 (or omitted for an unbounded tier), "
+        where.add(f + ".max_bytes", f"{p}.max_bytes must be > 0 (or omitted for an unbounded tier), "
                                      f"got {t['max_bytes']}")
 
 
@@ -327,7 +362,7 @@ __all__ = ["DEFAULT_DEVICE_CLASSES", "DEFAULT_GPU_BLOCK_SIZE", "DeviceClass", "O
 # The file loader (``--kv-offload-config``, ``defaults.yaml``) and its models live in
 # :mod:`blis_sim.formats.offload_file`: a replay of a trace whose header records the config never
 # reads one, and does not build those classes. Its names are still served from here (PEP 562).
-_FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "load_device_classes",
+_FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "INLINE", "is_inline", "load_device_classes",
                          "load_offload_config", "parse_offload_config", "resolve_offload_config"})
 
 

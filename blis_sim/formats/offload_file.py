@@ -8,17 +8,24 @@ that a replay whose trace header records its config (the header is authoritative
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import json
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from blis_sim.errors import ConfigError
+from blis_sim import limits
+from blis_sim.errors import ConfigError, FormatError, UsageError
 from blis_sim.formats._model import StrictModel, construct
-from blis_sim.formats._strict import YamlDoc, load_yaml, parse_yaml, validate
+from blis_sim.formats._strict import (YamlDoc, _restore_strings, describe_each, load_yaml, parse_yaml, read_text,
+                                      validate)
 from blis_sim.formats.offload import (_INT64_MAX, DEFAULT_GPU_BLOCK_SIZE, DEFAULT_THREADS, OffloadConfig, _build,
-                                      _Where)
+                                      _check_tier, _Where)
+
+M = TypeVar("M", bound=BaseModel)
 
 # --------------------------------------------------------------------------------------------- device classes
 
@@ -110,17 +117,159 @@ class _OffloadFile(StrictModel):
     kv_offload: _OffloadSpec | None = None
 
 
-def load_offload_config(path: str | Path, *, kv_bytes_per_token: float, gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
-                        device_classes: Mapping[str, DeviceClass] | None = None) -> OffloadConfig:
-    """Read, resolve and validate an offload config file (``kv_bytes_per_token`` is per TP rank)."""
-    return _resolve_doc(load_yaml(path), kv_bytes_per_token, gpu_block_size, device_classes)
+class _VllmShaped(StrictModel):
+    """vLLM's form after :func:`blis_sim.formats.offload_vllm.translate`: our block under vLLM's key."""
+
+    kv_connector_extra_config: _OffloadSpec | None = None
+
+
+#: The file name given to an inline JSON string and to ``--kv-offloading-size`` alone.
+INLINE = "<--kv-offload-config JSON>"
+FLAGS = "<--kv-offloading-size>"
+
+log = logging.getLogger("blis_sim.formats.offload")
+
+
+def is_inline(source: str | Path | None) -> bool:
+    """True when ``source`` is ``--kv-offload-config``'s inline JSON, not a path."""
+    return isinstance(source, str) and source.lstrip().startswith("{")
+
+
+def load_offload_config(source: str | Path | None, *, kv_bytes_per_token: float,
+                        gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
+                        device_classes: Mapping[str, DeviceClass] | None = None,
+                        kv_offloading_size: float | None = None, kv_offloading_backend: str | None = None,
+                        warn: Callable[[str], None] | None = None) -> OffloadConfig:
+    """Read, resolve and validate an offload config (``kv_bytes_per_token`` is per TP rank).
+
+    ``source``: a file (our ``kv_offload:`` YAML, or vLLM's ``--kv-transfer-config`` as JSON or YAML), an
+    inline JSON string (starts with ``{``), or None with ``kv_offloading_size`` (vLLM's
+    ``--kv-offloading-size`` GiB, which also applies over a vLLM-form source). Every problem is reported at
+    once (:class:`~blis_sim.errors.ConfigErrors` when there are several). ``warn`` gets the one message
+    naming what was defaulted or ignored (default: a warning on the ``blis_sim.formats.offload`` logger).
+    """
+    if source is None:
+        if kv_offloading_size is None:
+            raise UsageError("an offload config needs --kv-offload-config or --kv-offloading-size")
+        doc = YamlDoc(data={}, file=FLAGS)
+    elif is_inline(source):
+        doc = _parse_text(str(source), INLINE)
+    else:
+        doc = _parse_text(read_text(source), str(Path(source)))
+    return _resolve_any(doc, kv_bytes_per_token, gpu_block_size, device_classes, kv_offloading_size,
+                        kv_offloading_backend, warn)
 
 
 def parse_offload_config(text: str, *, kv_bytes_per_token: float, file: str = "<string>",
                          gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
-                         device_classes: Mapping[str, DeviceClass] | None = None) -> OffloadConfig:
-    """Same as :func:`load_offload_config` for YAML text."""
-    return _resolve_doc(parse_yaml(text, file), kv_bytes_per_token, gpu_block_size, device_classes)
+                         device_classes: Mapping[str, DeviceClass] | None = None,
+                         kv_offloading_size: float | None = None, kv_offloading_backend: str | None = None,
+                         warn: Callable[[str], None] | None = None) -> OffloadConfig:
+    """Same as :func:`load_offload_config` for the text of a file."""
+    return _resolve_any(_parse_text(text, file), kv_bytes_per_token, gpu_block_size, device_classes,
+                        kv_offloading_size, kv_offloading_backend, warn)
+
+
+def _parse_text(text: str, file: str) -> YamlDoc:
+    """YAML, or JSON (what ``--kv-transfer-config`` takes). JSON forbids raw tabs inside strings, so a tab
+    there is whitespace and a space serves as well for PyYAML, which refuses tab indentation; the lines
+    then still come from the YAML parse."""
+    try:
+        return parse_yaml(text, file)
+    except FormatError as exc:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise exc from None  # not JSON either: the YAML parser's message, with its line
+        try:
+            return parse_yaml(text.replace("\t", " "), file)
+        except FormatError:
+            return YamlDoc(data=data, file=file)
+
+
+def _resolve_any(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
+                 device_classes: Mapping[str, DeviceClass] | None, size: float | None, backend: str | None,
+                 warn: Callable[[str], None] | None) -> OffloadConfig:
+    from blis_sim.formats import offload_vllm
+
+    data = doc.data
+    vllm = size is not None or offload_vllm.is_vllm_form(data)
+    if not vllm:
+        if backend is not None:
+            raise UsageError("--kv-offloading-backend applies to vLLM's kv_transfer_config or with "
+                             f"--kv-offloading-size, not to the kv_offload: YAML of {doc.file}")
+        return _resolve_doc(doc, kv_bytes_per_token, gpu_block_size, device_classes)
+    where = _Where(doc.file, doc, "")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        where.fail("", f"a kv_transfer_config must be a mapping, got {type(data).__name__}")
+    if "kv_offload" in data:
+        raise UsageError(f"--kv-offloading-size applies to vLLM's kv_transfer_config, not to the kv_offload: YAML "
+                         f"of {doc.file}: set cpu_bytes_to_use there")
+
+    def refuse(field: str, message: str) -> None:
+        where.add(field, message)
+        where.dropped.add(field)  # left out of the block: the native checks must not call it missing
+
+    data = offload_vllm.apply_flags(data, size, backend, refuse)
+    notes: list[str] = []
+    shaped = offload_vllm.translate(YamlDoc(data=data, file=doc.file, lines=doc.lines, raw=doc.raw),
+                                    gpu_block_size=gpu_block_size, add=refuse, note=notes.append)
+    inner = _Where(doc.file, shaped, offload_vllm.EXTRA)
+    inner.problems, inner.dropped = where.problems, where.dropped
+    spec = _validate_collecting(_VllmShaped, shaped, inner).kv_connector_extra_config
+    cfg = _resolve(spec or _OffloadSpec(), kv_bytes_per_token, gpu_block_size, device_classes, inner)
+    if notes:
+        defaulted = [n for n in notes if n.startswith("secondary_tiers[")]
+        other = [n for n in notes if not n.startswith("secondary_tiers[")]
+        parts = []
+        if defaulted:
+            parts.append("vLLM's fs tier carries no timing fields, so they are defaulted (set them in a native "
+                         "kv_offload: YAML): " + "; ".join(defaulted))
+        parts += other
+        (warn or log.warning)(f"{doc.file}: kv_offload from vLLM's kv_transfer_config: " + "; ".join(parts))
+    return cfg
+
+
+def _validate_collecting(model: type[M], doc: YamlDoc, where: _Where) -> M:
+    """``model`` validated with every schema problem recorded in ``where``: each offending value is dropped and
+    validation repeated, so that the value checks still run on the rest of the file."""
+    from blis_sim.formats._model import from_data
+
+    data = _restore_strings(model, doc.data, (), doc.raw) if doc.raw else doc.data
+    fast = from_data(model, data)  # plain data strict validation accepts as it is: no schema to build
+    if fast is not None:
+        return fast
+    for _ in range(64):
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            data = copy.deepcopy(data)
+            for loc, err in describe_each(exc, doc):
+                where.problems.append(err)
+                where.dropped.add(".".join(str(p) for p in loc))
+                data = _drop(data, loc)
+    where.check()
+    raise FormatError("too many schema errors", file=doc.file)
+
+
+def _drop(data: Any, loc: tuple[str | int, ...]) -> Any:
+    """``data`` without the value at ``loc`` (a list item becomes an empty mapping: indices stay)."""
+    if not loc:
+        return {}
+    node = data
+    for part in loc[:-1]:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return data
+    last = loc[-1]
+    if isinstance(node, dict):
+        node.pop(last, None)
+    elif isinstance(node, list) and isinstance(last, int) and 0 <= last < len(node):
+        node[last] = {}
+    return data
 
 
 def _resolve_doc(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
@@ -128,52 +277,59 @@ def _resolve_doc(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
     if doc.data is None or (isinstance(doc.data, dict) and doc.data.get("kv_offload") is None):
         if isinstance(doc.data, dict) and set(doc.data) - {"kv_offload"}:
             validate(_OffloadFile, doc, plain_strings=True)  # reports the unknown top-level key
-        raise ConfigError("kv_offload: the --kv-offload-config file has no top-level kv_offload: block",
+        raise ConfigError("kv_offload: the --kv-offload-config file has no top-level kv_offload: block (nor is it "
+                          "vLLM's kv_transfer_config: kv_connector, kv_role, kv_connector_extra_config)",
                           file=doc.file, line=doc.line_of(("kv_offload",)) if isinstance(doc.data, dict) else None)
-    spec = validate(_OffloadFile, doc, plain_strings=True).kv_offload
-    assert spec is not None
-    return _resolve(spec, kv_bytes_per_token, gpu_block_size, device_classes, _Where(doc.file, doc, "kv_offload"))
+    where = _Where(doc.file, doc, "kv_offload")
+    spec = _validate_collecting(_OffloadFile, doc, where).kv_offload
+    return _resolve(spec or _OffloadSpec(), kv_bytes_per_token, gpu_block_size, device_classes, where)
 
 
 def _resolve(spec: _OffloadSpec, kv_bytes_per_token: float, gpu_bs: int,
              device_classes: Mapping[str, DeviceClass] | None, where: _Where) -> OffloadConfig:
+    """The file's rules, every problem recorded; :func:`_build` then adds the value checks and raises them all."""
     classes = DEFAULT_DEVICE_CLASSES if device_classes is None else device_classes
     if spec.cpu_bytes_to_use is None:
-        where.fail("cpu_bytes_to_use", "kv_offload: cpu_bytes_to_use is required")
+        where.add("cpu_bytes_to_use", "kv_offload: cpu_bytes_to_use is required")
     st = spec.store_threshold
     if st is not None and st < 0:
-        where.fail("store_threshold", f"kv_offload: store_threshold must be >= 0, got {st}")
+        where.add("store_threshold", f"kv_offload: store_threshold must be >= 0, got {st}")
     if st is not None and st >= 2 and spec.secondary_tiers:
-        where.fail("store_threshold",
-                   f"kv_offload: store_threshold={st}: store_threshold is not supported for TieringOffloadingSpec "
-                   "(values >= 2 are rejected; it is single-tier-only and fixed at 1 on the multi-tier offload "
-                   "path)")
+        where.add("store_threshold",
+                  f"kv_offload: store_threshold={st}: store_threshold is not supported for TieringOffloadingSpec "
+                  "(values >= 2 are rejected; it is single-tier-only and fixed at 1 on the multi-tier offload "
+                  "path)")
+    block_size, bpc = gpu_bs, 1
     if gpu_bs <= 0:
-        where.fail("block_size", f"kv_offload: GPU block size (--block-size-in-tokens) must be > 0, got {gpu_bs}")
-    if spec.block_size is not None and spec.blocks_per_chunk is not None:
-        where.fail("blocks_per_chunk",
-                   "kv_offload: block_size and blocks_per_chunk are mutually exclusive (they encode the same "
-                   "quantity: block_size = blocks_per_chunk × gpu_block_size); set at most one")
-    if spec.block_size is not None:
+        where.add("block_size", f"kv_offload: GPU block size (--block-size-in-tokens) must be > 0, got {gpu_bs}")
+    elif spec.block_size is not None and spec.blocks_per_chunk is not None:
+        where.add("blocks_per_chunk",
+                  "kv_offload: block_size and blocks_per_chunk are mutually exclusive (they encode the same "
+                  "quantity: block_size = blocks_per_chunk × gpu_block_size); set at most one")
+    elif spec.block_size is not None:
         if spec.block_size <= 0 or spec.block_size % gpu_bs:
-            where.fail("block_size", f"kv_offload: block_size ({spec.block_size}) must be a positive multiple of "
-                                     f"the GPU block size ({gpu_bs})")
-        block_size, bpc = spec.block_size, spec.block_size // gpu_bs
+            where.add("block_size", f"kv_offload: block_size ({spec.block_size}) must be a positive multiple of "
+                                    f"the GPU block size ({gpu_bs})")
+        else:
+            block_size, bpc = spec.block_size, spec.block_size // gpu_bs
     elif spec.blocks_per_chunk is not None:
-        bpc = spec.blocks_per_chunk
-        if bpc <= 0:
-            where.fail("blocks_per_chunk", f"kv_offload: blocks_per_chunk must be > 0, got {bpc}")
-        if bpc > _INT64_MAX // gpu_bs:
-            where.fail("blocks_per_chunk", f"kv_offload: blocks_per_chunk ({bpc}) is too large: blocks_per_chunk "
-                                           f"× GPU block size ({gpu_bs}) would overflow int64")
-        block_size = bpc * gpu_bs
-    else:
-        block_size, bpc = gpu_bs, 1
-    tiers = []
-    for i, t in enumerate(spec.secondary_tiers or []):
-        tiers.append(_resolve_tier(i, t, classes, where))
-    assert spec.cpu_bytes_to_use is not None
-    return _build(cpu_bytes=spec.cpu_bytes_to_use, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
+        if spec.blocks_per_chunk <= 0:
+            where.add("blocks_per_chunk", f"kv_offload: blocks_per_chunk must be > 0, got {spec.blocks_per_chunk}")
+        elif spec.blocks_per_chunk > _INT64_MAX // gpu_bs:
+            where.add("blocks_per_chunk", f"kv_offload: blocks_per_chunk ({spec.blocks_per_chunk}) is too large: "
+                                          f"blocks_per_chunk × GPU block size ({gpu_bs}) would overflow int64")
+        else:
+            bpc = spec.blocks_per_chunk
+            block_size = bpc * gpu_bs
+    tiers = [_resolve_tier(i, t, classes, where) for i, t in enumerate(spec.secondary_tiers or [])]
+    if gpu_bs <= 0:
+        for i, t in enumerate(tiers):
+            _check_tier(i, t, where)
+        where.check()
+    # A missing budget or a refused chunk size is recorded: _build then runs on valid stand-ins (the
+    # largest budget, one GPU block per chunk) so that its other checks still report, and raises them all.
+    cpu_bytes = limits.MAX_BYTES if spec.cpu_bytes_to_use is None else spec.cpu_bytes_to_use
+    return _build(cpu_bytes=cpu_bytes, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
                   tph=gpu_bs if spec.tokens_per_hash is None else spec.tokens_per_hash,
                   policy="lru" if spec.eviction_policy is None else spec.eviction_policy,
                   prompt_only=True if spec.offload_prompt_only is None else spec.offload_prompt_only,
@@ -182,35 +338,41 @@ def _resolve(spec: _OffloadSpec, kv_bytes_per_token: float, gpu_bs: int,
 
 
 def _resolve_tier(i: int, t: _TierSpec, classes: Mapping[str, DeviceClass], where: _Where) -> dict[str, Any]:
+    """Tier ``i`` resolved; a problem is recorded and a valid placeholder used, so the checks go on."""
     f = f"secondary_tiers.{i}"
     if t.type is None or t.type == "":
-        where.fail(f + ".type", f"kv_offload: secondary_tiers[{i}].type is required")
-    if t.type != "fs":
-        where.fail(f + ".type", f"kv_offload: secondary_tiers[{i}].type={t.type!r} is not supported yet (only "
-                                "\"fs\" is representable; obj/p2p/example tiers have no faithful config mapping)")
+        where.add(f + ".type", f"kv_offload: secondary_tiers[{i}].type is required")
+    elif t.type != "fs":
+        where.add(f + ".type", f"kv_offload: secondary_tiers[{i}].type={t.type!r} is not supported yet (only "
+                               "\"fs\" is representable; obj/p2p/example tiers have no faithful config mapping)")
     if not t.root_dir:
-        where.fail(f + ".root_dir", f"kv_offload: secondary_tiers[{i}].root_dir is required for an \"fs\" tier")
-    if t.direct_io is None:
-        where.fail(f + ".direct_io",
-                   f"kv_offload: secondary_tiers[{i}].direct_io must be set explicitly (vLLM probes O_DIRECT at run "
-                   "time; like the reference, we make it an explicit config axis: direct vs buffered I/O are "
-                   "materially different storage physics)")
-    assert t.direct_io is not None
+        where.add(f + ".root_dir", f"kv_offload: secondary_tiers[{i}].root_dir is required for an \"fs\" tier")
+    direct_io = t.direct_io
+    if direct_io is None:
+        where.add(f + ".direct_io",
+                  f"kv_offload: secondary_tiers[{i}].direct_io must be set explicitly (vLLM probes O_DIRECT at run "
+                  "time; like the reference, we make it an explicit config axis: direct vs buffered I/O are "
+                  "materially different storage physics)")
+        direct_io = True
     device: dict[str, Any] = {"saturation_queue_depth": 1, "single_transfer_fraction": 1.0,
                               "latency_jitter_stddev": 0.0}
+    placeholder = DEFAULT_DEVICE_CLASSES["nvme_gen4"].regime(direct_io)  # valid values, for the checks only
     if t.device_class:
         if t.device_class not in classes:
             known = ", ".join(sorted(classes)) or "<none configured>"
-            where.fail(f + ".device_class", f"kv_offload: secondary_tiers[{i}].device_class={t.device_class!r} is "
-                                            f"not defined in defaults.yaml kv_offload_devices (known: {known})")
-        device = classes[t.device_class].regime(t.direct_io)
+            where.add(f + ".device_class", f"kv_offload: secondary_tiers[{i}].device_class={t.device_class!r} is "
+                                           f"not defined in defaults.yaml kv_offload_devices (known: {known})")
+            device = placeholder
+        else:
+            device = classes[t.device_class].regime(direct_io)
     elif None in (t.read_bandwidth, t.write_bandwidth, t.base_latency):
-        where.fail(f, f"kv_offload: secondary_tiers[{i}] needs a device_class OR an explicit read_bandwidth + "
-                      "write_bandwidth + base_latency triple")
+        where.add(f, f"kv_offload: secondary_tiers[{i}] needs a device_class OR an explicit read_bandwidth + "
+                     "write_bandwidth + base_latency triple")
+        device = placeholder
     for name in ("read_bandwidth", "write_bandwidth", "base_latency"):
         if getattr(t, name) is not None:
             device[name] = float(getattr(t, name))
-    return {"type": "fs", "root_dir": t.root_dir, "direct_io": t.direct_io,
+    return {"type": "fs", "root_dir": t.root_dir or "-", "direct_io": direct_io,
             "n_read_threads": DEFAULT_THREADS if t.n_read_threads is None else t.n_read_threads,
             "n_write_threads": DEFAULT_THREADS if t.n_write_threads is None else t.n_write_threads,
             "locality": t.locality or "", "enable_kv_events": bool(t.enable_kv_events),
@@ -221,6 +383,7 @@ def _resolve_tier(i: int, t: _TierSpec, classes: Mapping[str, DeviceClass], wher
 def resolve_offload_config(data: Mapping[str, Any], *, kv_bytes_per_token: float, file: str = "<config>",
                            gpu_block_size: int = DEFAULT_GPU_BLOCK_SIZE,
                            device_classes: Mapping[str, DeviceClass] | None = None) -> OffloadConfig:
-    """Resolve an already-parsed ``{"kv_offload": {...}}`` mapping (no line numbers in errors)."""
+    """Resolve an already-parsed ``{"kv_offload": {...}}`` mapping, or vLLM's kv_transfer_config (no line
+    numbers in errors)."""
     doc = YamlDoc(data=dict(data), file=file)
-    return _resolve_doc(doc, kv_bytes_per_token, gpu_block_size, device_classes)
+    return _resolve_any(doc, kv_bytes_per_token, gpu_block_size, device_classes, None, None, None)
