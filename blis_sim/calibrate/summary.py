@@ -89,6 +89,17 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                       f"Real={c.real_rps:.2f} req/s {c.real_output_tps:.1f} tok/s, Sim={c.sim_rps:.2f} req/s "
                       f"{c.sim_output_tps:.1f} tok/s, error {c.rps_error * 100:.1f}% / "
                       f"{c.output_tps_error * 100:.1f}% (tolerance {c.tolerance * 100:.1f}%){mark}"))
+    for t in r.tier_service or ():
+        sim_bw = "n/a" if t.sim_bandwidth_Bps is None else f"{t.sim_bandwidth_Bps / 1e9:.3f} GB/s"
+        lines.append(("info" if t.within else "warning",
+                      f"Tier service [{t.tier}/{t.direction}]: Real={t.real_seconds * 1e3:.3f}ms "
+                      f"Sim={t.sim_seconds * 1e3:.3f}ms error {t.rel_error * 100:.1f}% (tolerance "
+                      f"{t.tolerance * 100:.1f}%); bandwidth real {t.real_bandwidth_Bps / 1e9:.3f} GB/s, sim {sim_bw} "
+                      f"[{'WITHIN' if t.within else 'EXCEEDS'}]"))
+    for f in r.tier_service_fits or ():
+        cost = "" if f.fixed_cost_s is None else f" + {f.fixed_cost_s * 1e6:.2f}us per transfer"
+        lines.append(("info", f"Tier fit [{f.tier}/{f.direction}]: {f.bandwidth_Bps / 1e9:.3f} GB/s{cost} "
+                              f"({f.method}, {f.windows} window(s))"))
     for u in r.kv_hit_rates_unpaired or ():
         name = u.definition if u.tier is None else f"{u.definition}/{u.tier}"
         lines.append(("info", f"KV hit-rate [{name}] ({u.side} only): not compared: {u.reason}"))

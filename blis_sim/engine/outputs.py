@@ -33,7 +33,7 @@ from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.requests import TraceRows
 from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
-from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
+from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, TierIO, _go
 from blis_sim.formats._model import construct
 from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results
 
@@ -236,6 +236,7 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
         cache_hit_rate=float(o.kv_counters.get("cache_hit_rate", 0.0)),
         dropped_unservable=dropped,
         kv_hit_rates=[construct(KVHitRate, **e) for e in o.hit_rates],
+        tier_io=[construct(TierIO, **e) for e in o.tier_io] or None,
     ).model_copy(update={"requests": requests,  # validated above; the rows are built typed
                          "provenance": provenance})
 
