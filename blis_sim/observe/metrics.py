@@ -282,8 +282,9 @@ def _primary(w: _Window, out: KvWindow, vllm_commit: str) -> tuple[dict[str, Any
             block = _counter_block(w, hits_f, queries_f, SOURCE_TIERED)
             if isinstance(block, str):
                 return None, block
-            read = sum(d.get("read_time_s", 0.0) for d in out.tier_io.values())
-            write = sum(d.get("write_time_s", 0.0) for d in out.tier_io.values())
+            # the reference's totals are the tiering family's, never the connector's GPU <-> CPU times
+            read, write = (w.delta(TIER_IO_FAMILIES[k]) if w.end.has(TIER_IO_FAMILIES[k]) else 0.0
+                           for k in ("read_time_s", "write_time_s"))
             if read:
                 block["read_time_total"] = read
             if write:
