@@ -184,3 +184,24 @@ def test_calibrate_compares_tier_service_and_writes_a_config_replay_accepts(tmp_
     again = {(r["tier"], r["direction"]): r for r in second["tier_service"]}
     for d in ("read", "write"):
         assert again[("1:fs", d)]["sim_seconds"] == pytest.approx(rows[("1:fs", d)]["sim_seconds"], rel=1e-9)
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "blis"
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--write-offload-config", "x.yaml"], "--write-offload-config needs --sim-metrics from a replay with an "
+                                           "offload config"),
+    (["--tier-service-tolerance", "-1"], "--tier-service-tolerance must be a finite number >= 0"),
+    (["--tier-window", "missing.yaml"], "missing.yaml"),
+])
+def test_cli_refuses_what_it_cannot_use(extra: list[str], message: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from blis_sim.cli import main as blis_main
+
+    argv = ["calibrate", "--trace-header", str(SAMPLES / "trace-observed.yaml"), "--trace-data",
+            str(SAMPLES / "trace.csv"), "--sim-results", str(SAMPLES / "sim.json"), "--sim-metrics",
+            str(SAMPLES / "simagg.json"), "--report", str(tmp_path / "r.json")]
+    assert blis_main(argv + [a if not a.endswith(".yaml") else str(tmp_path / a) for a in extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "r.json").exists()

@@ -3,7 +3,8 @@
 ``register(subparsers)`` adds the subcommand. Flags: the reference's (blis-pipeline.md §5.1: --trace-header,
 --trace-data, --sim-results, --report, --warmup-requests, --network-rtt-us, --network-bandwidth-mbps,
 --itl-data, --sim-metrics, --hit-rate-tolerance-pp, --ttft-mape-threshold, --slo-ttft/-itl/-e2e; not the
-LoRA digital-twin mode). Exit codes: 0 every verdict within, 1 a verdict out of tolerance (the reference
+LoRA digital-twin mode) and ours (--capacity-tolerance, --tier-service-tolerance, --tier-window,
+--write-offload-config). Exit codes: 0 every verdict within, 1 a verdict out of tolerance (the reference
 always exits 0), 2 usage or input error (one line).
 """
 from __future__ import annotations
@@ -105,12 +106,12 @@ def run(args: argparse.Namespace) -> int:
     sim_metrics = load_metrics_output(args.sim_metrics) if args.sim_metrics else None
     itl = read_itl(args.itl_data) if args.itl_data else None
     outcome = calibrate_detailed(trace, sim_results, sim_metrics, options=options, itl_records=itl, inputs=inputs)
+    if args.write_offload_config:  # before the report: an unusable request writes neither (exit 2)
+        _write_offload_config(args.write_offload_config, outcome.report, sim_metrics, args.sim_metrics)
     try:
         write_report(outcome.report, args.report)
     except OSError as exc:
         raise InputError(f"failed to write calibration report: {exc.strerror or exc}", file=args.report) from None
-    if args.write_offload_config:
-        _write_offload_config(args.write_offload_config, outcome.report, sim_metrics, args.sim_metrics)
     print_summary(outcome, args.report)
     return exit_code(outcome.report)
 
