@@ -158,3 +158,61 @@ def test_counter_reset_inside_the_window_is_a_miss() -> None:
     assert result.trace.header.observed_kv_metrics is None
     assert any("counter reset" in w for w in result.warnings), result.warnings
     assert result.trace.header.pytest_blis.kv_hit_rates == []  # type: ignore[union-attr]
+
+
+def _tier_spec(prefix_length: int, groups: int, requests: int) -> str:
+    """``groups`` prefix groups sent in turn: with a GPU too small for all of them, each repeat loads its
+    prefix back from the offload tiers (a CPU tier too small for all of them: from fs, by promotion)."""
+    clients = "".join(
+        f"  - {{id: g{i}, rate_fraction: {1 / groups}, streaming: true, prefix_group: p{i}, "
+        f"prefix_length: {prefix_length}, arrival: {{process: constant}},\n"
+        "     input_distribution: {type: constant, params: {value: 16}}, "
+        "output_distribution: {type: constant, params: {value: 2}}}\n" for i in range(groups))
+    return f'version: "2"\nseed: 5\naggregate_rate: 50\nnum_requests: {requests}\nclients:\n{clients}'
+
+
+def test_tier_service_derivation_recovers_the_emulators_bandwidths() -> None:
+    """vLLM's transfer series as the emulator serves them (its own station times), through observe over
+    HTTP, give back every configured bandwidth: the host link (profile ``zero``: 10 GB/s, no latency) and
+    the fs tier's reads (promotions) and writes (cascades)."""
+    from blis_sim.calibrate.tier_service import derive_tier_service
+
+    tier = TierSpec(read_bandwidth_Bps=2e9, write_bandwidth_Bps=1e9, latency_s=0.0, n_read_threads=2,
+                    n_write_threads=2)
+    cfg = _cfg(profile="zero", block_size=16, num_gpu_blocks=24, max_model_len=256,
+               offload=OffloadSpec(cpu_bytes=8 * 16 * 512, secondary_tiers=(tier,)))
+    result = _run(cfg, _tier_spec(96, 4, 40))
+    tier_io = {t.tier: t for t in result.trace.header.pytest_blis.tier_io}  # type: ignore[union-attr]
+    assert set(tier_io) == {"0:primary", "1:fs"}
+    primary, fs = tier_io["0:primary"], tier_io["1:fs"]
+    assert primary.read_jobs and primary.write_jobs and fs.read_jobs is None  # vLLM counts no fs jobs
+    assert primary.read_bytes > 0 and fs.read_bytes > 0 and fs.write_bytes > 0
+    fits = derive_tier_service([list(tier_io.values())])
+    configured = {("0:primary", "read"): 10e9, ("0:primary", "write"): 10e9, ("1:fs", "read"): 2e9,
+                  ("1:fs", "write"): 1e9}
+    assert set(fits) == set(configured)
+    for key, bw in configured.items():
+        assert fits[key].method == "bandwidth-only"  # one window: bytes / seconds
+        assert abs(fits[key].bandwidth_Bps - bw) <= 0.05 * bw, key
+
+
+def test_two_windows_of_different_load_sizes_fit_the_per_transfer_cost() -> None:
+    """With a per-transfer latency (profile ``tiny-cpu``'s host link: 10 GB/s + 20 µs) one window gives only
+    an effective bandwidth; two windows whose loads differ in size give both, by least squares."""
+    from blis_sim.calibrate.tier_service import derive_tier_service
+
+    cfg = _cfg(profile="tiny-cpu", block_size=16, num_gpu_blocks=24, max_model_len=256,
+               offload=OffloadSpec(cpu_bytes=64 * 16 * 512, secondary_tiers=(TierSpec(),)))
+    windows = []
+    with start_emulator(cfg) as emu:
+        for prefix_length, groups in ((32, 12), (96, 4)):  # loads of 2 chunks, then of 6
+            opts = ObserveOptions(model="tiny-llama", max_concurrency=1, scrape_kv_metrics=True, settle_s=0.2,
+                                  progress=False, timeout_s=5.0)
+            result = observe(emu.url, parse_workload_spec(_tier_spec(prefix_length, groups, 24)), opts)
+            windows.append(list(result.trace.header.pytest_blis.tier_io))  # type: ignore[union-attr]
+    one = derive_tier_service(windows[:1])[("0:primary", "read")]
+    assert one.method == "bandwidth-only" and one.bandwidth_Bps < 0.5 * 10e9  # the latency folded in
+    fit = derive_tier_service(windows)[("0:primary", "read")]
+    assert fit.method == "lstsq" and fit.windows == 2
+    assert abs(fit.bandwidth_Bps - 10e9) <= 0.05 * 10e9
+    assert fit.fixed_cost_s is not None and abs(fit.fixed_cost_s - 20e-6) <= 0.05 * 20e-6

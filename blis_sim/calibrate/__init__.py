@@ -11,7 +11,9 @@ Library API (what the pytest plugin calls; no argv involved)::
 
 Modules: ``stats`` (MAPE, Pearson r, percentiles, quality), ``pairing`` (trace ↔ sim matching, warm-up,
 network), ``hitrate`` (primary block, per-definition comparisons, per-request agreement), ``verdict``
-(exit code, table), ``capacity`` (throughput against throughput, judged where saturated), ``core`` (``calibrate``), ``summary`` (stderr log lines), ``cli`` (``blis calibrate``).
+(exit code, table), ``capacity`` (throughput against throughput, judged where saturated), ``tier_service`` (offload tier
+bandwidths and per-transfer costs from the server's counters, simulated against real service seconds, the
+fitted offload config), ``core`` (``calibrate``), ``summary`` (stderr log lines), ``cli`` (``blis calibrate``).
 The report model lives in ``blis_sim.formats.report``. See docs/calibrate.md.
 """
 from __future__ import annotations

@@ -3,7 +3,8 @@
 ``register(subparsers)`` adds the subcommand. Flags: the reference's (docs/reference-formats.md §5.1: --trace-header,
 --trace-data, --sim-results, --report, --warmup-requests, --network-rtt-us, --network-bandwidth-mbps,
 --itl-data, --sim-metrics, --hit-rate-tolerance-pp, --ttft-mape-threshold, --slo-ttft/-itl/-e2e; not the
-LoRA digital-twin mode). Exit codes: 0 every verdict within, 1 a verdict out of tolerance (the reference
+LoRA digital-twin mode) and ours (--capacity-tolerance, --tier-service-tolerance, --tier-window,
+--write-offload-config). Exit codes: 0 every verdict within, 1 a verdict out of tolerance (the reference
 always exits 0), 2 usage or input error (one line).
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from blis_sim.calibrate.core import (DEFAULT_HIT_RATE_TOLERANCE_PP, DEFAULT_TTFT_MAPE_THRESHOLD, CalibrateOptions,
                                      InputPaths, calibrate_detailed)
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE
+from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE
 from blis_sim.calibrate.goodput import parse_slo_flag
 from blis_sim.calibrate.summary import print_summary
 from blis_sim.calibrate.verdict import exit_code
@@ -49,6 +51,15 @@ def register(subparsers: Any) -> None:
                    help="TTFT MAPE verdict threshold, a fraction (default 0.15)")
     p.add_argument("--capacity-tolerance", type=float, default=DEFAULT_CAPACITY_TOLERANCE,
                    help="throughput verdict band where the window is saturated, a relative error (default 0.05)")
+    p.add_argument("--tier-service-tolerance", type=float, default=DEFAULT_TIER_SERVICE_TOLERANCE,
+                   help="offload tier service-time verdict band, relative error of the seconds per tier and "
+                        "direction (default 0.10)")
+    p.add_argument("--tier-window", action="append", default=[], metavar="HEADER",
+                   help="another trace header of the same server (repeatable): its tier I/O joins the tier "
+                        "bandwidth fit (two windows of different transfer sizes give a per-transfer cost)")
+    p.add_argument("--write-offload-config", default="", metavar="PATH",
+                   help="write the replay's offload config (from --sim-metrics provenance) with the fitted "
+                        "secondary-tier bandwidths, for `blis replay --kv-offload-config`")
     for dim, example in (("ttft", "critical=100ms,standard=500ms"), ("itl", "critical=20ms"),
                          ("e2e", "critical=5s,standard=30s")):
         p.add_argument(f"--slo-{dim}", default="",
@@ -74,7 +85,8 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
         network_bandwidth_mbps=args.network_bandwidth_mbps, hit_rate_tolerance_pp=args.hit_rate_tolerance_pp,
         ttft_mape_threshold=args.ttft_mape_threshold, capacity_tolerance=args.capacity_tolerance,
         slo_ttft_ms=parse_slo_flag(args.slo_ttft, "--slo-ttft"), slo_itl_ms=parse_slo_flag(args.slo_itl, "--slo-itl"),
-        slo_e2e_ms=parse_slo_flag(args.slo_e2e, "--slo-e2e"))
+        slo_e2e_ms=parse_slo_flag(args.slo_e2e, "--slo-e2e"), tier_service_tolerance=args.tier_service_tolerance,
+        tier_windows=tuple(_read_header(p) for p in args.tier_window))
     options.validate()
     return options
 
@@ -94,9 +106,39 @@ def run(args: argparse.Namespace) -> int:
     sim_metrics = load_metrics_output(args.sim_metrics) if args.sim_metrics else None
     itl = read_itl(args.itl_data) if args.itl_data else None
     outcome = calibrate_detailed(trace, sim_results, sim_metrics, options=options, itl_records=itl, inputs=inputs)
+    if args.write_offload_config:  # before the report: an unusable request writes neither (exit 2)
+        _write_offload_config(args.write_offload_config, outcome.report, sim_metrics, args.sim_metrics)
     try:
         write_report(outcome.report, args.report)
     except OSError as exc:
         raise InputError(f"failed to write calibration report: {exc.strerror or exc}", file=args.report) from None
     print_summary(outcome, args.report)
     return exit_code(outcome.report)
+
+
+def _read_header(path: str) -> Any:
+    from blis_sim.formats.trace_header import read_trace_header
+
+    return read_trace_header(path)
+
+
+def _write_offload_config(path: str, report: Any, sim_metrics: Any, sim_metrics_path: str) -> None:
+    """The replay's resolved offload config with the fitted bandwidths (blis_sim.calibrate.tier_service)."""
+    from blis_sim.calibrate.tier_service import TierFit, offload_config_text
+    from blis_sim.formats._io import atomic_write
+
+    block = getattr(getattr(sim_metrics, "provenance", None), "kv_offload", None)
+    if block is None:
+        raise UsageError("--write-offload-config needs --sim-metrics from a replay with an offload config (its "
+                         "provenance records the config the fitted bandwidths go into)")
+    fits = {(f.tier, f.direction): TierFit(tier=f.tier, direction=f.direction, bandwidth_Bps=f.bandwidth_Bps,
+                                           fixed_cost_s=f.fixed_cost_s, method=f.method, windows=f.windows,
+                                           bytes=0.0, seconds=0.0, jobs=None)
+            for f in report.tier_service_fits or ()}
+    if not fits:
+        raise InputError("--write-offload-config: the trace header records no tier transfer bytes and seconds "
+                         "(observe with --scrape-kv-metrics against a server with offloading)")
+    try:
+        atomic_write(path, offload_config_text(block, fits, source=sim_metrics_path))
+    except OSError as exc:
+        raise InputError(f"cannot write the offload config: {exc.strerror or exc}", file=path) from None

@@ -27,11 +27,14 @@ from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry,
                                         compare_hit_rate, request_hit_agreement, simulated_primary)
 from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
+from blis_sim.calibrate.tier_service import (DEFAULT_TIER_SERVICE_TOLERANCE, compare_tier_service,
+                                            derive_tier_service)
 from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, HitRateComparison,
-                                     HitRateDefinitionComparison, MetricComparison, Provenance, ToleranceVerdict,
-                                     TraceInfo, UnpairedHitRate)
+                                     HitRateDefinitionComparison, MetricComparison, Provenance,
+                                     TierServiceComparison, TierServiceFit, ToleranceVerdict, TraceInfo,
+                                     UnpairedHitRate)
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -51,6 +54,9 @@ class CalibrateOptions:
     slo_itl_ms: Mapping[str, float] | None = None
     slo_e2e_ms: Mapping[str, float] | None = None
     capacity_tolerance: float = DEFAULT_CAPACITY_TOLERANCE  # relative, where the window is saturated
+    tier_service_tolerance: float = DEFAULT_TIER_SERVICE_TOLERANCE  # relative, per tier and direction
+    # Further counter windows of the same server (their trace headers' tier I/O) for the tier fits.
+    tier_windows: tuple[Any, ...] = ()
 
     def validate(self) -> None:
         """The reference's checks, as UsageErrors naming the flag."""
@@ -65,6 +71,9 @@ class CalibrateOptions:
             raise UsageError(f"--ttft-mape-threshold must be a finite number >= 0, got {self.ttft_mape_threshold}")
         if not math.isfinite(self.capacity_tolerance) or self.capacity_tolerance < 0:
             raise UsageError(f"--capacity-tolerance must be a finite number >= 0, got {self.capacity_tolerance}")
+        if not math.isfinite(self.tier_service_tolerance) or self.tier_service_tolerance < 0:
+            raise UsageError("--tier-service-tolerance must be a finite number >= 0, got "
+                             f"{self.tier_service_tolerance}")
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,8 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     hit = _hit_rates(trace, sim_metrics, options, inputs)
     warnings += hit.warnings
     notes += hit.notes
+    tier_rows, tier_fits, tier_notes = tier_service(trace.header, sim_metrics, options)
+    notes += tier_notes
 
     report = CalibrationReport(
         trace_info=TraceInfo(num_requests=pairs.num_requests, warm_up_excluded=pairs.excluded_warmup,
@@ -141,15 +152,33 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
         ttft_tolerance=ttft_tolerance, kv_hit_rates=hit.definitions or None,
         kv_hit_rates_unpaired=hit.unpaired or None,
         capacity=capacity_comparison(pairs.matched_records, options.capacity_tolerance),
-        request_hit_agreement=request_hit_agreement(pairs.matched_records), notes=notes or None,
+        request_hit_agreement=request_hit_agreement(pairs.matched_records),
+        tier_service=tier_rows or None, tier_service_fits=tier_fits or None, notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
                               trace_data=inputs.trace_data, sim_results=inputs.sim_results,
                               sim_metrics=inputs.sim_metrics, itl_data=inputs.itl_data, warmup_requests=warmup,
                               network_rtt_us=rtt_us, network_bandwidth_mbps=options.network_bandwidth_mbps,
                               hit_rate_tolerance_pp=options.hit_rate_tolerance_pp,
-                              ttft_mape_threshold=options.ttft_mape_threshold))
+                              ttft_mape_threshold=options.ttft_mape_threshold,
+                              tier_service_tolerance=options.tier_service_tolerance if tier_rows else None))
     report = report.model_copy(update={"verdict": summarize_verdict(report.verdicts())})
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
+
+
+def tier_service(header: Any, sim_metrics: Any | None, options: CalibrateOptions
+                 ) -> tuple[list[TierServiceComparison], list[TierServiceFit], list[str]]:
+    """Each offload tier's simulated against real service seconds, and the fits of the server's
+    counters over this trace's window and any ``options.tier_windows`` (blis_sim.calibrate.tier_service)."""
+    observed = list(getattr(getattr(header, "pytest_blis", None), "tier_io", None) or ())
+    extra = [list(getattr(getattr(h, "pytest_blis", None), "tier_io", None) or ()) for h in options.tier_windows]
+    fits = [TierServiceFit(tier=f.tier, direction=f.direction, bandwidth_Bps=f.bandwidth_Bps,
+                           fixed_cost_s=f.fixed_cost_s, method=f.method, windows=f.windows)
+            for f in derive_tier_service([observed, *extra]).values()]
+    simulated = list(getattr(sim_metrics, "tier_io", None) or ())
+    if not observed or not simulated:
+        return [], fits, []
+    rows, notes = compare_tier_service(observed, simulated, options.tier_service_tolerance)
+    return [TierServiceComparison(**vars(r)) for r in rows], fits, notes
 
 
 def _header_defaults(header: Any, options: CalibrateOptions) -> tuple[int, int]:

@@ -65,30 +65,35 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                                   f"Bias={q.bias_direction}, Quality={q.quality}"))
     if r.hit_rate is not None:
         h = r.hit_rate
-        lines.append(("info" if h.within else "warning",
-                      f"KV hit-rate (source={h.source}): Real={h.real_hit_rate:.4f} Sim={h.sim_hit_rate:.4f} "
-                      f"AbsErr={h.abs_error_pp:.2f}pp (tolerance {h.tolerance_pp:.2f}pp) "
-                      f"[{'WITHIN' if h.within else 'EXCEEDS'}]"))
+        lines.append(_judged(h.within, f"KV hit-rate (source={h.source}): Real={h.real_hit_rate:.4f} "
+                                       f"Sim={h.sim_hit_rate:.4f} AbsErr={h.abs_error_pp:.2f}pp (tolerance "
+                                       f"{h.tolerance_pp:.2f}pp)"))
     if r.ttft_tolerance is not None:
         t = r.ttft_tolerance
-        lines.append(("info" if t.within else "warning",
-                      f"TTFT MAPE={t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%) "
-                      f"[{'WITHIN' if t.within else 'EXCEEDS'}]"))
+        lines.append(_judged(t.within, f"TTFT MAPE={t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%)"))
     for d in r.kv_hit_rates or ():
         name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
-        lines.append(("info" if d.within else "warning",
-                      f"KV hit-rate [{name}] ({d.unit}): Real={d.real_hit_rate:.4f} Sim={d.sim_hit_rate:.4f} "
-                      f"AbsErr={d.abs_error_pp:.2f}pp (tolerance {d.tolerance_pp:.2f}pp) "
-                      f"[{'WITHIN' if d.within else 'EXCEEDS'}]"))
+        lines.append(_judged(d.within, f"KV hit-rate [{name}] ({d.unit}): Real={d.real_hit_rate:.4f} "
+                                       f"Sim={d.sim_hit_rate:.4f} AbsErr={d.abs_error_pp:.2f}pp (tolerance "
+                                       f"{d.tolerance_pp:.2f}pp)"))
     if r.capacity is not None:
         c = r.capacity
         state = "saturated" if c.saturated else "not saturated: reported, not judged"
-        mark = "" if c.within is None else f" [{'WITHIN' if c.within else 'EXCEEDS'}]"
-        lines.append(("warning" if c.within is False else "info",
-                      f"Throughput ({state}, {c.requests} requests over {c.window_s:.2f}s): "
-                      f"Real={c.real_rps:.2f} req/s {c.real_output_tps:.1f} tok/s, Sim={c.sim_rps:.2f} req/s "
-                      f"{c.sim_output_tps:.1f} tok/s, error {c.rps_error * 100:.1f}% / "
-                      f"{c.output_tps_error * 100:.1f}% (tolerance {c.tolerance * 100:.1f}%){mark}"))
+        lines.append(_judged(c.within, f"Throughput ({state}, {c.requests} requests over {c.window_s:.2f}s): "
+                                       f"Real={c.real_rps:.2f} req/s {c.real_output_tps:.1f} tok/s, "
+                                       f"Sim={c.sim_rps:.2f} req/s {c.sim_output_tps:.1f} tok/s, error "
+                                       f"{c.rps_error * 100:.1f}% / {c.output_tps_error * 100:.1f}% (tolerance "
+                                       f"{c.tolerance * 100:.1f}%)"))
+    for t in r.tier_service or ():
+        sim_bw = "n/a" if t.sim_bandwidth_Bps is None else f"{t.sim_bandwidth_Bps / 1e9:.3f} GB/s"
+        lines.append(_judged(t.within, f"Tier service [{t.tier}/{t.direction}]: Real={t.real_seconds * 1e3:.3f}ms "
+                                       f"Sim={t.sim_seconds * 1e3:.3f}ms error {t.rel_error * 100:.1f}% (tolerance "
+                                       f"{t.tolerance * 100:.1f}%); bandwidth real "
+                                       f"{t.real_bandwidth_Bps / 1e9:.3f} GB/s, sim {sim_bw}"))
+    for f in r.tier_service_fits or ():
+        cost = "" if f.fixed_cost_s is None else f" + {f.fixed_cost_s * 1e6:.2f}us per transfer"
+        lines.append(("info", f"Tier fit [{f.tier}/{f.direction}]: {f.bandwidth_Bps / 1e9:.3f} GB/s{cost} "
+                              f"({f.method}, {f.windows} window(s))"))
     for u in r.kv_hit_rates_unpaired or ():
         name = u.definition if u.tier is None else f"{u.definition}/{u.tier}"
         lines.append(("info", f"KV hit-rate [{name}] ({u.side} only): not compared: {u.reason}"))
@@ -113,6 +118,12 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
         lines.append(("warning", f"Calibration verdicts: {failed} of {len(rows)} out of tolerance"))
         lines += [("warning", row) for row in render_table(rows).splitlines()]
     return lines
+
+
+def _judged(within: bool | None, text: str) -> tuple[str, str]:
+    """A verdict's line: ``[WITHIN]`` / ``[EXCEEDS]`` appended (nothing when not judged), a warning when out."""
+    mark = "" if within is None else f" [{'WITHIN' if within else 'EXCEEDS'}]"
+    return ("warning" if within is False else "info", text + mark)
 
 
 def print_summary(outcome: CalibrationOutcome, report_path: str, stream: TextIO | None = None) -> None:

@@ -22,7 +22,11 @@ Metric profiles (``--metrics-profile``) choose the KV-cache families:
   ``mm_cache_*``; with offload on, ``kv_offload_tiering_chunk_{queries,hits}{tier}``,
   ``kv_offload_tiering_{read,write}_{bytes,time}{tier}``, job-failure counters, the transfer-pin
   gauge ``kv_offload_cpu_cache_usage_perc``, active promotion/cascade job gauges, and the connector's
-  ``kv_offload_{load,store}_{bytes,time}`` / ``kv_offload_total_{bytes,time}{transfer_type}``.
+  ``kv_offload_{load,store}_{bytes,time}``, the per-job size histograms ``kv_offload_{load,store}_size``
+  and the deprecated ``kv_offload_total_{bytes,time}{transfer_type}`` / ``kv_offload_size{transfer_type}``.
+  Times are the emulator's own station service times (``latency + bytes / bandwidth`` per job, from
+  the profile's host link and each tier's configured bandwidths), so a derivation from these series
+  can be checked against the configuration.
 * ``vllm-pr48798``: as above but the tiered counters spelled ``..._block_{queries,hits}`` (vLLM main
   between PR #48798 and #52812), and no ``prompt_tokens_cached_by_source`` (added in 0.33).
 * ``vllm-0.11``: the legacy ``gpu_prefix_cache_{queries,hits}`` and ``gpu_cache_usage_perc`` instead
@@ -294,6 +298,16 @@ class VllmCollector(Collector):
                                      "Deprecated: total offloading time, by transfer type.",
                                      "transfer_type", {"CPU_to_GPU": s.offload_load_time,
                                                        "GPU_to_CPU": s.offload_store_time}, c)
+        # One observation per transfer job: its ``_count`` is the number of loads / stores.
+        yield self._histogram("vllm:kv_offload_load_size",
+                              "Histogram of KV offload load operation size, in bytes.", s.offload_load_size, c)
+        yield self._histogram("vllm:kv_offload_store_size",
+                              "Histogram of KV offload store operation size, in bytes.", s.offload_store_size, c)
+        fam = HistogramMetricFamily("vllm:kv_offload_size", "Histogram of KV offload transfer size, in bytes.",
+                                    labels=list(BASE) + ["transfer_type"])
+        for transfer_type, hist in (("CPU_to_GPU", s.offload_load_size), ("GPU_to_CPU", s.offload_store_size)):
+            fam.add_metric(self.base_values + [transfer_type], hist.cumulative(), hist.sum)
+        yield fam
 
     def _offload_gauges(self, pub: Published) -> Iterator[Metric]:
         yield self._gauge("vllm:kv_offload_cpu_cache_usage_perc",

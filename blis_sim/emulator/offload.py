@@ -175,6 +175,7 @@ class OffloadTiers:
             done, service = self.host.submit(now, self.chunk_bytes)
             self.stats.offload_store_bytes += self.chunk_bytes
             self.stats.offload_store_time += service
+            self.stats.offload_store_size.observe(self.chunk_bytes)
             pinned = done
             for tier in self.secondary:
                 if key in tier.entries:
@@ -279,6 +280,7 @@ class OffloadTiers:
         done, service = self.host.submit(now, nbytes)
         self.stats.offload_load_bytes += nbytes
         self.stats.offload_load_time += service
+        self.stats.offload_load_size.observe(nbytes)
         for key in result.keys:
             entry = self.cpu.get(key)
             if entry is not None:

@@ -30,6 +30,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+# Bytes per GPU <-> CPU transfer job (vLLM 0.32's offloading connector).
+TRANSFER_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
 
 CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
@@ -131,6 +133,8 @@ class EngineStats:
     iteration_tokens: Histogram = _hist(ITERATION_BUCKETS)
     request_num_preemptions: Histogram = _hist(PREEMPTION_BUCKETS)
     request_prefill_kv_computed: Histogram = _hist(TOKEN_BUCKETS)
+    offload_load_size: Histogram = _hist(TRANSFER_SIZE_BUCKETS)  # one observation per load job
+    offload_store_size: Histogram = _hist(TRANSFER_SIZE_BUCKETS)
 
     def tier(self, label: str) -> TierCounters:
         counters = self.tiers.get(label)

@@ -36,6 +36,7 @@ from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
 from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
 from blis_sim.formats._model import construct
 from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results
+from blis_sim.formats.trace_header import TierIO  # not via blis_sim.formats: that serves it from .trace
 
 
 def percentile(values: np.ndarray, p: float) -> float:
@@ -236,6 +237,7 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
         cache_hit_rate=float(o.kv_counters.get("cache_hit_rate", 0.0)),
         dropped_unservable=dropped,
         kv_hit_rates=[construct(KVHitRate, **e) for e in o.hit_rates],
+        tier_io=[construct(TierIO, **e) for e in o.tier_io] or None,
     ).model_copy(update={"requests": requests,  # validated above; the rows are built typed
                          "provenance": provenance})
 

@@ -67,6 +67,7 @@ class SimOutcome:
     num_gpu_blocks: int
     offload: Any
     dropped: np.ndarray
+    tier_io: list[dict[str, Any]] = field(default_factory=list)  # per tier, over the window
 
     @property
     def completed(self) -> np.ndarray:
@@ -190,7 +191,9 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
     return SimOutcome(table=table, loop=loop, cached=cached, admitted=admitted,
                       frontend_us=frontend, kv_counters=counters, hit_rates=rates,
                       block_size=block_size, num_gpu_blocks=num_gpu_blocks, offload=offload,
-                      dropped=dropped)
+                      dropped=dropped,
+                      tier_io=tier_io(counters, port.window_snapshot if first >= 0 else None)
+                      if offload is not None else [])
 
 
 def _entry(definition: str, tier: str | None, unit: str, hits: int, queries: int) -> dict[str, Any]:
@@ -222,6 +225,21 @@ def hit_rates(table: RequestTable, admitted: np.ndarray, cached_tokens: np.ndarr
             hits -= int(start["tiers"][label]["chunk_hits"])
             qs -= int(start["tiers"][label]["chunk_queries"])
         out.append(_entry("tiered", label, "chunks", hits, qs))
+    return out
+
+
+def tier_io(end: dict[str, Any], start: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each tier's transfer counters over the window (the trace header's ``TierIO`` shape: bytes,
+    seconds of station service time, jobs), from the snapshots ``start`` (None: from zero) and ``end``."""
+    out = []
+    for label, t in end.get("tiers", {}).items():
+        s = (start or {}).get("tiers", {}).get(label, {})
+        row: dict[str, Any] = {"tier": label}
+        for way in ("read", "write"):
+            row[f"{way}_bytes"] = int(t[f"{way}_bytes"]) - int(s.get(f"{way}_bytes", 0))
+            row[f"{way}_time_s"] = (float(t[f"{way}_time_us"]) - float(s.get(f"{way}_time_us", 0.0))) / 1e6
+            row[f"{way}_jobs"] = int(t[f"{way}_jobs"]) - int(s.get(f"{way}_jobs", 0))
+        out.append(row)
     return out
 
 
@@ -270,4 +288,5 @@ def combine_outcomes(parts: list[SimOutcome], kv: Any, offload: Any,
                       hit_rates=hit_rates(t, admitted, cached, counters, window_start,
                                           tiers=offload is not None),
                       block_size=parts[0].block_size, num_gpu_blocks=parts[0].num_gpu_blocks,
-                      offload=offload, dropped=cat(lambda p: p.dropped))
+                      offload=offload, dropped=cat(lambda p: p.dropped),
+                      tier_io=tier_io(counters, window_start) if offload is not None else [])

@@ -20,7 +20,9 @@ Our additions (a BLIS reader ignores unknown JSON keys), all documented in docs/
 ``trace_info.unmatched_real`` / ``unmatched_sim``; ``hit_rate.sim_source`` (which simulated quantity was
 compared); ``kv_hit_rates`` (one like-for-like comparison per hit-rate definition and tier both sides carry);
 ``kv_hit_rates_unpaired`` (definitions only one side carries, and why they were not compared);
-``request_hit_agreement`` (per-request cached tokens, real vs sim); ``verdict`` ({passed, failed});
+``request_hit_agreement`` (per-request cached tokens, real vs sim); ``tier_service`` (each offload tier's
+simulated against real transfer service seconds) and ``tier_service_fits`` (each tier's bandwidth and
+per-transfer cost derived from the server's counters); ``verdict`` ({passed, failed});
 ``notes`` (caveats specific to this run); ``provenance`` (tool version, inputs and options).
 
 Floats are written the way Go writes them (``777`` not ``777.0``, shortest round-trip digits), so a report
@@ -229,6 +231,38 @@ class RequestHitAgreement(_Model):
     not_reported: int  # matched pairs left out: the server did not report (-1) or the sim has no value
 
 
+class TierServiceComparison(_Model):
+    """Ours: one offload tier's simulated against real transfer service seconds over the window, in one
+    direction (read = towards the GPU), with the bandwidth each side implies (blis_sim.calibrate.tier_service)."""
+
+    tier: str
+    direction: str  # read | write
+    real_seconds: float
+    sim_seconds: float
+    rel_error: float  # |sim - real| / real
+    tolerance: float
+    within: bool
+    real_bytes: int
+    sim_bytes: int
+    real_bandwidth_Bps: float  # real bytes / real seconds
+    sim_bandwidth_Bps: float | None
+    real_jobs: int | None
+    sim_jobs: int | None
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"sim_bandwidth_Bps", "real_jobs", "sim_jobs"})
+
+
+class TierServiceFit(_Model):
+    """Ours: a tier direction's bandwidth (bytes/s) and per-transfer cost derived from the server's counters."""
+
+    tier: str
+    direction: str
+    bandwidth_Bps: float
+    fixed_cost_s: float | None  # None: not identifiable from the windows (method bandwidth-only)
+    method: str  # lstsq | bandwidth-only
+    windows: int
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"fixed_cost_s"})
+
+
 class Verdict(_Model):
     """Ours: the gate. ``failed`` names each verdict out of tolerance (as in :meth:`VerdictRow.metric`)."""
 
@@ -250,6 +284,7 @@ class Provenance(_Model):
     network_bandwidth_mbps: float
     hit_rate_tolerance_pp: float
     ttft_mape_threshold: float
+    tier_service_tolerance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -262,8 +297,9 @@ class VerdictRow:
     error: float
     tolerance: float
     within: bool
-    unit: str  # "pp" (percentage points), "mape" (a fraction), "rate" (relative error of a throughput) or
-    #            "requests" (requests whose cached tokens differ; real/sim: the cached tokens in total)
+    unit: str  # "pp" (percentage points), "mape" (a fraction), "rate" (relative error of a throughput),
+    #            "requests" (requests whose cached tokens differ; real/sim: the cached tokens in total) or
+    #            "rel" (relative error of a tier's service seconds)
 
 
 class CalibrationReport(_Model):
@@ -279,6 +315,8 @@ class CalibrationReport(_Model):
     kv_hit_rates_unpaired: list[UnpairedHitRate] | None = None
     capacity: CapacityComparison | None = None
     request_hit_agreement: RequestHitAgreement | None = None
+    tier_service: list[TierServiceComparison] | None = None
+    tier_service_fits: list[TierServiceFit] | None = None
     verdict: Verdict | None = None
     notes: list[str] | None = None
     provenance: Provenance | None = None
@@ -300,6 +338,9 @@ class CalibrationReport(_Model):
             name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
             rows.append(VerdictRow(f"kv_hit_rate[{name}]", d.real_hit_rate, d.sim_hit_rate, d.abs_error_pp,
                                    d.tolerance_pp, d.within, "pp"))
+        for t in self.tier_service or ():
+            rows.append(VerdictRow(f"tier_service[{t.tier}/{t.direction}]", t.real_seconds, t.sim_seconds,
+                                   t.rel_error, t.tolerance, t.within, "rel"))
         c = self.capacity
         if c is not None and c.within is not None:  # judged only where the window is saturated
             rows.append(VerdictRow("capacity[req/s]", c.real_rps, c.sim_rps, c.rps_error, c.tolerance,

@@ -33,7 +33,8 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
 - :class:`SimResult`: ``cached_tokens`` (prompt tokens served from any cache) and ``cached_tokens_by_source``
   (``{"device": n, "host": n, "disk": n}``), written only when set.
 - :class:`MetricsOutput`: ``kv_hit_rates`` — the simulated per-definition hit-rates
-  (:class:`~blis_sim.formats.hitrate.KVHitRate`), and ``provenance`` (:class:`SimProvenance`: tool
+  (:class:`~blis_sim.formats.hitrate.KVHitRate`), ``tier_io`` (each offload tier's simulated transfer
+  bytes, station service seconds and jobs over the window, the trace header's ``TierIO`` shape), and ``provenance`` (:class:`SimProvenance`: tool
   version, latency model and coefficients, seed, KV geometry, resolved offload config; design D7),
   each written only when set. SimResult JSON is a bare list, so it has no room for provenance: the
   MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
@@ -58,7 +59,7 @@ from blis_sim.formats._model import StrictModel, to_go
 from blis_sim.formats._json import located as _located, parse_json as _parse
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TraceKVOffloadConfig
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TierIO, TraceKVOffloadConfig
 from blis_sim.formats._io import atomic_write, atomic_write_chunks
 
 _Float = Field(default=0.0, allow_inf_nan=False)
@@ -170,6 +171,7 @@ class MetricsOutput(StrictModel):
     adapters: dict[str, AdapterMetrics] = Field(default_factory=dict)
     # ours
     kv_hit_rates: list[KVHitRate] | None = None
+    tier_io: list[TierIO] | None = None  # per offload tier over the window: bytes, station seconds, jobs
     provenance: SimProvenance | None = None
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(

@@ -142,13 +142,22 @@ class KVGeometry(StrictModel):
 
 
 class TierIO(StrictModel):
-    """Per-tier transfer counters over the window (vLLM's native units: bytes, seconds)."""
+    """Per-tier transfer counters over the window (vLLM's native units: bytes, seconds).
+
+    ``read`` is towards the GPU, ``write`` away from it: for ``0:primary`` the connector's GPU <-> CPU
+    loads and stores (``vllm:kv_offload_{load,store}_*``), for a secondary tier its promotions and
+    cascades (``vllm:kv_offload_tiering_{read,write}_*{tier}``). ``read_jobs`` / ``write_jobs``: the
+    transfers counted (the size histogram's ``_count``), None where the server counts none (vLLM
+    counts no secondary-tier jobs); older files have neither field.
+    """
 
     tier: str
     read_bytes: int = Field(default=0, ge=0)
     write_bytes: int = Field(default=0, ge=0)
     read_time_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     write_time_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    read_jobs: int | None = Field(default=None, ge=0)
+    write_jobs: int | None = Field(default=None, ge=0)
 
 
 class ScrapeInfo(StrictModel):

@@ -15,6 +15,10 @@ Parsing uses prometheus-client and keys on *sample* names (``x_total`` and a bar
 ``model_name`` filter. A window is invalid (a reset) when any counter we read decreases, disappears,
 or its ``_created`` timestamp changes between the two snapshots.
 
+Tier I/O (``KvWindow.tier_io``, per tier label): the tiering read/write bytes and seconds per
+secondary tier, and the connector's GPU <-> CPU load/store bytes, seconds and transfer counts
+(the ``kv_offload_{load,store}_size`` histograms' ``_count``) as tier ``0:primary``.
+
 Primary-source precedence follows the reference (docs/reference-formats.md §3.5): the tiered offload
 counters (``chunk_*`` as released, or the PR-48798 ``block_*`` spelling) whenever the end snapshot
 has them, tagged ``tiered``; else the GPU prefix cache (``prefix_cache_*``, then the legacy
@@ -51,6 +55,17 @@ TIER_IO_FAMILIES = {
     "read_time_s": "vllm:kv_offload_tiering_read_time",
     "write_bytes": "vllm:kv_offload_tiering_write_bytes",
     "write_time_s": "vllm:kv_offload_tiering_write_time",
+}
+# The connector's GPU <-> CPU transfers (vLLM 0.32 OffloadingConnector, unlabelled beyond
+# model_name/engine): recorded as tier "0:primary", read = load (CPU -> GPU), write = store.
+PRIMARY_TIER = "0:primary"
+CONNECTOR_IO_FAMILIES = {
+    "read_bytes": "vllm:kv_offload_load_bytes",
+    "read_time_s": "vllm:kv_offload_load_time",
+    "read_jobs": "vllm:kv_offload_load_size_count",   # the per-transfer size histogram's count
+    "write_bytes": "vllm:kv_offload_store_bytes",
+    "write_time_s": "vllm:kv_offload_store_time",
+    "write_jobs": "vllm:kv_offload_store_size_count",
 }
 SERVER_TTFT_FAMILY = "vllm:time_to_first_token_seconds"
 CACHE_CONFIG_FAMILY = "vllm:cache_config_info"
@@ -249,6 +264,9 @@ def _collect_definitions(w: _Window, out: KvWindow) -> None:
         if w.end.has(family):
             for tier, d in w.delta_by(family, "tier").items():
                 out.tier_io.setdefault(tier, {})[key] = d
+    for key, family in CONNECTOR_IO_FAMILIES.items():
+        if w.end.has(family):  # vLLM creates these series on the first transfer
+            out.tier_io.setdefault(PRIMARY_TIER, {})[key] = w.delta(family)
     if w.end.has(SERVER_TTFT_FAMILY + "_count") and w.end.has(SERVER_TTFT_FAMILY + "_sum"):
         count = w.delta(SERVER_TTFT_FAMILY + "_count")
         total = w.delta(SERVER_TTFT_FAMILY + "_sum")
@@ -264,8 +282,9 @@ def _primary(w: _Window, out: KvWindow, vllm_commit: str) -> tuple[dict[str, Any
             block = _counter_block(w, hits_f, queries_f, SOURCE_TIERED)
             if isinstance(block, str):
                 return None, block
-            read = sum(d.get("read_time_s", 0.0) for d in out.tier_io.values())
-            write = sum(d.get("write_time_s", 0.0) for d in out.tier_io.values())
+            # the reference's totals are the tiering family's, never the connector's GPU <-> CPU times
+            read, write = (w.delta(TIER_IO_FAMILIES[k]) if w.end.has(TIER_IO_FAMILIES[k]) else 0.0
+                           for k in ("read_time_s", "write_time_s"))
             if read:
                 block["read_time_total"] = read
             if write:

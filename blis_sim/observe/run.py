@@ -488,7 +488,8 @@ class _Run:
         observed = window.observed if window is not None and window.valid else None
         hit_rates = window.hit_rates if window is not None and window.valid else []
         tier_io = [TierIO(tier=t, read_bytes=int(d.get("read_bytes", 0)), write_bytes=int(d.get("write_bytes", 0)),
-                          read_time_s=d.get("read_time_s", 0.0), write_time_s=d.get("write_time_s", 0.0))
+                          read_time_s=d.get("read_time_s", 0.0), write_time_s=d.get("write_time_s", 0.0),
+                          read_jobs=_jobs(d.get("read_jobs")), write_jobs=_jobs(d.get("write_jobs")))
                    for t, d in sorted((window.tier_io if window is not None and window.valid else {}).items())]
         geometry = KVGeometry(**self.geometry) if self.geometry else None
         extra = PytestBlisHeader(
@@ -518,6 +519,11 @@ class _Run:
             cpu_s=self.cpu_s,
             itl=capture.itl_records(records, self.clock) if self.opts.record_itl else [],
             prompt_mode=builder.describe() if builder is not None else "")
+
+
+def _jobs(count: float | None) -> int | None:
+    """A transfer count over the window (a histogram's ``_count`` delta), None when not exposed."""
+    return None if count is None else int(count + 0.5)
 
 
 def _measured_phases(plan: WorkloadPlan, window_phases: tuple[str, ...] | None) -> list[int]:
