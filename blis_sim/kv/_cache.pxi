@@ -81,6 +81,7 @@ cdef class _Req:
     """Per-request state (the pure ``_Req``), with the block hashes in a C++ vector."""
 
     cdef int64_t rid, num_prompt, num_tokens, end, stored, nblocks, ncached, lk_epoch
+    cdef int64_t acc_lo, acc_hi  # chunks loaded or offered: their LRU recency is set at finish
     cdef bint preempted, skip, admitted, has_lk
     cdef bint live  # registered with its cache (a port's reference to it is current)
     cdef uint64_t seed
@@ -92,6 +93,11 @@ cdef class _Req:
     cdef vector[Span] plan
     cdef vector[unsigned char] flags  # tiers × flags_cols: (tier, chunk) counted bits
     cdef Py_ssize_t flags_cols
+
+
+cdef inline void _accessed(_Req r, int64_t a, int64_t b) noexcept:
+    r.acc_lo = a if r.acc_lo < 0 else min(r.acc_lo, a)
+    r.acc_hi = max(r.acc_hi, b)
 
 
 cdef inline object _as_lookup(_Req r):
@@ -240,6 +246,7 @@ cdef class CacheCore:
         r.skip = skip
         r.seed = _mix(<uint64_t>rid)
         r.lk_epoch = -1
+        r.acc_lo = -1
         r.live = True
         return r
 
@@ -311,7 +318,8 @@ cdef class CacheCore:
             nchunks = n_tok // ct
             keys = self._chunk_keys(r, nchunks)
             cpu = <ChunkStore>self.tiers[0]
-            cpu._touch(keys, 0, nchunks)
+            if cpu.arc:
+                cpu._touch(keys, 0, nchunks)
             if nchunks * ct - gpu >= ct:
                 start = gpu // ct
                 self._grow_flags(r, nchunks)
@@ -352,7 +360,7 @@ cdef class CacheCore:
     cdef bint _admit_r(self, _Req r, int64_t num_new_tokens, double now, Admitted* out) except -1:
         cdef int64_t rid = r.rid
         cdef int64_t bs = self.block_size
-        cdef int64_t gpu, gpu_blocks, total, before, ext, host, disk, computed, cache_to, new_blocks
+        cdef int64_t gpu, gpu_blocks, total, before, ext, host, disk, computed, cache_to, new_blocks, first, hit_end
         cdef double ready
         cdef int64_t loaded[3]
         if r.nblocks:
@@ -370,8 +378,14 @@ cdef class CacheCore:
         r.has_lk = False
         ext, host, disk, ready = r.lk[1], r.lk[2], r.lk[3], now
         if ext:
+            first = r.plan.front().a
             ready = self._load(r, gpu, now, loaded)
             ext, host, disk = loaded[0], loaded[1], loaded[2]
+            if ext:
+                # Nothing below an external hit's boundary is offered again (the pure admit).
+                hit_end = -(-(gpu + ext) // self.chunk_tokens)
+                r.stored = max(r.stored, hit_end)
+                _accessed(r, first, hit_end)
         if not r.skip:
             if r.preempted:
                 self.c_rq += r.num_tokens
@@ -526,6 +540,7 @@ cdef class CacheCore:
         if nchunks <= r.stored:
             return 0
         keys = self._chunk_keys(r, nchunks)
+        _accessed(r, r.stored, nchunks)
         self._store(keys + r.stored, nchunks - r.stored, now)
         r.stored = nchunks
         return 0
@@ -610,8 +625,13 @@ cdef class CacheCore:
 
     @cython.final
     cdef int _finish_r(self, _Req r) except -1:
+        cdef ChunkStore cpu
         self._pool._free(r.rid)
         self._epoch += 1
+        if self.ntiers and r.acc_lo >= 0:
+            cpu = <ChunkStore>self.tiers[0]
+            if not cpu.arc:  # LRU recency at finish, in reverse prefix order (the pure free)
+                cpu._touch(self._chunk_keys(r, r.acc_hi), r.acc_lo, r.acc_hi)
         del self._reqs[r.rid]
         r.live = False
         return 0

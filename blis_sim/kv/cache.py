@@ -44,7 +44,7 @@ class Admission(NamedTuple):
 class _Req:
     __slots__ = ("rid", "hashes", "num_prompt", "num_tokens", "end", "stored", "preempted",
                  "skip", "admitted", "cached", "seed", "lk_epoch", "lk_now", "lk", "plan",
-                 "flags", "nblocks", "ncached")
+                 "flags", "nblocks", "ncached", "acc_lo", "acc_hi")
 
     def __init__(self, rid: int, hashes: np.ndarray, num_prompt: int, skip: bool,
                  n_tiers: int) -> None:
@@ -54,6 +54,9 @@ class _Req:
         self.num_tokens = num_prompt
         self.end = 0  # tokens computed or scheduled (vLLM: num_computed_tokens + scheduled)
         self.stored = 0  # chunks already offered to the offload store
+        # Chunks [acc_lo, acc_hi) this request loaded or offered: their LRU recency is set when it finishes.
+        self.acc_lo = -1
+        self.acc_hi = 0
         self.nblocks = 0  # GPU blocks owned (mirrors the pool, so a decode step need not ask it)
         self.ncached = 0  # full blocks whose hashes were offered to the GPU cache
         self.preempted = False
@@ -285,7 +288,8 @@ class KVCache(Readouts):
             nchunks = n_tok // ct
             keys = self._chunk_keys(r, nchunks)
             cpu = self.tiers[0]
-            cpu.touch(keys, 0, nchunks)
+            if cpu.arc:
+                cpu.touch(keys, 0, nchunks)
             if nchunks * ct - gpu >= ct:
                 start = gpu // ct
                 flags = self._flags_of(r, nchunks)
@@ -341,6 +345,12 @@ class KVCache(Readouts):
         ext, host, disk, ready = lk.external_tokens, lk.host_tokens, lk.disk_tokens, now
         if ext:
             ext, host, disk, ready = self._load(r, r.plan, lk.gpu_tokens, now)
+            if ext:
+                # The connector offers nothing below an external hit's boundary (its chunk-level policy:
+                # OffloadingConnectorScheduler.update_state_after_alloc), GPU-hit head included.
+                hit_end = -(-(lk.gpu_tokens + ext) // self.chunk_tokens)
+                r.stored = max(r.stored, hit_end)
+                self._accessed(r, r.plan[0][1], hit_end)
         gpu = lk.gpu_tokens
         c = self.counters
         if not r.skip:
@@ -480,8 +490,14 @@ class KVCache(Readouts):
         if nchunks <= r.stored:
             return
         keys = self._chunk_keys(r, nchunks)[r.stored:nchunks]
+        self._accessed(r, r.stored, nchunks)
         r.stored = nchunks
         self._store(np.ascontiguousarray(keys), now)
+
+    @staticmethod
+    def _accessed(r: _Req, a: int, b: int) -> None:
+        r.acc_lo = a if r.acc_lo < 0 else min(r.acc_lo, a)
+        r.acc_hi = max(r.acc_hi, b)
 
     def _store(self, keys: np.ndarray, now: float) -> None:
         cb = self.config.chunk_bytes
@@ -540,6 +556,11 @@ class KVCache(Readouts):
         r = self._req(rid)
         self.pool.free(rid)
         self._epoch += 1
+        if self.tiers and r.acc_lo >= 0 and not self.tiers[0].arc:
+            # vLLM 0.32's LRU policy sets the recency of every chunk a request loaded or offered when the
+            # request finishes, in reverse prefix order: its head ends up newest (LRUCachePolicy.on_request_
+            # finished); lookups do not touch it.
+            self.tiers[0].touch(self._chunk_keys(r, r.acc_hi), r.acc_lo, r.acc_hi)
         del self._reqs[r.rid]
         return dict(r.cached)
 
