@@ -52,7 +52,7 @@ def _scan_after_reuse(emu) -> list[int]:  # type: ignore[no-untyped-def]
     # ARC: A's reload moves its 3 chunks to T2; the scan (T1 >= target 0) evicts only from T1, so
     # B (offered once) and the scan's own oldest chunks go, and A hits whole from the CPU tier.
     ("arc", [0, 0, 96, 96, 0]),
-    # LRU: the 9 scan chunks need 7 of the 6 resident chunks and their own first ones: A goes too.
+    # LRU: the 9 scan chunks overflow the tier by 7: the 6 older chunks (A too) and the scan's first go.
     ("lru", [0, 0, 96, 0, 0]),
 ])
 def test_arc_keeps_chunks_reused_against_a_one_off_scan(tmp_path: Path, policy: str, expected: list[int]) -> None:

@@ -16,7 +16,8 @@ API::
 Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
 
 * A chunk is ``blocks_per_chunk`` GPU blocks; it is keyed by the chained hash of its last block, so a
-  key names the whole prefix up to it. The CPU tier holds ``cpu_bytes // chunk_bytes`` chunks, LRU.
+  key names the whole prefix up to it. The CPU tier holds ``cpu_bytes // chunk_bytes`` chunks, LRU
+  or ARC.
 * Stores are write-through at compute time (the scheduler calls ``store`` for each newly complete
   chunk, prompt-only by default); a stored chunk becomes visible when the GPU -> CPU transfer ends,
   then cascades to every secondary tier (CPU -> fs write job; the CPU copy is pinned meanwhile).
@@ -33,6 +34,13 @@ Semantics (``vllm-semantics.md`` §A.4, RFC #51439):
   secondary tiers count up to the first chunk that no tier holds.
 * LRU recency (vLLM 0.32's ``LRUCachePolicy``): set when a chunk is stored, and when a request
   finishes for every chunk it loaded or offered, in reverse prefix order; lookups do not touch it.
+* ``eviction_policy: arc`` (vLLM 0.32's ``ARCCachePolicy``, :class:`_Arc`): stores enter T1; when a
+  request finishes, chunks it reused (loaded, or offered while resident and ready) move to T2, ones it
+  only stored refresh in place; ghosts of evicted chunks steer T1's target when stored again. An
+  offer is stored all or nothing, never evicting its own chunks (``CPUOffloadingManager.prepare_store``).
+* ``store_threshold >= 2`` (``CPUOffloadingManager._record_accesses``, :class:`_ReuseTracker`): every
+  offer counts its chunks; a chunk not resident is stored once its count reaches the threshold, the
+  others count in ``offload_stores_skipped``. Refused with secondary tiers (see ``OffloadSpec``).
 * Transfers run on stations of ``n`` parallel FIFO servers: a job of ``b`` bytes takes
   ``latency + b / bandwidth`` of service time after the server frees up. Time counters add the
   service time (device time without queue wait, as vLLM's do); they and the byte counters move when
