@@ -8,6 +8,7 @@ GPU blocks and the next distinct prompt evicts it from the GPU. Requests run one
 """
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import httpx
@@ -15,7 +16,8 @@ import pytest
 
 from blis_sim.emulator import EmulatorConfig, start_emulator
 from blis_sim.emulator.config import OffloadSpec, TierSpec
-from blis_sim.emulator.offload import _Arc
+from blis_sim.emulator.offload import OffloadTiers, _Arc
+from blis_sim.emulator.stats import EngineStats
 from blis_sim.errors import ConfigError
 
 CHUNK_BYTES = 32 * 512
@@ -134,3 +136,34 @@ def test_arc_eviction_order_and_ghost_learning() -> None:
     assert arc.evict(1, lambda k: True) == [2]  # T1 empty: the T2 fallback
     arc.on_store_miss([2])  # a B2 ghost: the target shrinks by max(1, |B1|/|B2|) = 2
     assert arc.target == 0.0 and list(arc.b1) == [3, 4] and list(arc.b2) == [2]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_arc_lists_mirror_the_cpu_tier(seed: int) -> None:
+    """Seeded random lookups, loads, stores and finishes (with and without an fs tier or a threshold):
+    T1 and T2 always partition the CPU tier's chunks, ghosts are never resident, every bound holds."""
+    rng = random.Random(seed)
+    secondary = (TierSpec(max_bytes=rng.choice([None, 20 * CHUNK_BYTES])),) if seed % 2 else ()
+    spec = OffloadSpec(cpu_bytes=rng.randint(1, 12) * CHUNK_BYTES, eviction_policy="arc",
+                       store_threshold=0 if secondary else rng.choice([0, 2, 3]), secondary_tiers=secondary)
+    tiers = OffloadTiers(spec, block_size=32, kv_bytes_per_token=512, host_bandwidth_Bps=1e9,
+                         host_latency_s=1e-5, stats=EngineStats())
+    arc = tiers._arc
+    assert arc is not None
+    now, live = 0.0, []
+    for _ in range(300):
+        now += rng.random() * 1e-4
+        tiers.next_event_time(now)
+        if rng.random() < 0.5:
+            req, prefix, n = object(), rng.randint(0, 6), rng.randint(1, 6)
+            hashes = [prefix * 100 + i for i in range(n)]
+            result = tiers.lookup(req, hashes, 0, n * 32, now)
+            if result is not None and result.keys:
+                tiers.start_load(req, result, now)
+            tiers.store(req, hashes, now)
+            live.append(req)
+        elif live:
+            tiers.finish_request(live.pop(rng.randrange(len(live))))
+        assert set(arc.t1) | set(arc.t2) == set(tiers.cpu) and not set(arc.t1) & set(arc.t2)
+        assert len(tiers.cpu) <= tiers.cpu_capacity and not (set(arc.b1) | set(arc.b2)) & set(tiers.cpu)
+        assert max(len(arc.b1), len(arc.b2)) <= tiers.cpu_capacity and 0 <= arc.target <= tiers.cpu_capacity
