@@ -164,10 +164,13 @@ def test_bad_offload_file_names_file_line_and_field(tmp_path: Path) -> None:
     with pytest.raises(Exception) as info:
         start_emulator(EmulatorConfig(profile="zero", kv_offload_config=str(bad)))
     assert f"{bad}:3" in str(info.value) and "eviction_polcy" in str(info.value)
-    arc = tmp_path / "arc.yaml"
-    arc.write_text("kv_offload:\n  cpu_bytes_to_use: 1073741824\n  eviction_policy: arc\n")
-    with pytest.raises(ConfigError, match="eviction_policy"):
-        start_emulator(EmulatorConfig(profile="zero", kv_offload_config=str(arc)))
+    threshold = tmp_path / "threshold.yaml"  # vLLM's TieringOffloadingSpec refuses store_threshold
+    threshold.write_text("kv_offload:\n  cpu_bytes_to_use: 1073741824\n  store_threshold: 2\n"
+                         f"  secondary_tiers:\n    - type: fs\n      root_dir: {tmp_path}\n"
+                         "      direct_io: true\n      device_class: nvme_gen4\n")
+    with pytest.raises(ConfigError, match="store_threshold") as refused:
+        start_emulator(EmulatorConfig(profile="zero", kv_offload_config=str(threshold)))
+    assert str(threshold) in str(refused.value)
 
 
 def test_unknown_profile_names_the_field() -> None:

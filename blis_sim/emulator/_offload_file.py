@@ -3,8 +3,8 @@
 
 The file is parsed and validated by the shared reader, ``blis_sim.formats.offload.load_offload_config``
 (every message with file, line and field); only the file format is shared with the simulator,
-never KV logic (design D3). Configs the emulator does not implement (``eviction_policy: arc``,
-``store_threshold >= 2``) are refused here with a ConfigError naming the file and field.
+never KV logic (design D3). The reader refuses ``store_threshold >= 2`` with secondary tiers (as
+vLLM's TieringOffloadingSpec does); :class:`OffloadSpec` checks it again for specs built in memory.
 """
 from __future__ import annotations
 
@@ -25,12 +25,6 @@ def read(path: str | Path, *, block_size: int, kv_bytes_per_token: int) -> Offlo
 
 def spec_from_offload_config(cfg: Any, *, file: str | None = None) -> OffloadSpec:
     """``formats.offload.OffloadConfig`` (resolved) -> OffloadSpec (bandwidths in bytes/s, seconds)."""
-    if cfg.eviction_policy != "lru":
-        raise ConfigError(f"eviction_policy {cfg.eviction_policy!r} is not implemented by the emulator "
-                          "(only 'lru')", file=file, field="kv_offload.eviction_policy")
-    if cfg.store_threshold >= 2:
-        raise ConfigError(f"store_threshold={cfg.store_threshold} is not implemented by the emulator "
-                          "(vLLM's tiering path has none)", file=file, field="kv_offload.store_threshold")
     tiers = tuple(
         TierSpec(type=tier.type, read_bandwidth_Bps=tier.read_bandwidth * 1e6,
                  write_bandwidth_Bps=tier.write_bandwidth * 1e6, latency_s=tier.base_latency * 1e-6,
@@ -38,5 +32,9 @@ def spec_from_offload_config(cfg: Any, *, file: str | None = None) -> OffloadSpe
                  max_bytes=tier.max_bytes)
         for tier in cfg.secondary_tiers
     )
-    return OffloadSpec(cpu_bytes=cfg.cpu_bytes_to_use, blocks_per_chunk=cfg.blocks_per_chunk,
-                       offload_prompt_only=cfg.offload_prompt_only, secondary_tiers=tiers)
+    try:
+        return OffloadSpec(cpu_bytes=cfg.cpu_bytes_to_use, blocks_per_chunk=cfg.blocks_per_chunk,
+                           offload_prompt_only=cfg.offload_prompt_only, eviction_policy=cfg.eviction_policy,
+                           store_threshold=cfg.store_threshold, secondary_tiers=tiers)
+    except ConfigError as exc:  # name the file the values came from
+        raise ConfigError(exc.reason, file=file, field=exc.location.field) from None

@@ -57,7 +57,8 @@ class OffloadSpec:
     cpu_bytes: int
     blocks_per_chunk: int = 1
     offload_prompt_only: bool = True
-    eviction_policy: Literal["lru"] = "lru"
+    eviction_policy: Literal["lru", "arc"] = "lru"
+    store_threshold: int = 0  # >= 2: a chunk is stored only on its store_threshold-th offer
     secondary_tiers: tuple[TierSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -66,9 +67,15 @@ class OffloadSpec:
         if self.blocks_per_chunk <= 0:
             raise ConfigError(f"must be > 0, got {self.blocks_per_chunk}",
                               field="kv_offload.blocks_per_chunk")
-        if self.eviction_policy != "lru":
-            raise ConfigError(f"the emulator implements only 'lru', got {self.eviction_policy!r}",
+        if self.eviction_policy not in ("lru", "arc"):
+            raise ConfigError(f"must be 'lru' or 'arc', got {self.eviction_policy!r}",
                               field="kv_offload.eviction_policy")
+        if self.store_threshold < 0:
+            raise ConfigError(f"must be >= 0, got {self.store_threshold}", field="kv_offload.store_threshold")
+        if self.store_threshold >= 2 and self.secondary_tiers:
+            # vLLM 0.32's TieringOffloadingSpec refuses it (ValueError); only CPUOffloadingSpec filters.
+            raise ConfigError(f"store_threshold={self.store_threshold} is not supported with secondary tiers "
+                              "(vLLM's TieringOffloadingSpec refuses it)", field="kv_offload.store_threshold")
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,7 @@ class VllmCollector(Collector):
         self.model = config.model
         self.info_labels = _cache_config_labels(config, geometry, offload)
         self.offload_on = offload is not None
+        self.store_threshold = offload.store_threshold if offload is not None else 0
 
     # -- family builders ---------------------------------------------------------------------------
     def _counter(self, name: str, doc: str, value: float, created: float,
@@ -290,6 +291,10 @@ class VllmCollector(Collector):
         yield self._counter("vllm:kv_offload_allocation_failure",
                             "Stores skipped because the offload tier had no free space.",
                             s.offload_allocation_failures, c)
+        if self.store_threshold >= 2:  # CPUOffloadingSpec defines the counter only then
+            yield self._counter("vllm:kv_offload_stores_skipped",
+                                "Number of KV offload stores skipped because the reuse threshold was "
+                                "not reached.", s.offload_stores_skipped, c)
         yield self._labelled_counter("vllm:kv_offload_total_bytes",
                                      "Deprecated: total bytes offloaded, by transfer type.",
                                      "transfer_type", {"CPU_to_GPU": s.offload_load_bytes,

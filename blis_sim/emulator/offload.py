@@ -16,7 +16,8 @@ API::
 Semantics (``docs/vllm-semantics.md`` §4, RFC #51439):
 
 * A chunk is ``blocks_per_chunk`` GPU blocks; it is keyed by the chained hash of its last block, so a
-  key names the whole prefix up to it. The CPU tier holds ``cpu_bytes // chunk_bytes`` chunks, LRU.
+  key names the whole prefix up to it. The CPU tier holds ``cpu_bytes // chunk_bytes`` chunks, LRU
+  or ARC.
 * Stores are write-through at compute time (the scheduler calls ``store`` for each newly complete
   chunk, prompt-only by default); a stored chunk becomes visible when the GPU -> CPU transfer ends,
   then cascades to every secondary tier (CPU -> fs write job; the CPU copy is pinned meanwhile).
@@ -33,6 +34,13 @@ Semantics (``docs/vllm-semantics.md`` §4, RFC #51439):
   secondary tiers count up to the first chunk that no tier holds.
 * LRU recency (vLLM 0.32's ``LRUCachePolicy``): set when a chunk is stored, and when a request
   finishes for every chunk it loaded or offered, in reverse prefix order; lookups do not touch it.
+* ``eviction_policy: arc`` (vLLM 0.32's ``ARCCachePolicy``, :class:`_Arc`): stores enter T1; when a
+  request finishes, chunks it reused (loaded, or offered while resident and ready) move to T2, ones it
+  only stored refresh in place; ghosts of evicted chunks steer T1's target when stored again. An
+  offer is stored all or nothing, never evicting its own chunks (``CPUOffloadingManager.prepare_store``).
+* ``store_threshold >= 2`` (``CPUOffloadingManager._record_accesses``, :class:`_ReuseTracker`): every
+  offer counts its chunks; a chunk not resident is stored once its count reaches the threshold, the
+  others count in ``offload_stores_skipped``. Refused with secondary tiers (see ``OffloadSpec``).
 * Transfers run on stations of ``n`` parallel FIFO servers: a job of ``b`` bytes takes
   ``latency + b / bandwidth`` of service time after the server frees up. Time counters add the
   service time (device time without queue wait, as vLLM's do); they and the byte counters move when
@@ -45,7 +53,7 @@ Semantics (``docs/vllm-semantics.md`` §4, RFC #51439):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from blis_sim.emulator.config import OffloadSpec
@@ -106,6 +114,139 @@ class _SecondaryTier:
         self.entries[key] = ready_at
 
 
+class _Arc:
+    """ARC over the CPU tier's keys (vLLM 0.32's ``ARCCachePolicy``, cpu/policies/arc.py).
+
+    ``t1`` holds chunks stored and not yet reused, ``t2`` chunks a request reused; ``b1``/``b2`` are
+    the keys evicted from each (ghosts, at most ``capacity`` each); ``target`` is the size T1 is
+    aimed at. Residency itself stays in :attr:`OffloadTiers.cpu`; this keeps only the order."""
+
+    __slots__ = ("b1", "b2", "capacity", "t1", "t2", "target")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.target = 0.0
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+
+    def insert(self, key: int) -> None:
+        self.t1[key] = None
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def on_store_miss(self, keys: Sequence[int]) -> None:
+        """A key about to be stored that ARC evicted earlier moves the T1 target (towards T1 for a
+        B1 ghost, away from it for a B2 ghost), tail of the offer first."""
+        for key in reversed(keys):
+            if key in self.b1:
+                self.target = min(self.target + max(1, len(self.b2) / len(self.b1)), self.capacity)
+                self.b1.move_to_end(key)
+            elif key in self.b2:
+                self.target = max(self.target - max(1, len(self.b1) / len(self.b2)), 0)
+                self.b2.move_to_end(key)
+
+    def finish(self, ordered: Sequence[int], inserted: set[int], reused: set[int]) -> None:
+        """A request's accesses, tail to head: a chunk it only stored keeps its list and becomes the
+        most recent there; a chunk it reused moves to (the recent end of) T2."""
+        for key in reversed(ordered):
+            if key in inserted and key not in reused:
+                if key in self.t1:
+                    self.t1.move_to_end(key)
+                elif key in self.t2:
+                    self.t2.move_to_end(key)
+            elif key in reused:
+                if key in self.t1:
+                    del self.t1[key]
+                    self.t2[key] = None
+                elif key in self.t2:
+                    self.t2.move_to_end(key)
+
+    def evict(self, n: int, can_evict: Callable[[int], bool]) -> list[int] | None:
+        """``n`` victims, or None (nothing changes) if fewer are evictable. From T1 while it is at
+        least the target, else from T2; either list's oldest evictable first, the other one as the
+        fallback. Victims become ghosts; each ghost list is then trimmed to ``capacity``."""
+        t1 = (k for k in self.t1 if can_evict(k))
+        t2 = (k for k in self.t2 if can_evict(k))
+        t1_size = len(self.t1)
+        picked: list[tuple[int, bool]] = []
+        for _ in range(n):
+            key = next(t1, None) if t1_size >= int(self.target) else None
+            if key is None:
+                key = next(t2, None)
+                if key is not None:
+                    picked.append((key, False))
+                    continue
+                key = next(t1, None)
+                if key is None:
+                    return None
+            t1_size -= 1
+            picked.append((key, True))
+        for key, from_t1 in picked:
+            if from_t1:
+                del self.t1[key]
+                self.b1[key] = None
+            else:
+                del self.t2[key]
+                self.b2[key] = None
+        for ghosts in (self.b1, self.b2):
+            while len(ghosts) > self.capacity:
+                ghosts.popitem(last=False)
+        return [key for key, _ in picked]
+
+    def clear(self) -> None:
+        for keys in (self.t1, self.t2, self.b1, self.b2):
+            keys.clear()
+        self.target = 0.0
+
+
+class _ReuseTracker:
+    """``store_threshold``: how often each key was offered for a store (vLLM 0.32's
+    ``CPUOffloadingManager._record_accesses``), the least recently offered dropped beyond ``size``."""
+
+    __slots__ = ("counts", "size", "threshold")
+
+    def __init__(self, threshold: int, size: int = 64_000) -> None:
+        self.threshold = threshold
+        self.size = size
+        self.counts: OrderedDict[int, int] = OrderedDict()
+
+    def offer(self, keys: Sequence[int]) -> None:
+        counts = self.counts
+        offered = set()
+        for key in keys:
+            if key in counts:
+                counts[key] += 1
+                counts.move_to_end(key)
+                offered.add(key)
+        droppable = len(counts) - len(offered)  # entries not part of this offer
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= self.size:
+                if droppable == 0:
+                    continue  # the tracker is full of this offer's keys: this one goes untracked
+                counts.popitem(last=False)
+                droppable -= 1
+            counts[key] = 1
+
+    def reached(self, key: int) -> bool:
+        return self.counts.get(key, 0) >= self.threshold
+
+
+class _ArcAccess:
+    """One request's ARC-relevant accesses: the chunks it stored, the ready chunks it reused (loaded,
+    or offered while resident), and the store misses ARC has already learnt from."""
+
+    __slots__ = ("inserted", "misses", "reused")
+
+    def __init__(self) -> None:
+        self.inserted: set[int] = set()
+        self.reused: set[int] = set()
+        self.misses: set[int] = set()
+
+
 @dataclass(frozen=True)
 class LookupResult:
     """An admission-time hit in the offload tiers (after the GPU hit)."""
@@ -145,6 +286,9 @@ class OffloadTiers:
         self._pending_promotions: dict[int, float] = {}  # key -> completion time
         self._promotion_tier: dict[int, str] = {}  # key -> label of the tier it is promoted from
         self._accessed: dict[object, dict[int, int]] = {}  # req -> {chunk key: prefix position}
+        self._arc = _Arc(self.cpu_capacity) if spec.eviction_policy == "arc" else None
+        self._arc_access: dict[object, _ArcAccess] = {}
+        self._reuse = _ReuseTracker(spec.store_threshold) if spec.store_threshold >= 2 else None
 
     # -- CPU tier space ----------------------------------------------------------------------------
     def _cpu_make_room(self, now: float, protect: frozenset[int] | set[int] = frozenset()) -> bool:
@@ -152,41 +296,100 @@ class OffloadTiers:
             return False
         if len(self.cpu) < self.cpu_capacity:
             return True
+        if self._arc is not None:
+            return self._arc_make_room(1, now, protect)
         for key, entry in self.cpu.items():  # LRU first
             if entry.ready_at <= now and entry.pinned_until <= now and key not in protect:
                 del self.cpu[key]
                 return True
         return False
 
+    def _arc_make_room(self, n: int, now: float, protect: frozenset[int] | set[int]) -> bool:
+        """Evict ``n`` chunks ARC's way, or none if fewer are evictable (ready, not pinned, not
+        protected)."""
+        assert self._arc is not None
+        cpu = self.cpu
+
+        def can_evict(key: int) -> bool:
+            entry = cpu[key]
+            return entry.ready_at <= now and entry.pinned_until <= now and key not in protect
+
+        victims = self._arc.evict(n, can_evict)
+        if victims is None:
+            return False
+        for key in victims:
+            del cpu[key]
+        return True
+
     # -- stores ------------------------------------------------------------------------------------
     def store(self, req: object, keys: Sequence[int], now: float) -> None:
         """Write-through GPU -> CPU of newly computed chunks, then cascade to secondary tiers.
 
         Resident chunks are not stored again; like every chunk the request offers, they count as
-        accessed and get their recency when the request finishes."""
-        self._record_access(req, keys)
+        accessed and get their recency when the request finishes. With ``store_threshold``, every
+        offered chunk's count moves and a chunk not yet resident is stored only once its count
+        reaches the threshold (the others count as skipped and as not accessed)."""
+        skipped: set[int] = set()
+        if self._reuse is not None:
+            self._reuse.offer(keys)
+            skipped = {k for k in keys if k not in self.cpu and not self._reuse.reached(k)}
+            self.stats.offload_stores_skipped += len(skipped)
+        if self._arc is not None:
+            self._arc_store(req, keys, skipped, now)
+            return
+        self._record_access(req, [k for k in keys if k not in skipped] if skipped else keys)
         for key in keys:
             entry = self.cpu.get(key)
-            if entry is not None:
+            if entry is not None or key in skipped:
                 continue
             if not self._cpu_make_room(now):
                 self.stats.offload_allocation_failures += 1
                 continue
-            done, service = self.host.submit(now, self.chunk_bytes)
-            self.stats.offload_store_bytes += self.chunk_bytes
-            self.stats.offload_store_time += service
-            self.stats.offload_store_size.observe(self.chunk_bytes)
-            pinned = done
-            for tier in self.secondary:
-                if key in tier.entries:
-                    continue
-                cascade_done, cascade_service = tier.write.submit(done, self.chunk_bytes)
-                counters = self.stats.tier(tier.label)
-                counters.write_bytes += self.chunk_bytes
-                counters.write_time += cascade_service
-                tier.put(key, cascade_done)
-                pinned = max(pinned, cascade_done)
-            self.cpu[key] = _CpuEntry(done, pinned, promoted=False)
+            self._write(key, now)
+
+    def _arc_store(self, req: object, keys: Sequence[int], skipped: set[int], now: float) -> None:
+        """One ARC offer, all or nothing (``CPUOffloadingManager.prepare_store``): ARC learns from
+        the ghosts of the chunks to store, then makes room for all of them at once, never evicting
+        a chunk of the offer; if it cannot, nothing is stored (one allocation failure)."""
+        assert self._arc is not None
+        cpu = self.cpu
+        to_store = [k for k in keys if k not in cpu and k not in skipped]
+        ready = [k for k in keys if k in cpu and cpu[k].ready_at <= now]
+        access = self._arc_access.setdefault(req, _ArcAccess())
+        misses = [k for k in to_store if k not in access.misses]
+        self._arc.on_store_miss(misses)
+        access.misses.update(misses)
+        recorded = set(to_store).union(ready)
+        self._record_access(req, [k for k in keys if k in recorded])
+        access.reused.update(k for k in ready if k not in access.inserted)
+        if not to_store:
+            return
+        need = len(to_store) - (self.cpu_capacity - len(cpu))
+        if need > 0 and not self._arc_make_room(need, now, set(keys)):
+            self.stats.offload_allocation_failures += 1
+            return
+        for key in to_store:
+            self._write(key, now)
+            self._arc.insert(key)
+        access.inserted.update(to_store)
+
+    def _write(self, key: int, now: float) -> None:
+        """GPU -> CPU store of one chunk (room already made), cascading to every secondary tier."""
+        done, service = self.host.submit(now, self.chunk_bytes)
+        self.stats.offload_store_bytes += self.chunk_bytes
+        self.stats.offload_store_time += service
+        self.stats.offload_store_size.observe(self.chunk_bytes)
+        pinned = done
+        for tier in self.secondary:
+            if key in tier.entries:
+                continue
+            cascade_done, cascade_service = tier.write.submit(done, self.chunk_bytes)
+            counters = self.stats.tier(tier.label)
+            counters.write_bytes += self.chunk_bytes
+            counters.write_time += cascade_service
+            tier.put(key, cascade_done)
+            pinned = max(pinned, cascade_done)
+        self.cpu[key] = _CpuEntry(done, pinned, promoted=False)
 
     # -- lookups -----------------------------------------------------------------------------------
     def _count(self, req: object, tier_index: int, key: int, hit: bool) -> None:
@@ -269,6 +472,9 @@ class OffloadTiers:
         counters.read_bytes += self.chunk_bytes
         counters.read_time += service
         self.cpu[key] = _CpuEntry(done, done, promoted=True)
+        if self._arc is not None:  # the tiering manager stores a promotion like any chunk
+            self._arc.on_store_miss((key,))
+            self._arc.insert(key)
         self._pending_promotions[key] = done
         self._promotion_tier[key] = tier.label
         return True
@@ -286,6 +492,10 @@ class OffloadTiers:
             if entry is not None:
                 entry.pinned_until = max(entry.pinned_until, done)
         self._record_access(req, result.keys)
+        if self._arc is not None:
+            access = self._arc_access.setdefault(req, _ArcAccess())
+            promoted = self._promoted_for.get(req, set())
+            access.reused.update(k for k in result.keys if k not in access.inserted and k not in promoted)
         return done
 
     def gauges(self, now: float) -> tuple[float, dict[str, int], dict[str, int]]:
@@ -313,8 +523,12 @@ class OffloadTiers:
         """The request is done: its loaded and offered chunks become the most recent, in reverse
         prefix order (the first chunk last, so a prefix's tail is evicted before its head)."""
         accessed = self._accessed.pop(req, {})
+        if self._arc is not None:
+            access = self._arc_access.pop(req, None) or _ArcAccess()
+            self._arc.finish(sorted(accessed, key=accessed.__getitem__),
+                             access.inserted | self._promoted_for.get(req, set()), access.reused)
         for key in sorted(accessed, key=accessed.__getitem__, reverse=True):
-            if key in self.cpu:
+            if key in self.cpu and self._arc is None:
                 self.cpu.move_to_end(key)
             for tier in self.secondary:
                 if key in tier.entries:
@@ -336,5 +550,8 @@ class OffloadTiers:
         self._counted.clear()
         self._promoted_for.clear()
         self._accessed.clear()
+        self._arc_access.clear()
+        if self._arc is not None:
+            self._arc.clear()  # vLLM's reset_cache clears the policy, not store_threshold's counts
         self._pending_promotions.clear()
         self._promotion_tier.clear()

@@ -114,6 +114,7 @@ class EngineStats:
     offload_store_bytes: int = 0
     offload_store_time: float = 0.0
     offload_allocation_failures: int = 0
+    offload_stores_skipped: int = 0  # store_threshold not reached (vLLM: only with store_threshold >= 2)
     promotion_allocation_failures: int = 0
     tiers: dict[str, TierCounters] = field(default_factory=dict)
     # Histograms.
