@@ -217,3 +217,56 @@ def test_an_unknown_model_is_a_usage_error(cache: Path) -> None:
     assert out.returncode == 2 and "invalid choice: 'huge'" in out.stderr
     with pytest.raises(lane.VllmCpuError, match="unknown model 'huge'"):
         lane.cache_paths().model_dir("huge")
+
+
+# --------------------------------------------------------------------------- offload tiers (start --offload-config)
+LANE_OFFLOAD = Path(__file__).resolve().parents[2] / "scenarios" / "lane" / "offload"
+
+
+def test_every_lane_offload_file_gives_a_kv_transfer_config_with_its_vllm_keys_only(tmp_path: Path) -> None:
+    """The server and the replay are configured from one file: its vLLM keys reach --kv-transfer-config,
+    the simulator-only ones (an fs tier's device class, direct_io) do not, and the fs root is the server's own."""
+    for path in sorted(LANE_OFFLOAD.glob("*.yaml")):
+        block = lane.read_offload_file(path)
+        cfg = lane.offload_transfer_config(block, port=1234, fs_root=tmp_path / "fs")
+        assert cfg["kv_connector"] == "OffloadingConnector" and cfg["kv_role"] == "kv_both"
+        assert cfg["engine_id"] == "blis-lane-1234"  # names the shared-memory file stop removes
+        extra = cfg["kv_connector_extra_config"]
+        assert extra["spec_module_path"] == "vllm_cpu_offload"
+        assert extra["cpu_bytes_to_use"] == block["cpu_bytes_to_use"]
+        for key in ("eviction_policy", "store_threshold", "block_size"):
+            assert extra.get(key) == block.get(key), (path.name, key)
+        tiers = extra.get("secondary_tiers", [])
+        assert extra["spec_name"] == ("HostTieringOffloadingSpec" if tiers else "HostCpuOffloadingSpec")
+        for tier in tiers:
+            assert tier["root_dir"] == str(tmp_path / "fs")
+            assert not {"direct_io", "device_class", "read_bandwidth", "write_bandwidth"} & set(tier)
+
+
+def test_a_bad_offload_file_is_a_clear_error(cache: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kv_offload:\n  cpu_bytes_to_use: 1\n")  # YAML, not the JSON the lane script reads
+    out = script("start", "--offload-config", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "not a readable JSON offload file" in out.stderr or "not installed" in out.stderr
+    with pytest.raises(lane.VllmCpuError, match="cpu_bytes_to_use"):
+        (tmp_path / "empty.json").write_text('{"kv_offload": {}}')
+        lane.read_offload_file(tmp_path / "empty.json")
+    with pytest.raises(lane.VllmCpuError, match="fs secondary tiers only"):
+        lane.offload_transfer_config({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "p2p"}]}, port=1)
+
+
+def test_stop_removes_the_offload_leftovers_it_owns(tmp_path: Path) -> None:
+    shm = tmp_path / "vllm_offload_blis-lane-9.mmap"
+    shm.write_bytes(b"x")
+    root = tmp_path / "fs-tier-9"
+    (root / "ab").mkdir(parents=True)
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    base = dict(pid=1, port=9, url="", log="", started_at=0.0, startup_seconds=0.0, num_gpu_blocks=0,
+                block_size=0, owner="t", argv=())
+    lane._remove_offload_leftovers(lane.ServerState(**base, fs_root=str(root), fs_root_owned=True,
+                                                    shm_file=str(shm)))
+    assert not shm.exists() and not root.exists()
+    lane._remove_offload_leftovers(lane.ServerState(**base, fs_root=str(keep), fs_root_owned=False))
+    assert keep.exists()  # a --fs-root the user gave is theirs
