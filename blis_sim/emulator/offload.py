@@ -443,9 +443,13 @@ class OffloadTiers:
             for i, tier in enumerate(self.secondary, start=1):
                 if tier.has(key, now):
                     self._count(req, i, key, True)
-                    # Never evict a chunk this very lookup needs (a tier smaller than the
-                    # prefix would otherwise promote and evict in a circle forever).
-                    if self._promote(key, tier, now, set(keys)):
+                    # The room may come from this request's own chunks found above: vLLM pins none
+                    # of them before the load (TieringOffloadingManager._initiate_promotion ->
+                    # prepare_write evicts any idle chunk), so a later pass promotes those from the
+                    # fs tier too. What was promoted for this request is kept, so a CPU tier smaller
+                    # than the prefix ends in an allocation failure, not a cycle (vLLM's promotions,
+                    # idle once complete, could evict each other there).
+                    if self._promote(key, tier, now, promoted):
                         promoted.add(key)
                         found = True
                     break

@@ -425,38 +425,57 @@ cdef class CacheCore:
     @cython.final
     cdef double _load(self, _Req r, int64_t gpu, double now, int64_t* out) except? -1:
         """Promote fs-resident chunks into the CPU tier, then load CPU → GPU: ``out`` = loaded
-        external/host/disk tokens; returns the time the load is complete."""
-        cdef int64_t ct = self.chunk_tokens, cb = self.chunk_bytes, nbytes, ext
+        external/host/disk tokens; returns the time the load is complete (the pure ``_load``)."""
+        cdef int64_t ct = self.chunk_tokens, nbytes, ext, toks
         cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
         cdef ChunkStore tier
         cdef Station st
         cdef const uint64_t* keys = self._chunk_keys(r, r.plan.back().b)
-        cdef Py_ssize_t start = r.plan[0].a, end = start, a, b, i
-        cdef int t
+        cdef Py_ssize_t start = r.plan[0].a, end = start, a, b, i, c
+        cdef int t, found
         cdef double cpu_ready = now, done, svc
+        cdef bint hit, again
         cdef vector[Span] kept
+        cdef vector[Py_ssize_t] repromoted
         cdef Span sp
-        for i in range(<Py_ssize_t>r.plan.size()):
-            if r.plan[i].tier == 0:
-                cpu._pin(keys, r.plan[i].a, r.plan[i].b, now + _EPS)
         for i in range(<Py_ssize_t>r.plan.size()):
             t, a, b = r.plan[i].tier, r.plan[i].a, r.plan[i].b
             if t:
-                if not cpu._prepare_store(keys + a, b - a, now, INF, self._put, self._put_slots):
-                    self._tc[AF] += 1
+                done = self._promote(keys, t, a, b, now)
+                if done < 0:
                     break
-                st = <Station>self.stations[t]
-                done = st._submit(True, (b - a) * cb, now, &svc)
-                self._tc[t * _TC_INTS + RB] += (b - a) * cb
-                self._rt[t] += svc
-                self._tc[t * _TC_INTS + RJ] += 1
-                cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done, done)
-                self._tc[PC] += self._put.size()
-                tier = <ChunkStore>self.tiers[t]
-                tier._touch(keys, a, b)
-                tier._pin(keys, a, b, done)
                 cpu_ready = max(cpu_ready, done)
             end = b
+        # A promotion above can evict this request's own CPU-resident chunks (vLLM pins none before the
+        # load); each is promoted from an fs tier in turn, or the hit ends there (the pure _load).
+        again = True
+        while again:  # until a pass finds every chunk on the CPU (the pure _load)
+            again = False
+            c = start
+            while c < end:
+                if cpu._resident(keys[c]) >= 0:
+                    c += 1
+                    continue
+                found = 0
+                for t in range(1, self.ntiers):
+                    tier = <ChunkStore>self.tiers[t]
+                    i = tier._resident(keys[c])
+                    hit = i >= 0 and tier.ready_of(i) <= now
+                    self._deltas[2 * t] = self._deltas[2 * t + 1] = 0
+                    _count(r.flags.data(), r.flags_cols, self._deltas.data(), t, c, c + 1, hit)
+                    self._tc[t * _TC_INTS + CQ] += self._deltas[2 * t]
+                    self._tc[t * _TC_INTS + CH] += self._deltas[2 * t + 1]
+                    if hit:
+                        found = t
+                        break
+                done = self._promote(keys, found, c, c + 1, now) if found else -1.0
+                if done < 0:
+                    end = c
+                    break
+                cpu_ready = max(cpu_ready, done)
+                repromoted.push_back(c)
+                again = True
+                c += 1
         for i in range(<Py_ssize_t>r.plan.size()):
             if r.plan[i].a < end:
                 sp = r.plan[i]
@@ -475,6 +494,35 @@ cdef class CacheCore:
         cpu._pin(keys, start, end, done)
         out[0] = ext
         self._split(kept, gpu, out + 1)
+        for i in range(<Py_ssize_t>repromoted.size()):  # each at most once: a promotion stays pinned here
+            c = repromoted[i]
+            if c < end:  # found on the CPU at lookup, loaded from disk after all
+                toks = ct * (c + 1) - max(ct * c, gpu)
+                out[1] -= toks
+                out[2] += toks
+        return done
+
+    @cython.final
+    cdef double _promote(self, const uint64_t* keys, int t, Py_ssize_t a, Py_ssize_t b,
+                         double now) except? -2:
+        """fs tier ``t`` → CPU of chunks ``a … b−1`` (one read job): its completion time, or -1 when the
+        CPU tier has no room (an allocation failure; the pure ``_promote``)."""
+        cdef int64_t cb = self.chunk_bytes
+        cdef ChunkStore cpu = <ChunkStore>self.tiers[0]
+        cdef ChunkStore tier = <ChunkStore>self.tiers[t]
+        cdef Station st = <Station>self.stations[t]
+        cdef double done, svc
+        if not cpu._prepare_store(keys + a, b - a, now, INF, self._put, self._put_slots):
+            self._tc[AF] += 1
+            return -1.0
+        done = st._submit(True, (b - a) * cb, now, &svc)
+        self._tc[t * _TC_INTS + RB] += (b - a) * cb
+        self._rt[t] += svc
+        self._tc[t * _TC_INTS + RJ] += 1
+        cpu._set_ready_slots(self._put_slots.data(), self._put.size(), done, done)
+        self._tc[PC] += self._put.size()
+        tier._touch(keys, a, b)
+        tier._pin(keys, a, b, done)
         return done
 
     # ------------------------------------------------------------------------------- running

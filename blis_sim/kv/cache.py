@@ -393,34 +393,49 @@ class KVCache(Readouts):
               now: float) -> tuple[int, int, int, float]:
         """Promote fs-resident chunks into the CPU tier, then load CPU → GPU. Returns the
         external/host/disk tokens actually loaded and the time the load is complete."""
-        ct, cb = self.chunk_tokens, self.config.chunk_bytes
+        ct = self.chunk_tokens
         cpu = self.tiers[0]
         keys = self._chunk_keys(r, plan[-1][2])
         start = plan[0][1]
-        # Keep this request's CPU-resident chunks from being evicted by its own promotions.
-        for tier, a, b in plan:
-            if tier == 0:
-                cpu.pin(keys, a, b, now + _EPS)
         cpu_ready = now
         end = start
         for tier, a, b in plan:
             if tier:
-                label = self.tier_labels[tier]
-                promoted = cpu.prepare_store(keys[a:b], now, _INF)
-                if promoted is None:
-                    self.counters["tiers"][self.tier_labels[0]]["allocation_failures"] += 1
+                done = self._promote(keys, tier, a, b, now)
+                if done is None:
                     break
-                done, svc = self.stations[tier].submit(True, (b - a) * cb, now)
-                tc = self.counters["tiers"][label]
-                tc["read_bytes"] += (b - a) * cb
-                tc["read_time_us"] += svc
-                tc["read_jobs"] += 1
-                cpu.set_ready(promoted, done)
-                self.counters["tiers"][self.tier_labels[0]]["promoted_chunks"] += len(promoted)
-                self.tiers[tier].touch(keys, a, b)
-                self.tiers[tier].pin(keys, a, b, done)
                 cpu_ready = max(cpu_ready, done)
             end = b
+        # vLLM pins none of a request's chunks before its load (prepare_load), so a promotion above can
+        # evict this request's own CPU-resident chunks; a later lookup pass promotes each of them from an
+        # fs tier in turn (TieringOffloadingManager.lookup), or the hit ends at the first no tier holds.
+        repromoted: list[int] = []
+        flags = None
+        again = True
+        while again:  # until a pass finds every chunk on the CPU (each promotion pins one more chunk)
+            again = False
+            c = start
+            while c < end:
+                if cpu.state_of(int(keys[c]), now) != self._core.ABSENT:
+                    c += 1
+                    continue
+                if flags is None:
+                    flags = self._flags_of(r, end)
+                found = 0
+                for t in range(1, len(self.tiers)):
+                    hit = self.tiers[t].state_of(int(keys[c]), now) == self._core.READY
+                    self._count_once(flags, t, c, hit)
+                    if hit:
+                        found = t
+                        break
+                done = self._promote(keys, found, c, c + 1, now) if found else None
+                if done is None:
+                    end = c
+                    break
+                cpu_ready = max(cpu_ready, done)
+                repromoted.append(c)
+                again = True
+                c += 1
         kept = [(t, a, min(b, end)) for t, a, b in plan if a < end]
         ext = ct * end - gpu if end > start else 0
         if ext < ct:
@@ -433,7 +448,44 @@ class KVCache(Readouts):
         tc["read_jobs"] += 1
         cpu.pin(keys, start, end, done)
         host, disk = self._split(kept, gpu)
+        for c in repromoted:  # each at most once (a promotion stays pinned here): loaded from disk after all
+            if c < end:
+                toks = ct * (c + 1) - max(ct * c, gpu)
+                host -= toks
+                disk += toks
         return ext, host, disk, done
+
+    def _promote(self, keys: np.ndarray, tier: int, a: int, b: int, now: float) -> float | None:
+        """fs tier ``tier`` → CPU of chunks ``a … b−1`` (one read job); when it completes, or None when
+        the CPU tier has no room (counted as an allocation failure)."""
+        cpu = self.tiers[0]
+        promoted = cpu.prepare_store(keys[a:b], now, _INF)
+        if promoted is None:
+            self.counters["tiers"][self.tier_labels[0]]["allocation_failures"] += 1
+            return None
+        cb = self.config.chunk_bytes
+        done, svc = self.stations[tier].submit(True, (b - a) * cb, now)
+        tc = self.counters["tiers"][self.tier_labels[tier]]
+        tc["read_bytes"] += (b - a) * cb
+        tc["read_time_us"] += svc
+        tc["read_jobs"] += 1
+        cpu.set_ready(promoted, done)
+        self.counters["tiers"][self.tier_labels[0]]["promoted_chunks"] += len(promoted)
+        self.tiers[tier].touch(keys, a, b)
+        self.tiers[tier].pin(keys, a, b, done)
+        return done
+
+    def _count_once(self, flags: np.ndarray, tier: int, c: int, hit: bool) -> None:
+        """One (request, tier, chunk) lookup into the tier's chunk counters, once (bits of ``flags``)."""
+        f = int(flags[tier, c])
+        tc = self._tier_counters[tier]
+        if not f & 1:
+            tc["chunk_queries"] += 1
+            f |= 1
+        if hit and not f & 2:
+            tc["chunk_hits"] += 1
+            f |= 2
+        flags[tier, c] = f
 
     # ------------------------------------------------------------------------------- running
     def allocate(self, rid: int, num_new_tokens: int) -> bool:
