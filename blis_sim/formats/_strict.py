@@ -110,12 +110,6 @@ def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = N
     if doc.data is None:
         raise FormatError("file is empty", file=doc.file)
     data = _restore_strings(model, doc.data, (), doc.raw) if plain_strings and doc.raw else doc.data
-    if context is None:  # plain data strict validation accepts as it is: no schema to build
-        from blis_sim.formats._model import from_data
-
-        fast = from_data(model, data)
-        if fast is not None:
-            return fast
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
