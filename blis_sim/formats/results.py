@@ -39,8 +39,6 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
   MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
 """
 
-# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
-# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
