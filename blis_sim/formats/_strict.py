@@ -69,7 +69,8 @@ def load_yaml(path: str | Path) -> YamlDoc:
     return parse_yaml(read_text(path), str(Path(path)))
 
 
-def _dotted(path: Path_) -> str:
+def dotted(path: Path_) -> str:
+    """A location tuple as a field path (``clients.0.rate``)."""
     return ".".join(str(p) for p in path)
 
 
@@ -97,7 +98,7 @@ def describe(exc: ValidationError, doc: YamlDoc | None = None, file: str | None 
         file = doc.file
     elif line_of is not None:
         line = line_of(loc)
-    return FormatError(reason, file=file, line=line, field=_dotted(loc) or None)
+    return FormatError(reason, file=file, line=line, field=dotted(loc) or None)
 
 
 def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = None,
