@@ -2,13 +2,12 @@
 
 Each subcommand lives with the code it drives, in a module that exposes
 ``register(subparsers) -> None``; the parser it adds sets ``func=`` to a callable taking the parsed
-namespace and returning an exit code. Modules are imported lazily so that `blis calibrate` does not
-pay for aiohttp or the engine.
+namespace and returning an exit code. Only the named subcommand's module is imported, so that a
+subcommand does not need the others' dependencies (aiohttp for observe, the engine for calibrate).
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import sys
@@ -34,39 +33,8 @@ MODULE_OF = {"observe": "blis_sim.observe.cli", "probe": "blis_sim.probe.cli", "
              "sweep": "blis_sim.sweep.cli", "plan": "blis_sim.sweep.cli"}
 
 # subcommands that call no BLAS routine big enough to run threaded (only sorts, cumulative sums and
-# tiny vectors): one OpenBLAS thread gives the same results and spares starting its thread pool
-# when numpy is imported, ~0.05-0.1 s of a 10k-request `blis replay` on two cores
+# tiny vectors): one OpenBLAS thread gives the same results without starting a thread pool
 _ONE_BLAS_THREAD = frozenset({"replay", "run"})
-
-
-def _start_program(command: str | None) -> None:
-    """Process settings for ``blis`` run as a program (not ``main(argv)`` called in a process
-    that is not ours): no cyclic garbage collection while the subcommand's modules are imported
-    (each collection walks every object made so far: pydantic and numpy make many), and
-    :data:`_ONE_BLAS_THREAD`."""
-    gc.disable()
-    if command in _ONE_BLAS_THREAD:
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-
-def _end_program(code: int) -> int:
-    """Leave without the interpreter's teardown, for :data:`_ONE_BLAS_THREAD` commands run as a
-    program: their files are written and closed, so all that teardown does is free every module
-    and the simulation's objects one by one (~0.01 s of a 10k-request replay). stdout and stderr
-    are flushed first; if that fails (a closed pipe), returns ``code`` so that the interpreter
-    reports it as it always has. No atexit handler of ours exists to be skipped."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        return code
-    os._exit(code)
-
-
-def _imports_done() -> None:
-    """The imported modules' objects live as long as the process: out of the collector's sight."""
-    gc.freeze()
-    gc.enable()
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -101,18 +69,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    program = argv is None  # the console script or `python -m`: the process is ours
-    if argv is None:
+    if argv is None:  # the console script or `python -m`: the process is ours
         argv = sys.argv[1:]
-        _start_program(_command_of(argv))
-    parser = build_parser(argv)
-    if program:
-        _imports_done()
-    args = parser.parse_args(argv)
-    code = _run(args)
-    if program and args.command in _ONE_BLAS_THREAD:
-        return _end_program(code)
-    return code
+        if _command_of(argv) in _ONE_BLAS_THREAD:
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    args = build_parser(argv).parse_args(argv)
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -6,13 +6,16 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+
 if TYPE_CHECKING:
     from blis_sim.engine import EngineOptions
     from pytest_blis._cell import CellContext
     from pytest_blis._server import ServerTarget
 
 
-def engine_options(target: ServerTarget, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+def engine_options(target: ServerTarget, *, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                   max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                    latency: Any = None, total_kv_blocks: int | None = None,
                    sequential: bool = False) -> EngineOptions:
     """The simulator's options for replaying ``target``'s traces (``latency``: fitted coefficients;

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.errors import FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
 
@@ -114,8 +115,8 @@ class ServerSpec(_Strict):
     kv_bytes_per_token: int = Field(4096, ge=1, description="KV bytes per token (sizes the CPU tier's chunks)")
     profile: str = Field("tiny-cpu", description="emulator step-time profile")
     metrics_profile: str = "vllm-0.33"
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
+    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
     step_shape: Literal["linear", "roofline"] = Field(
         "linear", description="shape of the latency model fitted on the probe: linear, or roofline "
                               "(base + max(compute, memory), for a server with a compute/memory knee)")
@@ -318,7 +319,9 @@ class Scenario(_Strict):
         return self
 
 
-class ScenarioFile(_Strict):
+class ScenarioDocument(_Strict):
+    """A ``*.blis.yaml`` file's top level (the pytest collector of such a file is ``_collect.ScenarioFile``)."""
+
     defaults: dict[str, Any] = Field(default_factory=dict)
     scenarios: dict[str, dict[str, Any]] = Field(min_length=1)
 
@@ -392,7 +395,7 @@ def expand(doc: YamlDoc) -> list[SweepPoint]:
     if doc.data is None:
         raise FormatError("file is empty", file=doc.file)
     try:
-        top = ScenarioFile.model_validate(doc.data)
+        top = ScenarioDocument.model_validate(doc.data)
     except ValidationError as exc:
         raise describe(exc, doc) from None
     points: list[SweepPoint] = []

@@ -123,7 +123,7 @@ def _build_kv(cfg: Any, header: Any = None) -> None:
 
 
 def _load_trace_data(path: Path) -> None:
-    from blis_sim.formats.trace_data import read_trace_data
+    from blis_sim.formats import read_trace_data
 
     read_trace_data(path)
 

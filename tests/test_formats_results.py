@@ -127,11 +127,12 @@ def test_model_fast_path_equals_the_general_rules() -> None:
     assert '"saturation": {\n    "a": [' in go_json(metrics)  # Go maps: sorted keys
 
 
-def test_plan_walk_equals_the_generated_writer() -> None:
-    """The first objects of a class are written by walking its plan, later ones by the generated
-    writer (compiled once the class is written in bulk): both must give the same text."""
-    from blis_sim.formats import results
+def test_objects_written_as_columns_equal_the_general_rules() -> None:
+    """A list of objects is written through its columns (one writer for SimResult files): the text
+    is the general layout of the same objects, at every indent and on awkward values (omitted
+    fields in some rows, nil pointers, Go maps, escapes, extreme floats)."""
     from blis_sim.formats._model import to_go
+    from blis_sim.formats.results import Columns, columns_json, sim_results_text
 
     metrics = load_metrics_output(BLIS / "simagg.json").model_copy(update={
         "saturation": {"z": 1, "a": [1.5, {"y": None, "b": "x<&>"}]}, "still_queued": 0,
@@ -140,13 +141,9 @@ def test_plan_walk_equals_the_generated_writer() -> None:
     rows = [SimResult(request_id=i, ttft_us=0.0 if i % 2 else 1e-7 * i, e2e_us=2.5e16 + i, input_tokens=0,
                       output_tokens=i, slo_class="" if i % 3 else "b\u2028", model="m",
                       cached_tokens=None if i % 4 else i, cached_tokens_by_source={"host": i, "device": 0} if i % 5 else None)
-            for i in range(3 * results._GENERATE_AFTER)]
-    for m in (metrics, *metrics.kv_hit_rates, rows[0], rows[1], rows[4], rows[-1]):
-        for indent in ("", "    "):
-            assert results._plan_json(m, indent) == results._writer(type(m))(m.__dict__, indent)
-    # a list past the threshold: its first objects walk the plan, the rest use the writer
-    results._WRITTEN.pop(SimResult, None)
-    results._WRITERS.pop(SimResult, None)
-    text = go_json(rows)
-    assert SimResult in results._WRITERS
-    assert text == go_json(to_go(rows))
+            for i in range(96)]
+    for indent in ("", "    "):
+        assert columns_json(Columns.from_records(SimResult, rows), indent) == go_json(to_go(rows), indent)
+        for m in (metrics, *metrics.kv_hit_rates):
+            assert go_json(m, indent) == go_json(to_go(m), indent)
+    assert sim_results_text(rows[::-1]) == go_json(to_go(rows))  # sorted by request id

@@ -388,10 +388,10 @@ def test_negative_think_time_is_rejected(tmp_path: Path) -> None:
         read_trace_data(path)
 
 
-def test_records_read_share_state_safely(tmp_path: Path) -> None:
+def test_records_read_are_frozen_and_copy_safely(tmp_path: Path) -> None:
     records = read_trace_data(BLIS / "trace.csv")
     a, b = records[0], records[1]
-    assert a.model_fields_set is b.model_fields_set  # one shared set: 2 KB less per record
+    assert a.model_fields_set == b.model_fields_set == set(TraceRecord.model_fields)
     changed = a.model_copy(update={"client_id": "other"})
     assert changed.client_id == "other" and a.client_id == "g0" and b.model_fields_set == set(TraceRecord.model_fields)
     with pytest.raises(ValueError):

@@ -22,12 +22,7 @@ columns), :mod:`.content` (token content as block hashes), :mod:`.kvport`, :mod:
 """
 from __future__ import annotations
 
-# The compatibility module ``blis_sim.engine.replay`` is imported first, then the package's
-# ``replay`` name is bound to the function: importing a submodule sets the package attribute of
-# the same name only on its first import, so the function stays what ``from blis_sim.engine
-# import replay`` returns whatever is imported later.
 from blis_sim._lazy import lazy_exports
-from blis_sim.engine import replay as _replay_compat  # noqa: F401
 from blis_sim.engine.latency import roofline
 from blis_sim.engine.replay_trace import PreparedTrace, prepare_trace, replay, replay_outcome
 from blis_sim.engine.scheduler import SchedulerConfig

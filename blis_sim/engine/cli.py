@@ -19,17 +19,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from blis_sim import limits
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+from blis_sim.engine.coefficients import dump_coefficients, load_coefficients
+from blis_sim.engine.fitting import evaluate, fit
 from blis_sim.engine.latency import default_step_model, get_hardware, roofline
-from blis_sim.engine.models import geometry_for
+from blis_sim.engine.models import DEFAULT_TOTAL_KV_BLOCKS, default_num_gpu_blocks, geometry_for
+from blis_sim.engine.prior import resolve_prior
+from blis_sim.engine.replay_trace import replay_outcome
+from blis_sim.engine.run_spec import run_outcome
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import ConfigError, InputError, UsageError
+from blis_sim.formats import metrics_output_text, write_trace
+from blis_sim.formats.offload import load_device_classes, load_offload_config
+from blis_sim.formats.trace_columns import load_trace_columns
+from blis_sim.formats.workload import load_workload_spec
 
 DEFAULT_HARDWARE = "H100"
-DEFAULT_MAX_NUM_SEQS = 256
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -168,7 +178,6 @@ def _latency(args: argparse.Namespace) -> tuple[Any, str]:
         return roofline(geom, get_hardware(args.hardware or DEFAULT_HARDWARE), args.tp), \
             f"roofline:{args.model_config or args.model}"
     if args.latency_coefficients:
-        from blis_sim.engine.coefficients import load_coefficients
 
         return load_coefficients(args.latency_coefficients).to_step_model(), \
             str(args.latency_coefficients)
@@ -179,7 +188,6 @@ def _offload(args: argparse.Namespace, header: Any = None) -> Any:
     size = getattr(args, "kv_offloading_size", None)
     if not args.kv_offload_config and size is None:
         return None
-    from blis_sim.formats.offload import load_device_classes, load_offload_config
 
     kvb = _kv_bytes_per_token(args, header)
     if kvb is None:
@@ -211,7 +219,6 @@ def _validate_sim_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--horizon must be > 0, got {args.horizon}")
     if args.tp < 1:
         raise UsageError(f"--tp must be ≥ 1, got {args.tp}")
-    from blis_sim import limits
 
     for name, maximum in (("total_kv_blocks", limits.MAX_GPU_BLOCKS), ("block_size_in_tokens", limits.MAX_BLOCK_TOKENS),
                           ("max_num_seqs", limits.MAX_NUM_SEQS), ("max_num_batched_tokens", limits.MAX_REQUEST_TOKENS),
@@ -250,8 +257,6 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
     if num_blocks is None and (header is None or header.pytest_blis is None
                                or header.pytest_blis.kv_geometry is None
                                or not header.pytest_blis.kv_geometry.num_gpu_blocks):
-        from blis_sim.engine.models import DEFAULT_TOTAL_KV_BLOCKS, default_num_gpu_blocks
-
         geom = geometry_for(args.model, args.model_config)
         hardware = args.hardware or DEFAULT_HARDWARE
         if geom is not None:
@@ -280,13 +285,9 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
 
 def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) -> None:
     """Write the requested files (from the outcome's columns: no object per request)."""
-    from blis_sim.formats import metrics_output_text
-
     metrics = outcome.write_outputs(results_path=args.results_path or None,
                                     metrics_path=args.metrics_path or None)
     if trace is not None and getattr(args, "trace_output", None):
-        from blis_sim.formats import write_trace
-
         write_trace(trace, f"{args.trace_output}.yaml", f"{args.trace_output}.csv",
                     blis_compatible=args.blis_compatible)
     shown = metrics.model_copy(update={"cache_hit_rate": None, "requests": []})
@@ -294,8 +295,6 @@ def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) ->
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from blis_sim.engine.run_spec import run_outcome
-    from blis_sim.formats.workload import load_workload_spec
 
     require_files(args, "workload_spec")
     spec = load_workload_spec(args.workload_spec)
@@ -308,14 +307,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
     """The trace, its rows as columns (``.records`` made on first use)."""
-    from blis_sim.formats.trace_columns import load_trace_columns
-
     require_files(args, header_flag, data_flag)
     return load_trace_columns(getattr(args, header_flag), getattr(args, data_flag))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from blis_sim.engine.replay_trace import replay_outcome
 
     trace = _load(args, "trace_header", "trace_data")
     if not args.model:
@@ -333,8 +329,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from blis_sim.engine.fitting import evaluate, fit
-    from blis_sim.engine.prior import resolve_prior
 
     trace = _load(args, "trace_header", "trace_data")
     if args.latency_model != "linear":
@@ -362,14 +356,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if coeffs.fit is not None:
         sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:
-        from blis_sim.engine.coefficients import dump_coefficients
 
         dump_coefficients(coeffs, args.output)
     report: dict[str, Any] = {"coefficients": coeffs.model_dump(exclude={"fit"}),
                               "fit": coeffs.fit.model_dump() if coeffs.fit else None}
     if args.validate_header or args.validate_data:
         other = _load(args, "validate_header", "validate_data")
-        from dataclasses import replace
 
         opts = replace(options_from_args(args, other.header), latency=coeffs.to_step_model(),
                        latency_source=str(args.output or "fit"))

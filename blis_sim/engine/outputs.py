@@ -276,6 +276,7 @@ def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
     from blis_sim.formats import TraceRecord
 
     lp = o.loop
+    ttft_us, e2e_us = o.ttft_us, o.e2e_us  # computed once: each is a whole-table array
     defaults = _default_fields()
     out = []
     for i in range(len(o.table)):
@@ -284,8 +285,8 @@ def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
         fields = dict(base[i]) if base is not None else _fields_of(o.table.source[i])
         arrival = _int_us(lp.arrival_us[i])
         done = not np.isnan(lp.finish_us[i])
-        first = _int_us(lp.arrival_us[i] + o.ttft_us[i]) if not np.isnan(lp.first_token_us[i]) else 0
-        last = _int_us(lp.arrival_us[i] + o.e2e_us[i]) if done else 0
+        first = _int_us(lp.arrival_us[i] + ttft_us[i]) if not np.isnan(lp.first_token_us[i]) else 0
+        last = _int_us(lp.arrival_us[i] + e2e_us[i]) if done else 0
         fields.update(request_id=int(o.table.request_id[i]), arrival_time_us=arrival,
                       send_time_us=arrival, first_chunk_time_us=first, last_chunk_time_us=last,
                       num_chunks=0, status="ok" if done else "incomplete", error_message="",

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from blis_sim import _backend
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.engine.latency import StepModel
 
 _loop, COMPILED = _backend.load("blis_sim.engine._loop", "blis_sim.engine._loop_py")
@@ -53,8 +54,8 @@ NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
 class SchedulerConfig:
     """The vLLM scheduler knobs (defaults are the reference's and vLLM's for a GPU server)."""
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     long_prefill_token_threshold: int = 0
     horizon_us: float = float("inf")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.engine.kvport import kv_port
 from blis_sim.engine.latency import StepModel, default_step_model
 from blis_sim.engine.requests import RequestTable, concat_rows
@@ -31,8 +32,8 @@ class EngineOptions:
     model: str = ""
     num_gpu_blocks: int | None = None
     block_size: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     long_prefill_token_threshold: int = 0
     seed: int = 42
     horizon_us: float | None = None

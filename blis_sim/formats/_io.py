@@ -7,7 +7,8 @@
 - :func:`atomic_write_chunks` — the same for text produced piece by piece (a big file never held whole).
 - :func:`atomic_write_files` — several files that belong together: all written to temp files, then renamed.
 - :func:`csv_rows` — ``(first line number, fields)`` per CSV row, blank lines skipped as Go's csv.Reader does,
-  any read/decode/quoting problem a located :class:`~blis_sim.errors.FormatError`.
+  any read/decode/quoting problem a located :class:`~blis_sim.errors.FormatError`; :func:`csv_chunks` the
+  same rows a chunk at a time without the line numbers (:func:`csv_data_line` finds one).
 - :func:`gc_paused` — a context without the cyclic garbage collector, for readers that build many
   objects which cannot form cycles (a 50k-row trace: the collector would rescan the whole heap several times).
 - :func:`go_quote` — a value quoted as Go's ``%q`` would, for messages that mirror the reference's.
@@ -20,7 +21,9 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from blis_sim.errors import FormatError
 
@@ -76,12 +79,7 @@ def atomic_write_files(files: Sequence[tuple[str | Path, str]]) -> None:
 
 def csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(first line number, fields) per CSV row; blank lines skipped like Go's csv.Reader."""
-    try:
-        f = path.open(newline="", encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError("file not found", file=str(path)) from None
-    except OSError as exc:  # a directory, no permission, ...
-        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+    f = _open_csv(path)
     with f:
         reader = csv.reader(f, strict=True)
         line = 1
@@ -105,6 +103,60 @@ def csv_with_header(path: Path) -> tuple[list[str], Iterator[tuple[int, list[str
     except StopIteration:
         raise FormatError("reading CSV header: EOF (the file has no header row)", file=str(path), line=1) from None
     return header, rows
+
+
+def csv_chunks(path: Path, size: int) -> tuple[list[str], Iterator[list[list[str]]]]:
+    """The header row and the data rows in lists of up to ``size`` (blank rows skipped, as
+    :func:`csv_rows`), for readers that convert a chunk at a time; a row's line is looked up by
+    :func:`csv_data_line` when it is needed (an error to report)."""
+    chunks = _row_chunks(path, size)
+    first = next(chunks, None)
+    if not first:
+        raise FormatError("reading CSV header: EOF (the file has no header row)", file=str(path), line=1)
+    header, rest = first[0], first[1:]
+    return header, _prepend(rest, chunks)
+
+
+def _prepend(rows: list[list[str]], chunks: Iterator[list[list[str]]]) -> Iterator[list[list[str]]]:
+    if rows:
+        yield rows
+    yield from chunks
+
+
+def _row_chunks(path: Path, size: int) -> Iterator[list[list[str]]]:
+    """The rows of :func:`csv_rows` without line numbers, ``size`` at a time (the first chunk holds the
+    header row too): the csv module's rows with blank ones filtered out, each step a loop in C."""
+    f = _open_csv(path)
+    with f:
+        reader = csv.reader(f, strict=True)
+        rows = filter(None, reader)  # a blank line is []
+        try:
+            while chunk := list(islice(rows, size)):
+                if [""] in chunk:  # a line holding only "": blank too, as Go's reader has it
+                    chunk = [row for row in chunk if row != [""]]
+                if chunk:
+                    yield chunk
+        except csv.Error as exc:
+            raise FormatError(f"malformed CSV: {exc}", file=str(path), line=reader.line_num) from None
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"not UTF-8 text ({exc.reason})", file=str(path), line=reader.line_num + 1) from None
+
+
+def csv_data_line(path: Path, index: int) -> int:
+    """The line on which data row ``index`` (0 = the first after the header row) starts."""
+    for k, (line, _) in enumerate(csv_rows(path)):
+        if k == index + 1:
+            return line
+    raise ValueError(f"{path} has no data row {index}")
+
+
+def _open_csv(path: Path) -> Any:
+    try:
+        return path.open(newline="", encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("file not found", file=str(path)) from None
+    except OSError as exc:  # a directory, no permission, ...
+        raise FormatError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
 
 
 @contextmanager

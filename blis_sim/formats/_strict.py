@@ -69,7 +69,8 @@ def load_yaml(path: str | Path) -> YamlDoc:
     return parse_yaml(read_text(path), str(Path(path)))
 
 
-def _dotted(path: Path_) -> str:
+def dotted(path: Path_) -> str:
+    """A location tuple as a field path (``clients.0.rate``)."""
     return ".".join(str(p) for p in path)
 
 
@@ -113,7 +114,7 @@ def describe_error(err: Any, doc: YamlDoc | None = None, file: str | None = None
         file = doc.file
     elif line_of is not None:
         line = line_of(loc)
-    return FormatError(reason, file=file, line=line, field=_dotted(loc) or None)
+    return FormatError(reason, file=file, line=line, field=dotted(loc) or None)
 
 
 def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = None,
@@ -126,12 +127,6 @@ def validate(model: type[M], doc: YamlDoc, *, context: dict[str, Any] | None = N
     if doc.data is None:
         raise FormatError("file is empty", file=doc.file)
     data = _restore_strings(model, doc.data, (), doc.raw) if plain_strings and doc.raw else doc.data
-    if context is None:  # plain data strict validation accepts as it is: no schema to build
-        from blis_sim.formats._model import from_data
-
-        fast = from_data(model, data)
-        if fast is not None:
-            return fast
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:

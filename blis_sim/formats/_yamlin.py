@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._strict import _dotted
+from blis_sim.formats._strict import dotted
 
 Path_ = tuple[str | int, ...]
 
@@ -47,10 +47,10 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
             key = _object(key_node, file)
             if isinstance(key, (list, dict, set)):
                 raise FormatError("invalid YAML: a mapping key must be a scalar", file=file,
-                                  line=key_node.start_mark.line + 1, field=_dotted(path) or None)
+                                  line=key_node.start_mark.line + 1, field=dotted(path) or None)
             if key in out:
                 raise FormatError(f"duplicate key '{key}'", file=file, line=key_node.start_mark.line + 1,
-                                  field=_dotted(path + (key,)))
+                                  field=dotted(path + (key,)))
             child = path + (key,)
             lines[child] = key_node.start_mark.line + 1
             out[key] = _construct(value_node, child, lines, file, raw)

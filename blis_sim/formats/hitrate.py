@@ -17,8 +17,6 @@ Simulated side: ``MetricsOutput.kv_hit_rates`` (computed by the simulator for th
 Entries compare only when (definition, tier) are equal: :meth:`KVHitRate.key`.
 """
 
-# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
-# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator

@@ -54,7 +54,7 @@ def read_itl(path: str | Path) -> list[ITLRecord]:
             vals = (int(a), int(b), int(c))  # the common case: three plain non-negative integers
         else:
             vals = _slow_row(row, file, line)
-        out.append(_fast_record(*vals))
+        out.append(ITLRecord.model_construct(request_id=vals[0], chunk_index=vals[1], timestamp_us=vals[2]))
     return out
 
 
@@ -69,20 +69,6 @@ def _slow_row(row: list[str], file: str, line: int) -> tuple[int, int, int]:
             raise FormatError(f"parsing {col}: negative value {v} not allowed", file=file, line=line, field=col)
         vals.append(v)
     return vals[0], vals[1], vals[2]
-
-
-# Shared by every record read (frozen model; see trace_data._ALL_FIELDS_SET): ITL files have a row per chunk.
-_ALL_FIELDS_SET = set(ITLRecord.model_fields)
-
-
-def _fast_record(request_id: int, chunk_index: int, timestamp_us: int) -> ITLRecord:
-    rec = ITLRecord.__new__(ITLRecord)
-    object.__setattr__(rec, "__dict__", {"request_id": request_id, "chunk_index": chunk_index,
-                                         "timestamp_us": timestamp_us})
-    object.__setattr__(rec, "__pydantic_fields_set__", _ALL_FIELDS_SET)
-    object.__setattr__(rec, "__pydantic_extra__", None)
-    object.__setattr__(rec, "__pydantic_private__", None)
-    return rec
 
 
 def write_itl(records: Iterable[ITLRecord], path: str | Path) -> None:

@@ -8,19 +8,19 @@ API::
     write_metrics_output(metrics, "simagg.json")
     sim_results_text(results) / metrics_output_text(metrics) -> str
 
-    # the columnar fast path (the simulator's outputs: same bytes, no object per request)
+    # the simulator's outputs as columns (one numpy array per field, no object per request)
     cols = Columns(SimResult, n, {"request_id": ids, "ttft_us": ttft, ..., "slo_class": "",
                                   "cached_tokens_by_source": IntMapColumn(("device", ...), counts)})
     write_sim_results(cols, "sim.json")             # sorted by request_id like the list
     write_metrics_output(metrics, "simagg.json", requests=Columns(RequestMetrics, n, {...}))
-    columns_json(cols) / cols.records() / cols.take(rows)
+    columns_json(cols) / cols.records() / cols.take(rows) / Columns.from_records(SimResult, results)
 
-A :class:`Columns` holds one numpy array (or ``list[str]``, :class:`IntMapColumn`, or one shared
-scalar) per field. Its rows are written a chunk of :data:`CHUNK_ROWS` at a time: each column
-formatted at once (:func:`~blis_sim.formats._go.json_floats` / ``json_ints``: orjson's shortest
-digits laid out in Go's format), the fields every row writes the same way folded into text, one
-list per chunk interleaving that text with the cells, one join. The output is byte-identical to
-:func:`go_json` of :meth:`Columns.records` (tests compare both on awkward values).
+A :class:`Columns` holds one numpy array (or a list of values, :class:`IntMapColumn`, or one shared
+scalar) per field. Per-request rows are always written from columns (a list of objects is turned
+into its columns first): a chunk of :data:`CHUNK_ROWS` rows at a time, each column formatted at once
+(:func:`~blis_sim.formats._go.json_floats` / ``json_ints``: orjson's shortest digits laid out in Go's
+format), the fields every row writes the same way folded into text, one join per chunk. Single
+objects (the aggregate, its hit-rates, provenance) are laid out by ``to_go`` and :func:`go_json`.
 
 Both are written like Go's ``json.MarshalIndent(v, "", "  ")``: 2-space indent, keys in the reference's
 order, ``omitempty`` fields dropped when zero, floats in Go's format (``32984``, not ``32984.0``), ``<>&``
@@ -40,11 +40,9 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
   MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
 """
 
-# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
-# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -55,12 +53,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._model import StrictModel, to_go
+from blis_sim.formats._model import StrictModel, _is_zero, to_go
 from blis_sim.formats._json import located as _located, parse_json as _parse
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TierIO, TraceKVOffloadConfig
-from blis_sim.formats._io import atomic_write, atomic_write_chunks
+from blis_sim.formats._io import atomic_write_chunks
 
 _Float = Field(default=0.0, allow_inf_nan=False)
 
@@ -235,30 +233,9 @@ def _float(f: float) -> str:
     return _go.json_float(f)
 
 
-_Plan = list[tuple[str, str, bool, bool]]
-_PLANS: dict[type, _Plan] = {}
-
-
-def _plan(cls: type[StrictModel]) -> _Plan:
-    """(attribute, quoted JSON key, omitempty, keep_none) per field, in declaration order; cached per class."""
-    plan = _PLANS.get(cls)
-    if plan is None:
-        plan = [(name, _escape(f.alias or name), name in cls._omitempty, name in cls._keep_none)
-                for name, f in cls.model_fields.items()]
-        _PLANS[cls] = plan
-    return plan
-
-
-_SCALARS = frozenset({int, float, str, bool})
-
-
-def _is_empty(v: Any) -> bool:
-    return v is False or (not isinstance(v, bool) and v in ("", 0, 0.0)) or (isinstance(v, (list, dict)) and not v)
-
-
 def go_json(value: Any, indent: str = "") -> str:
-    """``json.MarshalIndent(v, "", "  ")`` layout of plain data (dicts in their given order, as ``to_go`` builds
-    them) or of models directly (the ``to_go`` rules without the intermediate dicts: 10x faster on big files)."""
+    """``json.MarshalIndent(v, "", "  ")`` layout of plain data (dicts in their given order, as ``to_go``
+    builds them) or of a model (laid out by ``to_go`` first)."""
     t = type(value)
     if t is str:
         return _escape(value)
@@ -270,9 +247,9 @@ def go_json(value: Any, indent: str = "") -> str:
         return str(value)
     if value is None:
         return "null"
+    if isinstance(value, BaseModel):
+        return go_json(to_go(value), indent)
     inner = indent + "  "
-    if isinstance(value, StrictModel):
-        return _model_json(value, indent)
     if isinstance(value, dict):
         if not value:
             return "{}"
@@ -290,110 +267,18 @@ def go_json(value: Any, indent: str = "") -> str:
         return _float(value)
     if isinstance(value, str):
         return _escape(value)
-    if isinstance(value, BaseModel):
-        return go_json(to_go(value), indent)
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
-def _field_json(v: Any, key: str, omitempty: bool, inner: str) -> str | None:
-    """One non-None field's ``key: value`` line (None: omitted by ``omitempty``)."""
-    tv = type(v)
-    if omitempty and (not v if tv in _SCALARS else _is_empty(v)):
-        return None
-    if tv is int:
-        return f"{inner}{key}: {v}"
-    if tv is float:
-        return f"{inner}{key}: {_float(v)}"
-    if tv in _SCALARS or isinstance(v, StrictModel):
-        return f"{inner}{key}: {go_json(v, inner)}"
-    if tv is dict and v and all(type(k) is str and type(x) is int for k, x in v.items()):
-        # a Go map of ints (per-request cached tokens by source): sorted keys, no detour via to_go
-        inner2 = inner + "  "
-        body = ",\n".join([f"{inner2}{_escape(k)}: {v[k]}" for k in sorted(v)])
-        return f"{inner}{key}: {{\n{body}\n{inner}}}"
-    if isinstance(v, (list, tuple)) and all(type(x) in _SCALARS or isinstance(x, StrictModel) for x in v):
-        if not v:
-            return f"{inner}{key}: []"
-        inner2 = inner + "  "  # go_json's list layout, built in place (the requests list is big)
-        return _bracketed(f"{inner}{key}: [\n", [inner2 + go_json(x, inner2) for x in v],
-                          "\n" + inner + "]")
-    return f"{inner}{key}: {go_json(to_go(v), inner)}"  # Go maps (sorted keys), opaque values
+def _omitted(v: Any, omitempty: bool, keep_none: bool) -> bool:
+    """Whether a field holding ``v`` is left out (a nil pointer, or Go's ``omitempty`` of a zero value)."""
+    return (v is None and not keep_none) or (omitempty and _is_zero(v))
 
 
-_WRITERS: dict[type, Callable[[dict[str, Any], str], str]] = {}
-
-
-def _writer(cls: type[StrictModel]) -> Callable[[dict[str, Any], str], str]:
-    """A function ``(model.__dict__, indent) -> JSON text`` for ``cls``, generated from its plan:
-    the per-field rules of :func:`_field_json` unrolled, with scalars inline (one object per
-    request in SimResult / MetricsOutput files makes the loop over the plan the hot path)."""
-    fn = _WRITERS.get(cls)
-    if fn is not None:
-        return fn
-    src = ["def write(d, indent):", "    inner = indent + '  '", "    out = []",
-           "    a = out.append", "    big = False"]
-    for name, key, omitempty, keep_none in _plan(cls):
-        prefix = repr(key + ": ")
-        cond = "if v: " if omitempty else ""
-        src += [f"    v = d[{name!r}]",
-                "    if v is None:",
-                f"        {'a(inner + ' + repr(key + ': null') + ')' if keep_none else 'pass'}",
-                "    elif type(v) is int:",
-                f"        {cond}a(inner + {prefix} + str(v))",
-                "    elif type(v) is float:",
-                f"        {cond}a(inner + {prefix} + _float(v))",
-                "    elif type(v) is str:",
-                f"        {cond}a(inner + {prefix} + _escape(v))",
-                "    elif type(v) is bool:",
-                f"        {cond}a(inner + {prefix} + ('true' if v else 'false'))",
-                "    else:",
-                f"        line = _field_json(v, {key!r}, {omitempty!r}, inner)",
-                "        if line is not None:",
-                "            a(line)",
-                "            big = True"]
-    src += ["    if not out:",
-            "        return '{}'",
-            "    if big:  # a nested value may be big: join once",
-            "        return _bracketed('{\\n', out, '\\n' + indent + '}')",
-            "    return '{\\n' + ',\\n'.join(out) + '\\n' + indent + '}'"]
-    ns: dict[str, Any] = {"_float": _float, "_escape": _escape, "_field_json": _field_json,
-                          "_bracketed": _bracketed}
-    exec("\n".join(src), ns)  # noqa: S102 - source built above from field names only
-    fn = ns["write"]
-    _WRITERS[cls] = fn
-    return fn
-
-
-# Objects of one class written through the plan before its writer is generated: compiling the
-# generated source costs ~0.2 ms per field (MetricsOutput's: ~5 ms), more than walking the plan for
-# the handful of objects a replay writes one by one (the aggregate, its hit-rates, provenance); the
-# per-request lists run into the thousands and get the generated writer.
-_GENERATE_AFTER = 32
-_WRITTEN: dict[type, int] = {}
-
-
-def _model_json(model: StrictModel, indent: str) -> str:
-    cls = type(model)
-    fn = _WRITERS.get(cls)
-    if fn is None:
-        n = _WRITTEN.get(cls, 0) + 1
-        _WRITTEN[cls] = n
-        if n <= _GENERATE_AFTER:
-            return _plan_json(model, indent)
-        fn = _writer(cls)
-    return fn(model.__dict__, indent)
-
-
-def _plan_json(model: StrictModel, indent: str) -> str:
-    """What :func:`_writer`'s generated function writes for ``model``, by walking its plan (each
-    field by :func:`_scalar_field`: the same rules, unrolled there)."""
-    inner = indent + "  "
-    d = model.__dict__
-    out = [line for name, key, omitempty, keep_none in _plan(type(model))
-           if (line := _scalar_field(d[name], key, omitempty, keep_none, inner)) is not None]
-    if not out:
-        return "{}"
-    return _bracketed("{\n", out, "\n" + indent + "}")
+def _fields(cls: type[StrictModel]) -> list[tuple[str, str, bool, bool]]:
+    """(attribute, quoted JSON key, omitempty, keep_none) per field, in declaration order."""
+    return [(name, _escape(f.alias or name), name in cls._omitempty, name in cls._keep_none)
+            for name, f in cls.model_fields.items()]
 
 
 def _bracketed(head: str, items: list[str], tail: str) -> str:
@@ -477,8 +362,13 @@ class Columns:
                 per_field.append(col)
             else:
                 per_field.append(repeat(col, self.n))
-        make = _constructor(self.cls)
-        return [make(dict(zip(names, row))) for row in zip(*per_field)]
+        make = self.cls.model_construct  # our own values: validated where they were made
+        return [make(**dict(zip(names, row))) for row in zip(*per_field)]
+
+    @classmethod
+    def from_records(cls, model: type[StrictModel], records: Sequence[Any]) -> "Columns":
+        """Model objects as columns (each field a list of the objects' values)."""
+        return cls(model, len(records), {name: [getattr(r, name) for r in records] for name in model.model_fields})
 
 
 def _column_size(col: Any) -> int | None:
@@ -495,46 +385,22 @@ def _column_size(col: Any) -> int | None:
     return None
 
 
-def _constructor(cls: type[StrictModel]) -> Callable[[dict[str, Any]], Any]:
-    """``cls.model_construct(**values)`` for a dict holding every field, without its per-field
-    default and alias handling (which costs more than everything else at one object per row)."""
-    fields_set = set(cls.model_fields)
-    new, setattr_ = cls.__new__, object.__setattr__
-
-    def make(values: dict[str, Any]) -> Any:
-        m = new(cls)
-        setattr_(m, "__dict__", values)
-        setattr_(m, "__pydantic_fields_set__", fields_set)
-        setattr_(m, "__pydantic_extra__", None)
-        setattr_(m, "__pydantic_private__", None)
-        return m
-
-    return make
-
-
 # Rows are formatted this many at a time: the per-column strings of one chunk are alive at once,
 # never those of the whole file.
 CHUNK_ROWS = 8192
 
 
-def _scalar_field(v: Any, key: str, omitempty: bool, keep_none: bool, inner: str) -> str | None:
-    """One field's ``key: value`` line by the rules of the generated writer (None: omitted)."""
-    if v is None:
-        return f"{inner}{key}: null" if keep_none else None
-    if type(v) in _SCALARS:
-        if omitempty and not v:
-            return None
-        return f"{inner}{key}: {go_json(v, inner)}"
-    return _field_json(v, key, omitempty, inner)
+def _field_line(v: Any, key: str, omitempty: bool, keep_none: bool, inner: str) -> str | None:
+    """One field's ``key: value`` line (None: the field is omitted)."""
+    if _omitted(v, omitempty, keep_none):
+        return None
+    return f"{inner}{key}: {go_json(to_go(v), inner)}"
 
 
 def _string_cells(values: Sequence[str]) -> tuple[list[str], bool]:
     """(cells, quoted): the values themselves when none needs escaping (the template adds the quotes),
     else each one escaped and quoted."""
-    try:
-        joined = "".join(values)
-    except TypeError:
-        raise TypeError("a list column must hold str values (use a numpy array for numbers)") from None
+    joined = "".join(values)
     if _PLAIN_JSON.match(joined):
         return list(values), False
     cache: dict[str, str] = {}
@@ -569,12 +435,16 @@ def _field_piece(col: Any, key: str, omitempty: bool, keep_none: bool, inner: st
         cells = _go.json_floats(col) if col.dtype.kind == "f" else _go.json_ints(col)
         empty = (col == 0).tolist() if omitempty else None
         close = ""
-    elif isinstance(col, (list, tuple)):
+    elif isinstance(col, (list, tuple)) and all(type(v) is str for v in col):
         cells, quoted = _string_cells(col)
         empty = [not v for v in col] if omitempty else None
         head, close = (head, "") if quoted else (head + '"', '"')
+    elif isinstance(col, (list, tuple)):  # any other values, each laid out on its own
+        cells = [go_json(to_go(v), inner) for v in col]
+        empty = [_omitted(v, omitempty, keep_none) for v in col]
+        close = ""
     else:
-        text = _scalar_field(col, key, omitempty, keep_none, inner)
+        text = _field_line(col, key, omitempty, keep_none, inner)
         return None if text is None else ([",\n" + text], True)
     if empty is None or not any(empty):
         return [head, cells, close], True
@@ -592,13 +462,13 @@ def _chunk_text(cols: Columns, indent: str) -> str:
     row shares, or that row's string of a column — so the whole chunk is one list, filled a column
     at a time with slice assignments, and one join (no per-row formatting in Python)."""
     inner = indent + "  "
-    pieces = [p for name, key, omitempty, keep_none in _plan(cols.cls)
+    pieces = [p for name, key, omitempty, keep_none in _fields(cols.cls)
               if (p := _field_piece(cols.column(name), key, omitempty, keep_none, inner)) is not None]
     n = cols.n
     if not pieces:  # every field omitted in every row
         return ",\n".join([indent + "{}"] * n)
     if not pieces[0][1]:  # the first field's leading "," cannot be dropped once for all rows
-        return ",\n".join(indent + _model_json(r, indent) for r in cols.records())
+        return ",\n".join(indent + go_json(r, indent) for r in cols.records())
     first = pieces[0][0]
     parts = [indent + "{\n" + first[0][2:]] + first[1:]  # the first field has no leading ","
     parts += [part for p in pieces[1:] for part in p[0]] + ["\n" + indent + "}"]
@@ -654,17 +524,13 @@ def _metrics_chunks(metrics: MetricsOutput, requests: Columns | None) -> Iterato
         raise TypeError(f"request columns must be of RequestMetrics, not {requests.cls.__name__}")
     if metrics.requests:
         raise ValueError("pass the requests either in the MetricsOutput or as columns, not both")
-    d = metrics.__dict__
+    names = list(MetricsOutput.model_fields)
+    later = {MetricsOutput.model_fields[n].alias or n for n in names[names.index("requests") + 1:]}
+    found = requests.n > 0  # "requests" is omitempty
     before: list[str] = []
     after: list[str] = []
-    found = False
-    for name, key, omitempty, keep_none in _plan(MetricsOutput):
-        if name == "requests":
-            found = requests.n > 0 or not omitempty
-            continue
-        text = _scalar_field(d[name], key, omitempty, keep_none, "  ")
-        if text is not None:
-            (after if found else before).append(text)
+    for key, value in to_go(metrics).items():
+        (after if key in later else before).append(f"  {_escape(key)}: {go_json(value, '  ')}")
     if not found:
         yield go_json(metrics)
         return
@@ -678,10 +544,12 @@ def columns_json(cols: Columns, indent: str = "") -> str:
     return "".join(_array_chunks(cols, indent))
 
 
+def _as_columns(results: Sequence[SimResult] | Columns) -> Columns:
+    return results if isinstance(results, Columns) else Columns.from_records(SimResult, results)
+
+
 def sim_results_text(results: Sequence[SimResult] | Columns) -> str:
-    if isinstance(results, Columns):
-        return "".join(_array_chunks(_sorted_by_id(results)))
-    return go_json(sorted(results, key=lambda r: r.request_id))
+    return "".join(_array_chunks(_sorted_by_id(_as_columns(results))))
 
 
 def metrics_output_text(metrics: MetricsOutput, requests: Columns | None = None) -> str:
@@ -691,12 +559,8 @@ def metrics_output_text(metrics: MetricsOutput, requests: Columns | None = None)
 
 
 def write_sim_results(results: Sequence[SimResult] | Columns, path: str | Path) -> None:
-    """Sorted by request id (stable); a :class:`Columns` of SimResult is written without building
-    one object per row (same bytes)."""
-    if isinstance(results, Columns):
-        atomic_write_chunks(path, _array_chunks(_sorted_by_id(results)))
-        return
-    atomic_write(path, sim_results_text(results))
+    """Sorted by request id (stable); objects are written as their columns."""
+    atomic_write_chunks(path, _array_chunks(_sorted_by_id(_as_columns(results))))
 
 
 def write_metrics_output(metrics: MetricsOutput, path: str | Path, requests: Columns | None = None) -> None:

@@ -50,9 +50,9 @@ from blis_sim.formats.trace_data import (
     TraceRecord,
     columns_for,
     data_text,
-    read_trace_data,
     write_trace_data,
 )
+from blis_sim.formats.trace_columns import read_trace_data
 from blis_sim.formats.trace_header import (
     SOURCE_GPU_FALLBACK,
     SOURCE_TIERED,

@@ -7,6 +7,7 @@ API::
     data.n; data.column("input_tokens")             # int64 / bool / float64 array, or list[str]
     data.strings("prefix_group")                    # StrColumn(codes int32, names) ("" is a name too)
     data.record(i); data.records()                  # TraceRecord objects, made on demand
+    records = read_trace_data("t.csv")              # -> list[TraceRecord] (file order = completion order)
     TraceColumns.from_records(records)              # the other way (a Trace read as records)
 
 A column with one value in the whole file (most of them: zeros, empty strings, ``ok``) is held as
@@ -14,29 +15,29 @@ that value alone; integer columns are int64 arrays, booleans bool, ``reason_rati
 string columns codes into their distinct values. A 1M-row trace is ~60 MB of arrays instead of
 ~1.1 GB of records.
 
-Reading is :func:`~blis_sim.formats.trace_data.read_trace_data`'s: the same fast path (a chunk of
-rows and a column at a time) and the same row path for any chunk it declines, with every check and
-located error of the record reader; a file the fast path cannot split (quotes, CRs, NULs) is read
-as records by the csv module and turned into columns. The records made from columns are the ones
-``read_trace_data`` returns (tests compare both).
+Reading follows the reference (docs/reference-formats.md §1.4) with :mod:`~blis_sim.formats.trace_data`'s
+column layout and cell checks: the csv module splits the rows (quotes, CRLF, blank lines as Go's
+reader), and a chunk of rows is converted a column at a time (plain digits by numpy in one call,
+anything else cell by cell through the reference's checks); the first bad cell in file order is a
+FormatError naming file, line and column. ``read_trace_data`` gives the same rows as records.
 """
 from __future__ import annotations
 
-import csv
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from blis_sim.formats._io import gc_paused
-from blis_sim.formats.trace_data import (_BOOLS, _INTS, _ROW_DEFAULTS, _ChunkParser, _column_positions,
-                                         _fast_record, _plain_text, _read_rows, _row_parser, checked_values)
+from blis_sim.errors import FormatError
+from blis_sim.formats import _go
+from blis_sim.formats._io import csv_chunks, csv_data_line, gc_paused
+from blis_sim.formats.trace_data import (_BOOLS, _INTS, _REPEATED, _ROW_DEFAULTS, _TRIMMED, TraceRecord,
+                                         _column_positions, _parse_cell)
+from blis_sim.formats.trace_header import read_trace_header
 
 FIELDS: tuple[str, ...] = tuple(_ROW_DEFAULTS)  # every TraceRecord field, in declaration order
-# text of a file read at once is parsed this many characters at a time (whole lines)
-_BLOCK_CHARS = 1 << 19
 
 
 class StrColumn(NamedTuple):
@@ -120,7 +121,7 @@ class TraceColumns:
             elif isinstance(col, StrColumn):
                 col = col.names[col.codes[i]]
             values[name] = col
-        return _fast_record(values)
+        return TraceRecord.model_construct(**values)  # checked by the reader
 
     def records(self) -> list[Any]:
         per_field = []
@@ -132,7 +133,8 @@ class TraceColumns:
                 per_field.append(col.tolist())
             else:
                 per_field.append([col] * self.n)
-        return [_fast_record(dict(zip(FIELDS, row))) for row in zip(*per_field)]
+        make = TraceRecord.model_construct  # checked by the reader
+        return [make(**dict(zip(FIELDS, row))) for row in zip(*per_field)]
 
     @classmethod
     def from_records(cls, records: Sequence[Any]) -> TraceColumns:
@@ -192,68 +194,170 @@ def _strings(parts: list[tuple[int, Any, bool]]) -> StrColumn:
     return StrColumn(np.concatenate(codes) if codes else np.zeros(0, np.int32), list(index))
 
 
+# Rows are read and converted this many at a time: the cells of one chunk are alive at once, never
+# those of the whole file.
+CHUNK_ROWS = 4096
+_BOOL_VALUES = {"true": True, "false": False}
+
+
+class _CellError(Exception):
+    """The first bad cell of one column of a chunk: its row's index in the chunk and the error
+    (located by row index only: the line is looked up once, for the error reported)."""
+
+    def __init__(self, row: int, error: FormatError) -> None:
+        super().__init__(row)
+        self.row, self.error = row, error
+
+
+def read_trace_data(path: str | Path) -> list[Any]:
+    """Read a TraceV2 data CSV as :class:`~blis_sim.formats.trace_data.TraceRecord` objects (file
+    order = completion order): :func:`read_trace_columns`'s rows."""
+    return read_trace_columns(path).records()
+
+
 def read_trace_columns(path: str | Path) -> TraceColumns:
-    """Read a TraceV2 data CSV as columns (same rules, checks and errors as ``read_trace_data``)."""
+    """Read a TraceV2 data CSV as columns, with the reference's positional rules
+    (docs/reference-formats.md §1.4): the csv module splits the rows, each column of a chunk is converted at once, and the
+    first bad cell in file order is reported, located."""
     p = Path(path)
-    with gc_paused():
-        text = _plain_text(p)
-        cols = None if text is None else _columns_of_text(text, p)
-        if cols is None:
-            return TraceColumns.from_records(_read_rows(p))
-        return cols
-
-
-def _blocks(text: str) -> Iterator[tuple[int, list[str]]]:
-    """(1-based number of the first line, lines) per block of whole lines."""
-    start, line = 0, 1
-    while start < len(text):
-        end = text.rfind("\n", start, start + _BLOCK_CHARS) + 1
-        if end <= start:  # no line end within a block: the rest in one piece
-            end = text.find("\n", start) + 1 or len(text)
-        lines = text[start:end].split("\n")
-        if end < len(text) or text.endswith("\n"):
-            lines.pop()  # the "" after the block's last "\n"
-        yield line, lines
-        line += len(lines)
-        start = end
-
-
-def _columns_of_text(text: str, p: Path) -> TraceColumns | None:
-    """The columns of a file's text that ``_plain_text`` accepted; None: let the csv module read it
-    (no header row, or a line over its field limit: its errors)."""
     file = str(p)
-    limit = csv.field_size_limit()
-    acc = _Accumulator()
-    fast = slow = None
-    min_cols = 0
-    for first, lines in _blocks(text):
-        if max(map(len, lines), default=0) > limit:
-            return None
-        numbers: Sequence[int] = range(first, first + len(lines))
-        if fast is None:
-            h = next((k for k, line in enumerate(lines) if line), None)
-            if h is None:
+    with gc_paused():
+        header, chunks = csv_chunks(p, CHUNK_ROWS)
+        pos = _column_positions(header)
+        min_cols = len(pos)  # every optional column the header declares counts, trailing ones included
+        order = sorted(pos, key=lambda c: pos[c])
+        shared: dict[str, str] = {}
+        acc = _Accumulator()
+        for rows in chunks:
+            try:
+                acc.add(len(rows), *_chunk_columns(rows, pos, order, min_cols, file, shared))
+            except _CellError as exc:
+                e = exc.error
+                raise FormatError(e.reason, file=file, line=csv_data_line(p, acc.n + exc.row),
+                                  field=e.location.field) from None
+        return acc.finish()
+
+
+def _chunk_columns(rows: list[list[str]], pos: dict[str, int], order: list[str], min_cols: int,
+                   file: str, shared: dict[str, str]) -> tuple[dict[str, Any], list[str], list[Any]]:
+    """A chunk's rows as ``(template, names, columns)``: the value of every field that is the same in
+    every row (defaults included), then the varying columns (integer ones as int64 arrays)."""
+    widths = set(map(len, rows))
+    if min(widths) < min_cols:
+        short = next(k for k, row in enumerate(rows) if len(row) < min_cols)
+        if short:  # the rows before it are checked first: an earlier error comes first
+            _chunk_columns(rows[:short], pos, order, min_cols, file, shared)
+        raise _CellError(short, FormatError(f"CSV row has {len(rows[short])} columns, expected at least {min_cols}",
+                                            file=file))
+    n = len(rows)
+    by_column = list(zip(*rows)) if len(widths) == 1 else None
+    template = dict(_ROW_DEFAULTS)  # a column after unknown extras, absent from these rows: its default
+    names: list[str] = []
+    columns: list[Any] = []
+    first: tuple[int, int, _CellError] | None = None  # (row, column position, error): the earliest
+    for col in order:
+        i = pos[col]
+        if by_column is not None:
+            if i >= len(by_column):
                 continue
-            pos = _column_positions(lines[h].split(","))
-            min_cols = len(pos)
-            fast = _ChunkParser(pos, min_cols)
-            lines, numbers = lines[h + 1:], numbers[h + 1:]
-        if "" in lines:  # blank lines are skipped, as Go's csv.Reader does
-            keep = [k for k, line in enumerate(lines) if line]
-            lines, numbers = [lines[k] for k in keep], [numbers[k] for k in keep]
-        for k in range(0, len(lines), 4096):
-            chunk = lines[k:k + 4096]
-            parsed = fast.parse_columns(chunk, arrays=True)
-            if parsed is None:  # something unusual or wrong in this chunk: row by row, located errors
-                if slow is None:  # generated and compiled (~1 ms) only for a file that needs it
-                    slow = _row_parser(pos, min_cols, file, fast.shared)
-                acc.add_rows([checked_values(slow, line.split(","), num, min_cols, file)
-                              for num, line in zip(numbers[k:k + 4096], chunk)])
+            cells: Sequence[str | None] = by_column[i]
+        else:
+            cells = [row[i] if i < len(row) else None for row in rows]
+        try:
+            one = cells[0]
+            if cells[-1] == one and cells[n // 2] == one and cells.count(one) == n:
+                if one is not None:
+                    value = _convert(col, cells[:1], file, shared)[0]
+                    template[col] = value.item() if isinstance(value, np.generic) else value
             else:
-                acc.add(len(chunk), *parsed)
-    if fast is None:
+                values = _convert(col, cells, file, shared)
+                names.append(col)
+                columns.append(values)
+        except _CellError as exc:
+            if first is None or (exc.row, i) < first[:2]:
+                first = (exc.row, i, exc)
+    if first is not None:
+        if first[0]:  # the rows before its row are checked first: a deadline there comes first
+            _chunk_columns(rows[:first[0]], pos, order, min_cols, file, shared)
+        raise first[2]
+    bad = _deadline_before_arrival(template, names, columns, n)
+    if bad is not None:
+        k, d, a = bad
+        raise _CellError(k, FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} "
+                                        "(corrupt trace?)", file=file, field="deadline_us"))
+    return template, names, columns
+
+
+def _convert(col: str, cells: Sequence[str | None], file: str, shared: dict[str, str]) -> Any:
+    """One column's cells as values (None: the row lacks the column, its default); raises
+    :class:`_CellError` at the first cell the reference rejects."""
+    if None in cells:
+        present = [k for k, c in enumerate(cells) if c is not None]
+        values = [_ROW_DEFAULTS[col]] * len(cells)
+        try:
+            given = _convert(col, [cells[k] for k in present], file, shared)
+        except _CellError as exc:
+            raise _CellError(present[exc.row], exc.error) from None
+        for k, v in zip(present, list(given)):
+            values[k] = v
+        return np.asarray(values, dtype=np.int64) if col in _INTS else values
+    if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
+        cells = [c.strip(_go.GO_SPACE) for c in cells]
+        plain = _plain_ints(cells)
+        return plain if plain is not None else _cellwise(col, cells, file, empty_is=0)
+    if col in _TRIMMED:
+        return [c.strip(_go.GO_SPACE) for c in cells]
+    if col in _INTS:
+        plain = _plain_ints(cells)
+        return plain if plain is not None else np.asarray(_cellwise(col, cells, file), dtype=np.int64)
+    if col in _BOOLS:
+        if set(cells) <= _BOOL_VALUES.keys():
+            return list(map(_BOOL_VALUES.__getitem__, cells))
+        return _cellwise(col, cells, file)
+    if col == "reason_ratio":
+        return [0.0] * len(cells) if set(cells) == {"0"} else _cellwise(col, cells, file)
+    if col in _REPEATED:  # one string object per distinct value: a few hundred bytes less per row
+        return list(map(shared.setdefault, cells, cells))
+    return list(cells)
+
+
+def _cellwise(col: str, cells: Sequence[str], file: str, empty_is: Any = None) -> list[Any]:
+    """Each cell through the reference's checks (signs, Go's bool forms, ratios, ranges)."""
+    out = []
+    for k, c in enumerate(cells):
+        if empty_is is not None and not c:
+            out.append(empty_is)
+            continue
+        try:
+            out.append(_parse_cell(col, c, file, 0))
+        except FormatError as exc:
+            raise _CellError(k, exc) from None
+    return out
+
+
+def _plain_ints(cells: Sequence[str]) -> np.ndarray | None:
+    """The cells as an int64 array when every one is plain ASCII digits below 10**18 (what the
+    reference reads the same way), parsed by numpy in one call; None otherwise (signs, spaces, empty
+    cells, huge values: the cell checks decide)."""
+    joined = ",".join(cells).encode("utf-8")
+    if not joined or joined.translate(None, b"0123456789,") or b",," in joined or joined[:1] == b"," \
+            or joined[-1:] == b",":
         return None
-    return acc.finish()
+    values = np.fromstring(joined, dtype=np.int64, sep=",")  # saturates at 2**63 - 1: checked below
+    if values.size != len(cells) or values.max() >= 10**18:
+        return None
+    return values
+
+
+def _deadline_before_arrival(template: dict[str, Any], names: list[str], columns: list[Any],
+                             n: int) -> tuple[int, int, int] | None:
+    """(row, deadline, arrival) of the first row whose deadline precedes its arrival, or None."""
+    if "deadline_us" not in names and not template["deadline_us"]:
+        return None
+    d, a = (np.asarray(columns[names.index(c)] if c in names else np.full(n, template[c]), dtype=np.int64)
+            for c in ("deadline_us", "arrival_time_us"))
+    bad = np.flatnonzero((d > 0) & (a > 0) & (d < a))
+    return None if bad.size == 0 else (int(bad[0]), int(d[bad[0]]), int(a[bad[0]]))
 
 
 @dataclass
@@ -275,6 +379,4 @@ class ColumnarTrace:
 
 def load_trace_columns(header_path: str | Path, data_path: str | Path) -> ColumnarTrace:
     """Both files of a trace, the data as columns."""
-    from blis_sim.formats.trace_header import read_trace_header
-
     return ColumnarTrace(header=read_trace_header(header_path), data=read_trace_columns(data_path))

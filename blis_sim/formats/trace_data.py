@@ -1,10 +1,10 @@
-"""The TraceV2 data CSV (docs/reference-formats.md §1.4): one :class:`TraceRecord` per request.
+"""The TraceV2 data CSV (docs/reference-formats.md §1.4): one :class:`TraceRecord` per request, and its writer.
 
 API::
 
-    records = read_trace_data("t.csv")                      # -> list[TraceRecord] (file order = completion order)
     write_trace_data(records, "o.csv", mode="real")         # mode decides the conditional vllm_priority column
     data_text(records, mode=...) -> str; columns_for(records, mode) -> the header row that would be written
+    # reading: blis_sim.formats.trace_columns (read_trace_columns -> columns, read_trace_data -> records)
 
 :class:`TraceRecord` — the 27 base columns, the optional ``vllm_priority`` and ``slo_target_us`` (inserted
 positionally), the reference's trailing ``x_request_id``, ``adapter``, ``think_time_us``, and OUR trailing
@@ -12,23 +12,16 @@ columns ``phase``, ``warmup``, ``cached_tokens`` (-1 = not reported), ``first_by
 ``first_content_time_us`` (0 = unknown). Properties ``ttft_us`` / ``e2e_us`` = first / last chunk time − send
 time (client side, include the network).
 
-Reading follows the reference: positional base columns shifted by the inline optional columns found in the
-header row, trailing columns by header name, extra columns tolerated, Go ``ParseInt``/``ParseBool`` forms, the
-reference's range checks and messages, each a FormatError naming file, line and column. Speed: a file without
-quotes, CRs or NULs is split by hand and parsed a chunk of rows and a column at a time (``_ChunkParser``); any
-chunk it declines, and any other file, goes through the csv module row by row (``_read_rows``), which is also
-what reports every error (docs/formats.md, "Speed and memory"). Writing follows Go's
-``encoding/csv`` (minimal quoting, ``\\n`` line ends); an optional column is written only when some record
-carries it.
+This module holds the layout both directions share: the column positions a header row gives
+(positional base columns shifted by the inline optional columns found in the header row, trailing
+columns by header name, extra columns tolerated) and the reference's checks of one cell (Go
+``ParseInt``/``ParseBool`` forms, range checks and messages, each a FormatError naming file, line and
+column). Writing follows Go's ``encoding/csv`` (minimal quoting, ``\\n`` line ends); an optional column
+is written only when some record carries it.
 """
 
-# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
-# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
-import csv
 import math
-from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._io import atomic_write, csv_with_header, gc_paused, go_quote
+from blis_sim.formats._io import atomic_write, go_quote
 from blis_sim.formats._model import StrictModel
 
 
@@ -232,309 +225,6 @@ def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
                               file=file, line=line, field=col)
         return f
     return raw
-
-
-def read_trace_data(path: str | Path) -> list[TraceRecord]:
-    """Read a TraceV2 data CSV with the reference's positional rules (docs/reference-formats.md §1.4)."""
-    p = Path(path)
-    with gc_paused():
-        text = _plain_text(p)
-        if text is None:
-            return _read_rows(p)
-        return _read_text(text, p)
-
-
-def _read_text(text: str, p: Path) -> list[TraceRecord]:
-    """:func:`read_trace_data` of a file's text that :func:`_plain_text` accepted."""
-    file = str(p)
-    lines = text.split("\n")
-    h = next((i for i, line in enumerate(lines) if line), None)
-    if h is None:
-        return _read_rows(p)  # no header row: its error
-    if len(text) > csv.field_size_limit() and max(map(len, lines)) > csv.field_size_limit():
-        return _read_rows(p)  # maybe a field over the csv module's limit: its error
-    header = lines[h].split(",")
-    pos = _column_positions(header)
-    min_cols = len(pos)
-    fast = _ChunkParser(pos, min_cols)
-    slow = _row_parser(pos, min_cols, file, fast.shared)
-    out: list[TraceRecord] = []
-    for start in range(h + 1, len(lines), _CHUNK_LINES):
-        chunk = lines[start:start + _CHUNK_LINES]
-        numbers = range(start + 1, start + 1 + len(chunk))  # 1-based line numbers
-        if "" in chunk:  # blank lines are skipped, as Go's csv.Reader does
-            keep = [k for k, line in enumerate(chunk) if line]
-            chunk, numbers = [chunk[k] for k in keep], [numbers[k] for k in keep]  # type: ignore[assignment]
-        if not chunk:
-            continue
-        records = fast.parse(chunk)
-        if records is None:  # something unusual or wrong in this chunk: row by row, located errors
-            records = [_checked_row(slow, row, line, min_cols, file)
-                       for line, row in zip(numbers, (c.split(",") for c in chunk))]
-        out += records
-    return out
-
-
-# A data file read in one piece is parsed this many lines at a time (the cells of one chunk are alive
-# at once, not those of the whole file).
-_CHUNK_LINES = 4096
-
-
-def _plain_text(path: Path) -> str | None:
-    """The file's text when the fast path can split it on "\\n" and "," exactly as Go's (and
-    Python's) csv reader would: valid UTF-8 without quotes, CRs or NULs. None: use the csv module
-    (which also reports whatever is wrong with the file, located)."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    if '"' in text or "\r" in text or "\x00" in text:
-        return None
-    return text
-
-
-def _read_rows(p: Path) -> list[TraceRecord]:
-    """The general reader: Python's csv module (quoted fields, CRLF, ...), one row at a time."""
-    file = str(p)
-    header, rows = csv_with_header(p)
-    pos = _column_positions(header)
-    # As the reference: every optional column the header declares counts (ours too), trailing ones included.
-    min_cols = len(pos)
-    parse_row = _row_parser(pos, min_cols, file)
-    return [_checked_row(parse_row, row, line, min_cols, file) for line, row in rows]
-
-
-def _checked_row(parse_row: Any, row: list[str], line: int, min_cols: int, file: str) -> TraceRecord:
-    return _fast_record(checked_values(parse_row, row, line, min_cols, file))
-
-
-def checked_values(parse_row: Any, row: list[str], line: int, min_cols: int, file: str) -> dict[str, Any]:
-    """One row's field values, every check of the row path applied (errors located)."""
-    n = len(row)
-    if n < min_cols:
-        raise FormatError(f"CSV row has {n} columns, expected at least {min_cols}", file=file, line=line)
-    values = parse_row(row, n, line)
-    d, a = values["deadline_us"], values["arrival_time_us"]
-    if d > 0 and a > 0 and d < a:
-        raise FormatError(f"parsing deadline_us: value {d} precedes arrival_time_us {a} (corrupt trace?)",
-                          file=file, line=line, field="deadline_us")
-    return values
-
-
-_BOOL_VALUES = {"true": True, "false": False}
-
-
-def _plain_ints(cells: list[str], *, arrays: bool = False) -> Any:
-    """The cells as ints (an int64 array with ``arrays``) when every one is plain ASCII digits below
-    10**18 (what ``int()`` and the row parser read the same way), parsed by numpy in one call; None otherwise (signs, spaces,
-    empty cells, huge values: the row parser's checks decide)."""
-    import numpy as np  # here: only a big file's columns need it
-
-    joined = ",".join(cells).encode("utf-8")
-    if not joined or joined.translate(None, b"0123456789,") or b",," in joined or joined[:1] == b"," \
-            or joined[-1:] == b",":
-        return None
-    values = np.fromstring(joined, dtype=np.int64, sep=",")  # saturates at 2**63 - 1: checked below
-    if values.size != len(cells) or values.max() >= 10**18:
-        return None
-    return values if arrays else values.tolist()
-
-
-class _ChunkParser:
-    """Well-formed chunks of rows, a column at a time: every row the same number of fields, every
-    cell in the row parser's fast form (plain digits, ``true``/``false``, ``0`` for the ratio) or
-    accepted by its slow check. Anything else — a short row, a bad cell, a deadline before its
-    arrival — returns None, and the chunk is read row by row for the located error.
-
-    A column with one value in the whole chunk (most of them: zeros, empty strings, ``ok``) is
-    converted once and goes into the chunk's template dict; each record is a copy of it with the
-    varying columns assigned."""
-
-    def __init__(self, pos: dict[str, int], min_cols: int) -> None:
-        self.pos = pos
-        self.min_cols = min_cols
-        self.order = sorted(pos, key=lambda c: pos[c])
-        self.shared: dict[str, str] = {}
-        self._makers: dict[tuple[str, ...], Any] = {}
-
-    def parse(self, chunk: list[str]) -> list[TraceRecord] | None:
-        parsed = self.parse_columns(chunk)
-        if parsed is None:
-            return None
-        template, names, columns = parsed
-        key = tuple(names)
-        make = self._makers.get(key)
-        if make is None:
-            make = self._makers[key] = _record_maker(key)
-        return make(len(chunk), template, *columns)
-
-    def parse_columns(self, chunk: list[str], *, arrays: bool = False
-                      ) -> tuple[dict[str, Any], list[str], list[Any]] | None:
-        """The chunk's rows as ``(template, names, columns)``: every field's value where the chunk
-        has one value (defaults included), then the varying columns (plain-digit integer columns
-        as int64 arrays with ``arrays``, other columns as lists). None: read it row by row."""
-        n = len(chunk)
-        width = chunk[0].count(",") + 1
-        if width < self.min_cols:
-            return None
-        stride = width + 1
-        # every row followed by a "\n" item: all of them where expected <=> every row has `width` fields
-        flat = (",\n,".join(chunk) + ",\n").split(",")
-        if len(flat) != n * stride or flat[width::stride].count("\n") != n:
-            return None
-        template = dict(_ROW_DEFAULTS)  # a column after unknown extras, absent from these rows: its default
-        names: list[str] = []
-        columns: list[list[Any]] = []
-        for col in self.order:
-            i = self.pos[col]
-            if i >= width:
-                continue
-            cells = flat[i::stride]
-            first = cells[0]
-            if cells[-1] == first and cells[n // 2] == first and cells.count(first) == n:
-                values = self._convert(col, cells[:1])
-                if values is None:
-                    return None
-                template[col] = values[0]
-            else:
-                values = self._convert(col, cells, arrays=arrays)
-                if values is None:
-                    return None
-                names.append(col)
-                columns.append(values)
-        if self._deadline_problem(template, names, columns, n):
-            return None
-        return template, names, columns
-
-    @staticmethod
-    def _deadline_problem(template: dict[str, Any], names: list[str], columns: list[list[Any]], n: int) -> bool:
-        """Whether some row's deadline precedes its arrival (the row parser's check)."""
-        if "deadline_us" not in names and not template["deadline_us"]:
-            return False
-        deadlines, arrivals = (columns[names.index(c)] if c in names else repeat(template[c], n)
-                               for c in ("deadline_us", "arrival_time_us"))
-        return any(0 < d < a for d, a in zip(deadlines, arrivals))
-
-    def _convert(self, col: str, cells: list[str], *, arrays: bool = False) -> Any:
-        if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
-            cells = [c.strip(_go.GO_SPACE) if c else c for c in cells]
-            if not any(cells):
-                return [0] * len(cells)
-            values = _plain_ints(cells)
-            return values if values is not None else self._cellwise(col, cells, empty_is=0)
-        if col in _TRIMMED:
-            return [c.strip(_go.GO_SPACE) for c in cells] if any(cells) else cells
-        if col in _INTS:
-            values = _plain_ints(cells, arrays=arrays)
-            return values if values is not None else self._cellwise(col, cells)
-        if col in _BOOLS:
-            if set(cells) <= _BOOL_VALUES.keys():
-                return list(map(_BOOL_VALUES.__getitem__, cells))
-            return self._cellwise(col, cells)
-        if col == "reason_ratio":
-            if set(cells) == {"0"}:
-                return [0.0] * len(cells)
-            return self._cellwise(col, cells)
-        if col in _REPEATED:  # one string object per distinct value: a few hundred bytes less per row
-            return list(map(self.shared.setdefault, cells, cells))
-        return cells
-
-    @staticmethod
-    def _cellwise(col: str, cells: list[str], empty_is: Any = None) -> list[Any] | None:
-        """Each cell through the row parser's checks (signs, Go's bool forms, ratios); None at the
-        first one they reject (its message needs the row's line: the caller reads the chunk again)."""
-        try:
-            return [empty_is if (empty_is is not None and not c) else _parse_cell(col, c, "", 0)
-                    for c in cells]
-        except FormatError:
-            return None
-
-
-def _record_maker(names: tuple[str, ...]) -> Any:
-    """``make(n, template, *columns) -> list[TraceRecord]``: per row a copy of the template dict
-    with ``names`` set to that row's values (one generated function per set of varying columns),
-    then the records around them as :func:`_fast_record` builds one (the values are checked
-    already), each step a loop in C."""
-    params = [f"v{k}" for k in range(len(names))]
-    src = [f"def row(template{''.join(', ' + p for p in params)}):", "    d = COPY(template)"]
-    src += [f"    d[{name!r}] = {p}" for name, p in zip(names, params)]
-    src.append("    return d")
-    namespace: dict[str, Any] = {"COPY": dict.copy}
-    exec("\n".join(src), namespace)  # noqa: S102 - source built above from fixed field names only
-    row = namespace["row"]
-
-    def make(n: int, template: dict[str, Any], *columns: list[Any]) -> list[TraceRecord]:
-        dicts = list(map(row, repeat(template, n), *columns))
-        records = list(map(_NEW, repeat(TraceRecord, n)))
-        for slot, values in (("__dict__", dicts), ("__pydantic_fields_set__", repeat(_ALL_FIELDS_SET, n)),
-                             ("__pydantic_extra__", repeat(None, n)), ("__pydantic_private__", repeat(None, n))):
-            deque(map(_SET, records, repeat(slot, n), values), maxlen=0)
-        return records
-
-    return make
-
-
-_NEW, _SET = TraceRecord.__new__, object.__setattr__
-
-
-def _row_parser(pos: dict[str, int], min_cols: int, file: str, shared: dict[str, str] | None = None) -> Any:
-    """A row -> field-values function specialised to this header's column positions.
-
-    Generated source (like ``dataclasses`` and ``namedtuple`` do) so each cell is one inlined fast check —
-    plain ASCII digits, ``true``/``false``, ``0`` — with everything else (signs, errors, range checks, the
-    reference's messages) in :func:`_parse_cell`. A loop over a column plan cost twice as much per row.
-    """
-    body = ["def parse_row(row, n, line):", "    d = dict(DEFAULTS)"]  # every field, in declaration order
-    for col, i in sorted(pos.items(), key=lambda kv: kv[1]):
-        pad = "    "
-        if i >= min_cols:  # placed after unknown extra columns: a row may still lack it (keep the default)
-            body.append(f"    if n > {i}:")
-            pad = "        "
-        if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
-            body += [f"{pad}v = TRIM(row[{i}])",
-                     f"{pad}d[{col!r}] = slow({col!r}, v, FILE, line) if v else 0"]
-        elif col in _TRIMMED:
-            body.append(f"{pad}d[{col!r}] = TRIM(row[{i}])")
-        elif col in _INTS:
-            body += [f"{pad}v = row[{i}]",
-                     f"{pad}d[{col!r}] = int(v) if v.isdigit() and v.isascii() and len(v) < 19 "
-                     f"else slow({col!r}, v, FILE, line)"]
-        elif col in _BOOLS:
-            body += [f"{pad}v = row[{i}]",
-                     f"{pad}d[{col!r}] = (v == 'true') if v in TF else slow({col!r}, v, FILE, line)"]
-        elif col == "reason_ratio":
-            body += [f"{pad}v = row[{i}]", f"{pad}d[{col!r}] = 0.0 if v == '0' else slow({col!r}, v, FILE, line)"]
-        elif col in _REPEATED:  # one string object per distinct value: a few hundred bytes less per row
-            body.append(f"{pad}v = row[{i}]")
-            body.append(f"{pad}d[{col!r}] = SHARED.setdefault(v, v)")
-        else:
-            body.append(f"{pad}d[{col!r}] = row[{i}]")
-    body.append("    return d")
-    namespace: dict[str, Any] = {"DEFAULTS": _ROW_DEFAULTS, "slow": _parse_cell, "FILE": file, "TRIM": _go.trim_space,
-                                 "TF": frozenset({"true", "false"}),
-                                 "SHARED": {} if shared is None else shared}
-    exec("\n".join(body), namespace)  # noqa: S102 - source built above from fixed column names only
-    return namespace["parse_row"]
-
-
-# One fields-set object for every record read: a 37-name set is 2.2 KB, two thirds of a record's memory. Sharing
-# it is safe because TraceRecord is frozen (pydantic adds to the set only on attribute assignment) and
-# model_copy() copies the set before updating it.
-_ALL_FIELDS_SET = set(TraceRecord.model_fields)
-
-
-def _fast_record(values: dict[str, Any]) -> TraceRecord:
-    """``TraceRecord.model_construct(**values)`` without its per-field loop (values are already checked).
-
-    The reader's checks are the model's constraints (tests compare both on the same inputs), so skipping
-    pydantic here loses nothing but time: model_construct cost ~10x the whole parse of a row.
-    """
-    rec = TraceRecord.__new__(TraceRecord)
-    object.__setattr__(rec, "__dict__", values)
-    object.__setattr__(rec, "__pydantic_fields_set__", _ALL_FIELDS_SET)
-    object.__setattr__(rec, "__pydantic_extra__", None)
-    object.__setattr__(rec, "__pydantic_private__", None)
-    return rec
 
 
 def data_text(records: Sequence[TraceRecord], *, mode: str) -> str:

@@ -21,8 +21,6 @@ and field); writing lays the file out as yaml.v3 does (4-space indent, ``hit_rat
 blocks absent), atomically.
 """
 
-# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
-# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
 from pathlib import Path
 from typing import ClassVar, Literal
 

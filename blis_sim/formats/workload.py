@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from blis_sim import limits
 from blis_sim.errors import ConfigError, FormatError
-from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
+from blis_sim.formats._strict import YamlDoc, describe, dotted, load_yaml, parse_yaml
 
 __all__ = [
     "ArrivalSpec", "ClientSpec", "CohortSpec", "DistSpec", "LifecycleSpec", "ActiveWindow", "MultiTurnSpec",
@@ -362,13 +362,13 @@ def workload_spec_from_doc(doc: YamlDoc, at: tuple[str | int, ...] = ()) -> Work
         if not isinstance(data, (dict, list)) or (isinstance(data, dict) and key not in data) or \
                 (isinstance(data, list) and not (isinstance(key, int) and 0 <= key < len(data))):
             raise FormatError("required field is missing", file=doc.file, line=doc.line_of(at[:i]),
-                              field=_dotted(at[:i + 1]))
+                              field=dotted(at[:i + 1]))
         data = data[key]
     if data is None:
-        raise FormatError("workload spec is empty", file=doc.file, line=doc.line_of(at), field=_dotted(at) or None)
+        raise FormatError("workload spec is empty", file=doc.file, line=doc.line_of(at), field=dotted(at) or None)
     if not isinstance(data, dict):
         raise FormatError(f"workload spec must be a mapping, got {type(data).__name__}", file=doc.file,
-                          line=doc.line_of(at), field=_dotted(at) or None)
+                          line=doc.line_of(at), field=dotted(at) or None)
     data = _upgrade_v1(copy.deepcopy(data), doc.file)
     sub = YamlDoc(data=data, file=doc.file,
                   lines={k[len(at):]: v for k, v in doc.lines.items() if k[:len(at)] == at})
@@ -377,7 +377,7 @@ def workload_spec_from_doc(doc: YamlDoc, at: tuple[str | int, ...] = ()) -> Work
     except ValidationError as exc:
         err = describe(exc, sub)
         if at:  # re-anchor the field path in the enclosing document
-            fld = _dotted(at) + ("." + err.location.field if err.location.field else "")
+            fld = dotted(at) + ("." + err.location.field if err.location.field else "")
             raise FormatError(err.reason, file=doc.file, line=err.location.line, field=fld) from None
         raise err from None
     _Checker(spec, sub, at).run()
@@ -413,10 +413,6 @@ def _upgrade_v1(data: dict[str, Any], file: str) -> dict[str, Any]:
     return data
 
 
-def _dotted(path: tuple[str | int, ...]) -> str:
-    return ".".join(str(p) for p in path)
-
-
 class _Checker:
     """The reference's ``Validate()`` plus our phase rules, each error anchored at its YAML line."""
 
@@ -425,7 +421,7 @@ class _Checker:
 
     def fail(self, path: tuple[str | int, ...], message: str) -> None:
         raise ConfigError(message, file=self.doc.file, line=self.doc.line_of(path),
-                          field=_dotted(self.at + path) or None)
+                          field=dotted(self.at + path) or None)
 
     def run(self) -> None:
         s = self.spec
@@ -722,7 +718,7 @@ class _Checker:
         if explicit and empty:
             self.fail(empty[0] + ("slo_class",), "mixed slo_class specification: if any client/cohort specifies "
                       f"slo_class, all must specify it; {len(explicit)} have explicit values, {len(empty)} are "
-                      f"empty (first: {_dotted(self.at + empty[0])})")
+                      f"empty (first: {dotted(self.at + empty[0])})")
 
     def _check_group_lengths(self) -> None:
         # The reference silently lets the first client of a group decide its length (and observe the last);
@@ -738,7 +734,7 @@ class _Checker:
                 elif first[c.prefix_group][0] != length:
                     log.warning("%s: prefix_group %r has prefix_length %d at %s but %d at %s; the first one is used",
                                 self.doc.file, c.prefix_group, first[c.prefix_group][0],
-                                _dotted(first[c.prefix_group][1]), length, _dotted(r.path + ("clients", i)))
+                                dotted(first[c.prefix_group][1]), length, dotted(r.path + ("clients", i)))
 
 
 def _rate_based(clients: Any, cohorts: Any) -> bool:

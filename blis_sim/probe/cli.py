@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import Any
 
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError
 from blis_sim.observe.cli import add_target_flags, require
 
@@ -28,8 +29,8 @@ def register(subparsers: Any) -> None:
     a("--time-budget", default="300s", help="stop starting phases after this long, a Go duration (default 300s)")
     a("--max-num-seqs", type=int, default=256, help="the server's --max-num-seqs (vLLM does not publish it; "
                                                     "default 256, vLLM's)")
-    a("--max-num-batched-tokens", type=int, default=8192, help="the server's --max-num-batched-tokens "
-                                                               "(default 8192)")
+    a("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+      help=f"the server's --max-num-batched-tokens (default {DEFAULT_MAX_NUM_BATCHED_TOKENS}, vLLM's)")
     for name in ("max-model-len", "block-size", "num-gpu-blocks"):
         a(f"--{name}", type=int, default=0, help=f"override what the server says about its {name.replace('-', ' ')}")
     a("--max-prompt", type=int, default=0, help="cap the longest probe prompt, tokens (default: the server's "

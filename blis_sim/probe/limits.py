@@ -2,7 +2,7 @@
 
 API::
 
-    limits = read_limits(url, model="m", max_num_seqs=256, max_num_batched_tokens=8192)   # ServerLimits
+    limits = read_limits(url, model="m", max_num_seqs=256, max_num_batched_tokens=2048)   # ServerLimits
 
 ``max_model_len`` comes from the model's ``/v1/models`` entry (the first one when ``model`` is empty);
 ``block_size`` / ``num_gpu_blocks`` from ``vllm:cache_config_info`` on ``/metrics``. vLLM publishes neither

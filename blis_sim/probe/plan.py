@@ -53,6 +53,7 @@ import math
 import re
 from typing import Any
 
+from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from blis_sim.errors import ConfigError
 from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan
 
@@ -85,7 +86,7 @@ class ServerLimits:
     block_size: int
     num_gpu_blocks: int
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
