@@ -235,12 +235,7 @@ def _resolve_any(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
 def _validate_collecting(model: type[M], doc: YamlDoc, where: _Where) -> M:
     """``model`` validated with every schema problem recorded in ``where``: each offending value is dropped and
     validation repeated, so that the value checks still run on the rest of the file."""
-    from blis_sim.formats._model import from_data
-
     data = _restore_strings(model, doc.data, (), doc.raw) if doc.raw else doc.data
-    fast = from_data(model, data)  # plain data strict validation accepts as it is: no schema to build
-    if fast is not None:
-        return fast
     for _ in range(64):
         try:
             return model.model_validate(data)
