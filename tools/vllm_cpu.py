@@ -566,9 +566,7 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
         running = (state.offload or {}).get("kv_connector_extra_config")
         wanted = offload_transfer_config(block, port=state.port, fs_root=Path(state.fs_root or "/")
                                          )["kv_connector_extra_config"] if block else None
-        if (running is None) != (wanted is None) or (running and wanted and {
-                k: v for k, v in running.items() if k != "secondary_tiers"} != {
-                k: v for k, v in wanted.items() if k != "secondary_tiers"}):
+        if running != wanted:  # the same file gives the same config (the fs root is the server's own)
             raise VllmCpuError(f"start: the recorded server (PID {state.pid}) runs with another offload config "
                                f"({json.dumps(running) if running else 'none'}); run `python tools/vllm_cpu.py "
                                "stop` first")
