@@ -12,7 +12,6 @@ from blis_sim.kv._port_calls cimport Admitted, PortCalls
 from blis_sim.errors import SimulationError
 from blis_sim.kv.cache import Admission, Lookup, SOURCES, new_tier_counters
 
-cdef double _EPS = 1e-6
 cdef Py_ssize_t _HASH_AHEAD = 4  # blocks hashed at least per extension of a request's hashes
 
 
@@ -448,7 +447,10 @@ cdef class CacheCore:
             end = b
         # A promotion above can evict this request's own CPU-resident chunks (vLLM pins none before the
         # load); each is promoted from an fs tier in turn, or the hit ends there (the pure _load).
-        again = True
+        again = False  # only a promotion can have evicted any
+        for i in range(<Py_ssize_t>r.plan.size()):
+            if r.plan[i].tier:
+                again = True
         while again:  # until a pass finds every chunk on the CPU (the pure _load)
             again = False
             c = start

@@ -17,8 +17,6 @@ from blis_sim.kv.station import TransferStation
 
 SOURCES = ("device", "host", "disk")
 _INF = float("inf")
-# A pin that ends just after `now`: protects a chunk from eviction during the current call only.
-_EPS = 1e-6
 
 
 class Lookup(NamedTuple):
@@ -411,7 +409,7 @@ class KVCache(Readouts):
         # fs tier in turn (TieringOffloadingManager.lookup), or the hit ends at the first no tier holds.
         repromoted: list[int] = []
         flags = None
-        again = True
+        again = any(t for t, _, _ in plan)  # only a promotion can have evicted any
         while again:  # until a pass finds every chunk on the CPU (each promotion pins one more chunk)
             again = False
             c = start
