@@ -45,8 +45,8 @@ reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's 
 :mod:`blis_sim.formats.offload_vllm`.
 """
 
-# No ``from __future__ import annotations``: pydantic would compile each field's annotation string
-# (why: blis_sim/formats/_model.py). A method's annotation naming its own class is quoted.
+# No ``from __future__ import annotations``: pydantic would then evaluate each field's annotation string
+# when the class is built. A method's annotation naming its own class is quoted.
 import math
 from typing import Any, Literal, NoReturn
 
