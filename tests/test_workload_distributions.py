@@ -5,13 +5,18 @@ import math
 import random
 import statistics
 
-import pytest
+from pathlib import Path
 
-from blis_sim.formats.workload import ArrivalSpec, DistSpec
+import pytest
+import yaml
+
+from blis_sim.errors import InputError
+from blis_sim.formats.workload import ArrivalSpec, DistSpec, parse_workload_spec
 from blis_sim.workload.arrivals import arrival_sampler, weibull_shape_from_cv
 from blis_sim.workload.distributions import go_round, length_sampler
 
 N = 20_000
+REPO = Path(__file__).resolve().parents[1]
 
 
 def draws(dist: DistSpec, n: int = N, seed: int = 1, floor: int = 1) -> list[int]:
@@ -131,3 +136,23 @@ def test_explicit_shape_scale_override_rate() -> None:
 
 def test_iats_are_at_least_one_microsecond() -> None:
     assert min(iats(ArrivalSpec(process="poisson"), rate_per_s=1e7, n=2000)) == 1
+
+
+def test_a_mean_near_the_float_maximum_is_refused_not_an_overflow() -> None:
+    """Hypothesis found an exponential mean of 9.3e307: the sampler overflowed (OverflowError) or gave lengths of
+    10**307 tokens. A token-valued parameter beyond the request maximum is a located input error; the sampler's
+    overflow gives the floor (its min when set), as a lognormal's does."""
+    text = (REPO / "samples/blis/workload.yaml").read_text()
+    spec = yaml.safe_load(text)
+    spec["clients"][0]["input_distribution"] = {"type": "exponential", "params": {"mean": 9.3e307}}
+    with pytest.raises(InputError, match=r"w\.yaml.*input_distribution\.params\.mean.*at most 16777216 tokens"):
+        parse_workload_spec(yaml.safe_dump(spec), "w.yaml")
+
+
+    class Overflowing(random.Random):
+        def expovariate(self, lambd: float) -> float:
+            return 2.0  # x 1.7e308 is inf
+
+    assert length_sampler(DistSpec(type="exponential", params={"mean": 1.7e308, "min": 7}), floor=1
+                          ).sample(Overflowing()) == 7
+    assert length_sampler(DistSpec(type="exponential", params={"mean": 1.7e308}), floor=1).sample(Overflowing()) == 1

@@ -77,6 +77,12 @@ DIST_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "empirical": ((), ()),
 }
 
+# The parameters of each distribution that are token counts (bounded by limits.MAX_REQUEST_TOKENS).
+_TOKEN_PARAMS: dict[str, tuple[str, ...]] = {
+    "gaussian": ("mean", "std_dev", "min", "max"), "exponential": ("mean", "min", "max"),
+    "lognormal": ("min", "max"), "pareto_lognormal": ("xm",), "constant": ("value",),
+}
+
 _CFG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
 
@@ -670,6 +676,12 @@ class _Checker:
             if k not in d.params:
                 self.fail(pp, f"{d.type} distribution requires parameter {k!r}")
         q = d.params
+        # Token counts (a distribution's lengths and bounds) stay within the documented request maximum, so a
+        # sampled length is an int a request can have (a mean near the float maximum overflowed the sampler).
+        for k in _TOKEN_PARAMS.get(d.type, ()):
+            if k in q and abs(q[k]) > limits.MAX_REQUEST_TOKENS:
+                self.fail(pp + (k,), f"{k} must be at most {limits.MAX_REQUEST_TOKENS} tokens in size, got {q[k]:g} "
+                                     "(docs/reliability.md)")
         if d.type == "gaussian":
             if q["std_dev"] < 0:
                 self.fail(pp + ("std_dev",), f"std_dev must be >= 0, got {q['std_dev']}")

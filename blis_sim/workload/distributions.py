@@ -70,7 +70,10 @@ class _Exponential:
     floor: int
 
     def sample(self, rng: random.Random) -> int:
-        return _clamp(go_round(rng.expovariate(1.0) * self.mean), self.lo, self.hi, self.floor)
+        v = rng.expovariate(1.0) * self.mean
+        if math.isinf(v):  # a mean near the float maximum overflows: as the lognormal's overflow
+            return max(self.lo, self.floor) if self.lo > 0 else max(1, self.floor)
+        return _clamp(go_round(v), self.lo, self.hi, self.floor)
 
 
 @dataclass(frozen=True)
