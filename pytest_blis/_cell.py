@@ -281,7 +281,7 @@ def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True)
             # link is not set from the offload config, so no cell can match a server's link yet.
             and r.unit != "rel"]
     agreement = report.request_hit_agreement
-    if getattr(expect, "cached_tokens_equal", False):
+    if expect.cached_tokens_equal:
         if agreement is None:
             rows.append(VerdictRow("cached_tokens_per_request", 0.0, 0.0, 1.0, 0.0, False, "requests"))
         else:

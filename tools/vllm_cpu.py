@@ -518,7 +518,8 @@ def offload_transfer_config(block: dict[str, Any], *, port: int, fs_root: Path |
 def _remove_offload_leftovers(state: ServerState) -> None:
     """The tiering spec's shared-memory file (leaked by vLLM's force-kill) and an fs root this script created."""
     if state.shm_file:
-        for leftover in Path(state.shm_file).parent.glob(Path(state.shm_file).stem + "*.mmap"):
+        shm = Path(state.shm_file)  # and its data-parallel ranks' (engine_id suffixed _dp<rank>), no other port's
+        for leftover in (shm, *shm.parent.glob(f"{shm.stem}_dp*.mmap")):
             with contextlib.suppress(OSError):
                 leftover.unlink()
     if state.fs_root and state.fs_root_owned:

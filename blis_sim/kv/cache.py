@@ -474,16 +474,14 @@ class KVCache(Readouts):
         return done
 
     def _count_once(self, flags: np.ndarray, tier: int, c: int, hit: bool) -> None:
-        """One (request, tier, chunk) lookup into the tier's chunk counters, once (bits of ``flags``)."""
-        f = int(flags[tier, c])
+        """One (request, tier, chunk) lookup into the tier's chunk counters, once: the core's ``_count``
+        (the pure core's: this class runs on it)."""
+        deltas = self._deltas
+        deltas.fill(0)
+        self._core._count(flags, deltas, tier, c, c + 1, hit)
         tc = self._tier_counters[tier]
-        if not f & 1:
-            tc["chunk_queries"] += 1
-            f |= 1
-        if hit and not f & 2:
-            tc["chunk_hits"] += 1
-            f |= 2
-        flags[tier, c] = f
+        tc["chunk_queries"] += int(deltas[tier, 0])
+        tc["chunk_hits"] += int(deltas[tier, 1])
 
     # ------------------------------------------------------------------------------- running
     def allocate(self, rid: int, num_new_tokens: int) -> bool:
