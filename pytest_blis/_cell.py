@@ -65,6 +65,10 @@ def unable_reason(ctx: CellContext) -> str | None:
         where = "the embedded emulator's offload config" if ctx.target.embedded else \
             "--blis-kv-offload-config (the server's offload tiers)"
         return f"a {path}-hit cell needs a {need} offload tier, and {where} has none"
+    injected = [k for k in ctx.point.spec.expect.faults if k in ("store_failure", "promotion_failure")]
+    if injected and ctx.target.embedded:
+        return (f"a fault cell needs a server that injects {', '.join(injected)}s, and the embedded emulator does "
+                "not (tools/offload_lane.sh faults runs it against vLLM)")
     return None
 
 
@@ -273,13 +277,18 @@ def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True)
     cell sets ``e2e_mape_threshold``. The capacity rows (unit "rate", judged by calibrate only where the window
     is saturated) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell. The tier
     service-time rows (unit "rel") are reported in the cell's calibration report and not judged.
-    ``timing=False`` (``--blis-timing-report-only``): the hit-rate rows only."""
+    A fault over the window that the simulator does not model is a failing row of its own (unit "faults"); a
+    fault cell (``expect.faults``) is judged on its faults instead of its hit-rates (:func:`_fault_rows`).
+    ``timing=False`` (``--blis-timing-report-only``): the hit-rate and fault rows only."""
     rows = [r for r in report.verdicts()
             if (r.metric != "ttft_mape" or expect.check_ttft)
             and (r.unit != "rate" or expect.check_ttft or expect.saturated)
             # Tier service seconds are in the report, not judged by a cell: the simulator's CPU <-> GPU
             # link is not set from the offload config, so no cell can match a server's link yet.
             and r.unit != "rel"]
+    if expect.faults:
+        return _fault_rows(report, expect.faults) + [r for r in rows if r.unit not in ("pp", "requests", "faults")
+                                                      and timing]
     agreement = report.request_hit_agreement
     if expect.cached_tokens_equal:
         if agreement is None:
@@ -289,12 +298,26 @@ def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True)
                                    agreement.sim_cached_tokens, agreement.requests - agreement.matching, 0.0,
                                    agreement.matching == agreement.requests, "requests"))
     if not timing:
-        return [r for r in rows if r.unit in ("pp", "requests")]
+        return [r for r in rows if r.unit in ("pp", "requests", "faults")]
     e2e = report.metrics.get("e2e")
     if expect.e2e_mape_threshold is not None and e2e is not None:
         mape = e2e.request_level.mape
         rows.append(VerdictRow("e2e_mape", e2e.workload_level.real_mean, e2e.workload_level.sim_mean, mape,
                                expect.e2e_mape_threshold, mape <= expect.e2e_mape_threshold, "mape"))
+    return rows
+
+
+def _fault_rows(report: CalibrationReport, expected: Sequence[str]) -> list[VerdictRow]:
+    """A fault cell's verdicts: every expected fault seen over the window, and no other fault the simulator
+    does not model. Its hit-rates are in the report, not judged: the fault makes them incomparable."""
+    seen: dict[str, int] = {}
+    for f in report.window_faults or ():
+        if not f.modelled:
+            seen[f.kind] = seen.get(f.kind, 0) + f.count
+    rows = [VerdictRow(f"fault[{kind}]", float(seen.get(kind, 0)), 1.0, float(seen.get(kind, 0)), 0.0,
+                       seen.get(kind, 0) > 0, "faults") for kind in expected]
+    rows += [VerdictRow(f"fault[{kind}]", float(n), 0.0, float(n), 0.0, False, "faults")
+             for kind, n in sorted(seen.items()) if kind not in expected]
     return rows
 
 

@@ -235,6 +235,9 @@ class Expect(_Strict):
                                                "simulated throughput is then judged against the observed")
     cached_tokens_equal: bool = Field(False, description="every request's cached tokens (the server's "
                                                          "usage.prompt_tokens_details) must equal the simulator's")
+    faults: list[Literal["store_failure", "promotion_failure", "promotion_allocation_failure", "warm_start"]] = Field(
+        default_factory=list, description="faults the window must show (a fault cell): each must be in the "
+                                          "trace header; the hit-rates are then reported, not judged")
 
 
 class Scenario(_Strict):

@@ -34,7 +34,8 @@ from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, HitRateComparison,
                                      HitRateDefinitionComparison, MetricComparison, Provenance,
                                      TierServiceComparison, TierServiceFit, ToleranceVerdict, TraceInfo,
-                                     UnpairedHitRate)
+                                     UnpairedHitRate, WindowFault)
+from blis_sim.formats.trace_header import MODELLED_FAULT_KINDS
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -142,6 +143,9 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     notes += hit.notes
     tier_rows, tier_fits, tier_notes = tier_service(trace.header, sim_metrics, options)
     notes += tier_notes
+    faults = window_faults(trace.header)
+    notes += [f"{f.count} {f.kind.replace('_', ' ')}s{' on tier ' + f.tier if f.tier else ''} over the window "
+              "(the simulator models them from the offload configuration)" for f in faults if f.count and f.modelled]
 
     report = CalibrationReport(
         trace_info=TraceInfo(num_requests=pairs.num_requests, warm_up_excluded=pairs.excluded_warmup,
@@ -153,7 +157,8 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
         kv_hit_rates_unpaired=hit.unpaired or None,
         capacity=capacity_comparison(pairs.matched_records, options.capacity_tolerance),
         request_hit_agreement=request_hit_agreement(pairs.matched_records),
-        tier_service=tier_rows or None, tier_service_fits=tier_fits or None, notes=notes or None,
+        tier_service=tier_rows or None, tier_service_fits=tier_fits or None, window_faults=faults or None,
+        notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
                               trace_data=inputs.trace_data, sim_results=inputs.sim_results,
                               sim_metrics=inputs.sim_metrics, itl_data=inputs.itl_data, warmup_requests=warmup,
@@ -179,6 +184,13 @@ def tier_service(header: Any, sim_metrics: Any | None, options: CalibrateOptions
         return [], fits, []
     rows, notes = compare_tier_service(observed, simulated, options.tier_service_tolerance)
     return [TierServiceComparison(**vars(r)) for r in rows], fits, notes
+
+
+def window_faults(header: Any) -> list[WindowFault]:
+    """The header's faults that happened (a zero count is left out), marked modelled or not."""
+    extra = getattr(header, "pytest_blis", None)
+    return [WindowFault(kind=f.kind, tier=f.tier, count=f.count, modelled=f.kind in MODELLED_FAULT_KINDS)
+            for f in (extra.faults if extra is not None else ()) if f.count]
 
 
 def _header_defaults(header: Any, options: CalibrateOptions) -> tuple[int, int]:

@@ -270,6 +270,17 @@ class Verdict(_Model):
     failed: list[str] = Field(default_factory=list)
 
 
+class WindowFault(_Model):
+    """A fault the trace header records over the window (its ``pytest_blis.faults``; docs/calibrate.md,
+    "Faults"). ``modelled``: the simulator reproduces it from the offload configuration (allocation failures);
+    otherwise the window's hit-rates are not comparable and the fault is a failing verdict of its own."""
+
+    kind: str
+    tier: str | None = None
+    count: int = Field(ge=0)
+    modelled: bool
+
+
 class Provenance(_Model):
     """Ours: what produced this report (design D7)."""
 
@@ -299,7 +310,8 @@ class VerdictRow:
     within: bool
     unit: str  # "pp" (percentage points), "mape" (a fraction), "rate" (relative error of a throughput),
     #            "requests" (requests whose cached tokens differ; real/sim: the cached tokens in total) or
-    #            "rel" (relative error of a tier's service seconds)
+    #            "rel" (relative error of a tier's service seconds) or "faults" (a fault over the window
+    #            the simulator does not model: real = its count)
 
 
 class CalibrationReport(_Model):
@@ -317,6 +329,7 @@ class CalibrationReport(_Model):
     request_hit_agreement: RequestHitAgreement | None = None
     tier_service: list[TierServiceComparison] | None = None
     tier_service_fits: list[TierServiceFit] | None = None
+    window_faults: list[WindowFault] | None = None
     verdict: Verdict | None = None
     notes: list[str] | None = None
     provenance: Provenance | None = None
@@ -341,6 +354,10 @@ class CalibrationReport(_Model):
         for t in self.tier_service or ():
             rows.append(VerdictRow(f"tier_service[{t.tier}/{t.direction}]", t.real_seconds, t.sim_seconds,
                                    t.rel_error, t.tolerance, t.within, "rel"))
+        for f in self.window_faults or ():
+            if f.count and not f.modelled:  # the window cannot validate the simulator's hit-rates
+                rows.append(VerdictRow(f"fault[{f.kind}{'/' + f.tier if f.tier else ''}]", float(f.count), 0.0,
+                                       float(f.count), 0.0, False, "faults"))
         c = self.capacity
         if c is not None and c.within is not None:  # judged only where the window is saturated
             rows.append(VerdictRow("capacity[req/s]", c.real_rps, c.sim_rps, c.rps_error, c.tolerance,

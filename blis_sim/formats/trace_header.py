@@ -158,6 +158,30 @@ class TierIO(StrictModel):
     write_jobs: int | None = Field(default=None, ge=0)
 
 
+# The faults the simulator reproduces from the offload configuration; any other fault makes a window's
+# hit-rates incomparable (docs/calibrate.md, "Faults").
+MODELLED_FAULT_KINDS = frozenset({"allocation_failure"})
+
+
+class Fault(StrictModel):
+    """One offload fault over the window, or content the server held from before it (docs/observe.md, "Faults").
+
+    ``kind``: ``allocation_failure`` (the CPU tier could not take an offer; the simulator models it),
+    ``store_failure`` / ``promotion_failure`` (a transfer to / from a secondary tier failed),
+    ``promotion_allocation_failure``, or ``warm_start`` (requests hit content that nothing sent earlier in
+    the window holds: a long-lived server, or an ``fs`` root that kept an earlier run's files). ``count``:
+    the counter's delta (``warm_start``: the requests), ``tier``: a tier label or None."""
+
+    kind: Literal["allocation_failure", "store_failure", "promotion_failure", "promotion_allocation_failure",
+                  "warm_start"]
+    tier: str | None = None
+    count: int = Field(ge=0)
+    metric: str = ""
+    detail: str = ""
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"metric", "detail"})
+
+
 class ScrapeInfo(StrictModel):
     """How the counter window was taken (times are epoch µs)."""
 
@@ -221,13 +245,14 @@ class PytestBlisHeader(StrictModel):
     partial: bool = False
     partial_reason: str = ""
     offload: OffloadExtensions | None = None
+    faults: list[Fault] = Field(default_factory=list)
     latency_model: LatencyModelInfo | None = None
     sim_seed: int | None = None         # the simulator's content/jitter seed (sim traces)
     warnings: list[str] = Field(default_factory=list)
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(
         {"tool_version", "vllm_version", "server_url", "kv_hit_rates", "tier_io", "phases", "partial",
-         "partial_reason", "warnings"})
+         "partial_reason", "faults", "warnings"})
 
 
 class TraceHeader(StrictModel):

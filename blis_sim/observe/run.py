@@ -46,6 +46,7 @@ from blis_sim.observe import capture
 from blis_sim.observe import loop as event_loop
 from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace
 from blis_sim.observe.dispatch import Dispatcher
+from blis_sim.observe.faults import fault_warnings, window_faults
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
 from blis_sim.observe.scrape import CounterWindow, Scraper
@@ -492,9 +493,13 @@ class _Run:
                           read_jobs=_jobs(d.get("read_jobs")), write_jobs=_jobs(d.get("write_jobs")))
                    for t, d in sorted((window.tier_io if window is not None and window.valid else {}).items())]
         geometry = KVGeometry(**self.geometry) if self.geometry else None
+        faults = window_faults(window.faults if window is not None and window.valid else [], rows,
+                               (self.geometry or {}).get("block_size", 1))
+        for message in fault_warnings(faults):
+            self.warn(message)
         extra = PytestBlisHeader(
             tool_version=__version__, vllm_version=self.vllm_version, server_url=self.base_url,
-            kv_geometry=geometry, kv_hit_rates=[KVHitRate(**e) for e in hit_rates], tier_io=tier_io,
+            kv_geometry=geometry, kv_hit_rates=[KVHitRate(**e) for e in hit_rates], tier_io=tier_io, faults=faults,
             scrape=self.window.info if self.window is not None else None,
             phases=self.phase_infos, partial=interrupted,
             partial_reason=(f"interrupted by {self.signal_name or 'a stop request'}" if interrupted else ""),
