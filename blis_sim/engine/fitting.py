@@ -41,6 +41,7 @@ from blis_sim.engine.coefficients import (FitIteration, FitReport, FrontendCoeff
                                           LatencyCoefficients, MemoryCoefficients, StepCoefficients)
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
+from blis_sim.engine.settings import resolve_settings
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
 from blis_sim.errors import ConfigError
 
@@ -349,7 +350,7 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     if prior is not None and prior.names != names:
         raise ConfigError(f"the prior ({prior.source}) is for another step shape than {shape!r}",
                           field="step_shape")
-    options = options or EngineOptions()
+    options = resolve_settings(options or EngineOptions(), trace.header)
     start_coeffs, start_label = _start(options)
     tried = [_replayed(trace, options, _start_vector(start_coeffs, shape, prior), "start", name,
                        shape, phases)]
@@ -426,7 +427,7 @@ def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
     from blis_sim.engine.coefficients import DEFAULT_COEFFICIENTS
 
     lat = options.latency
-    if lat.kind in ("linear", "roofline-fit"):
+    if lat is not None and lat.kind in ("linear", "roofline-fit"):
         s, m = lat.details.get("step"), lat.details.get("memory")
         if s:
             return LatencyCoefficients(

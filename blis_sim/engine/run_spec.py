@@ -26,7 +26,7 @@ from blis_sim.engine.outputs import SimulatedOutputs, trace_records
 from blis_sim.engine.requests import table_from_plan
 from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
                                       simulate_table)
-from blis_sim.engine.models import default_num_gpu_blocks
+from blis_sim.engine.settings import resolve_settings
 
 MAX_FOLLOWUPS = 100_000
 
@@ -91,11 +91,10 @@ def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | 
     """Generate the workload and simulate it phase by phase (see the module docstring)."""
     from blis_sim.workload import generate_workload
 
-    options = options or EngineOptions()
+    options = resolve_settings(options or EngineOptions())
     plan = generate_workload(spec, seed=seed, num_requests=num_requests, horizon=horizon)
     offload = options.kv_offload
-    block_size = options.block_size or (offload.gpu_block_size if offload is not None else 16)
-    num_blocks = options.num_gpu_blocks or default_num_gpu_blocks(options.model, block_size)
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     parts: list[SimOutcome] = []
     starts: list[np.ndarray] = []
@@ -119,7 +118,7 @@ def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | 
         starts.append(np.full(len(table), t0))
         t0 = part.loop.end_us
     combined = combine_outcomes(parts, kv, offload)
-    return RunOutcome(outcome=combined, options=replace(options, kv_offload=offload), plan=plan,
+    return RunOutcome(outcome=combined, options=options, plan=plan,
                       phase_start=np.concatenate(starts) if starts else np.zeros(0))
 
 

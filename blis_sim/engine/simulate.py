@@ -10,48 +10,58 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.engine.kvport import kv_port
-from blis_sim.engine.latency import StepModel, default_step_model
+from blis_sim.engine.latency import StepModel
 from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
 from blis_sim.formats._io import gc_paused
+
+if TYPE_CHECKING:
+    from blis_sim.formats.offload import OffloadConfig
 
 SOURCES = ("device", "host", "disk")
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Simulator knobs. ``None`` geometry is taken from the trace header, else defaults."""
+    """Simulator knobs. ``None``: not given, resolved by
+    :func:`~blis_sim.engine.settings.resolve_settings` (flag, trace header, model, default), which
+    fills ``sources`` (setting → ``flag`` / ``header`` / ``model`` / ``default``)."""
 
     model: str = ""
     num_gpu_blocks: int | None = None
     block_size: int | None = None
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    long_prefill_token_threshold: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None
     seed: int = 42
     horizon_us: float | None = None
-    latency: StepModel = field(default_factory=default_step_model)
+    latency: StepModel | None = None
     latency_source: str = "default"
-    kv_offload: Any = None              # OffloadConfig given on the command line (replay/run)
+    kv_offload: OffloadConfig | None = None  # a resolved OffloadConfig (given, or the trace header's)
     kv_bytes_per_token: float | None = None
+    model_config: str | None = None     # a local config.json: KV size and capacity of the model
+    hardware: str | None = None         # the device of the model's KV capacity (default H100)
+    tp: int = 1
     kv_backend: str | None = None       # "cython" | "python" | None (tests)
     # Replay only: the trace's client had one request in flight at a time (observe
     # --max-concurrency 1), so each request waits for the simulated previous one to finish.
     sequential: bool = False
     loop_backend: Any = None            # a loop module (tests)
+    sources: dict[str, str] = field(default_factory=dict, hash=False)
 
     def scheduler(self, horizon_us: float | None = None) -> SchedulerConfig:
+        assert self.max_num_seqs is not None and self.max_num_batched_tokens is not None, \
+            "resolve_settings first"
         h = self.horizon_us if self.horizon_us is not None else horizon_us
         return SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
-                               long_prefill_token_threshold=self.long_prefill_token_threshold,
+                               long_prefill_token_threshold=self.long_prefill_token_threshold or 0,
                                horizon_us=float(h) if h is not None else math.inf)
 
 
@@ -161,7 +171,9 @@ def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> 
 def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, block_size: int,
                    num_gpu_blocks: int, offload: Any, content_seed: int,
                    horizon_us: float | None = None, log_steps: bool = False) -> SimOutcome:
-    """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases)."""
+    """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases);
+    ``options`` resolved (:func:`~blis_sim.engine.settings.resolve_settings`)."""
+    assert options.latency is not None, "resolve_settings first"
     n = len(table)
     capacity = (num_gpu_blocks - 1) * block_size  # vLLM's null block is never handed out
     olen = np.maximum(table.output_len, 1)

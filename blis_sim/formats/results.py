@@ -57,7 +57,8 @@ from blis_sim.formats._model import StrictModel, _is_zero, to_go
 from blis_sim.formats._json import located as _located, parse_json as _parse
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TierIO, TraceKVOffloadConfig
+from blis_sim.formats.trace_header import (KVGeometry, LatencyModelInfo, SettingSource, TierIO,
+                                           TraceKVOffloadConfig)
 from blis_sim.formats._io import atomic_write_chunks
 
 _Float = Field(default=0.0, allow_inf_nan=False)
@@ -126,6 +127,9 @@ class SimProvenance(StrictModel):
     seed: int = 0
     kv_geometry: KVGeometry | None = None
     kv_offload: TraceKVOffloadConfig | None = None
+    settings: dict[str, SettingSource] = Field(default_factory=dict)  # where each setting came from
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"settings"})
 
 
 class MetricsOutput(StrictModel):

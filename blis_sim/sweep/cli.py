@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +108,6 @@ def base_from_args(args: argparse.Namespace) -> Any:
         return SweepBase(Payload("spec", workload_seed=args.workload_seed, num_requests=args.num_requests),
                          options, fingerprint="spec", spec_data=doc.data, spec=spec,
                          device_classes=classes, label=str(args.workload_spec))
-    from blis_sim.engine.replay_trace import resolve_offload
     from blis_sim.formats import load_trace
 
     require_files(args, "trace_header", "trace_data")
@@ -118,9 +116,8 @@ def base_from_args(args: argparse.Namespace) -> Any:
     trace = load_trace(args.trace_header, args.trace_data)
     if not args.model:
         raise UsageError("LLM name not provided (--model)")
-    options = options_from_args(args, trace.header)
-    offload = resolve_offload(trace.header, options.kv_offload, kv_bytes_per_token=options.kv_bytes_per_token)
-    return SweepBase(Payload("trace", trace=trace), replace(options, kv_offload=offload),
+    options = options_from_args(args, trace.header)  # the offload tiers resolved against the header (INV-13)
+    return SweepBase(Payload("trace", trace=trace), options,
                      fingerprint=_digest(args.trace_header, args.trace_data), device_classes=classes,
                      label=str(args.trace_data))
 
