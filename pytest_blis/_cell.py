@@ -240,7 +240,8 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         rows += more
     _html.remember(item, rows, plots)
     problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
-    notes = [f"artifacts: {ctx.paths.root}"] + rate_notes + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
+    notes = [f"artifacts: {ctx.paths.root}", *rate_notes, *setting_notes,
+             *(f"warning: {w}" for w in result.warnings[:5])]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
     summary.ttft_gated = spec.expect.check_ttft  # a report-only run's summary can still be judged later

@@ -23,18 +23,33 @@ from typing import Any
 from blis_sim import __version__
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
 from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
-from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry, compare_definitions,
-                                        compare_hit_rate, request_hit_agreement, simulated_primary)
+from blis_sim.calibrate.hitrate import (
+    SIM_SOURCE_CACHE_HIT_RATE,
+    HitRateEntry,
+    compare_definitions,
+    compare_hit_rate,
+    request_hit_agreement,
+    simulated_primary,
+)
 from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
-from blis_sim.calibrate.tier_service import (DEFAULT_TIER_SERVICE_TOLERANCE, compare_tier_service,
-                                            derive_tier_service)
+from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE, compare_tier_service, derive_tier_service
 from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
-from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, HitRateComparison,
-                                     HitRateDefinitionComparison, MetricComparison, Provenance,
-                                     TierServiceComparison, TierServiceFit, ToleranceVerdict, TraceInfo,
-                                     UnpairedHitRate)
+from blis_sim.formats.report import (
+    CalibrationReport,
+    ConfigMatch,
+    GoodputComparison,
+    HitRateComparison,
+    HitRateDefinitionComparison,
+    MetricComparison,
+    Provenance,
+    TierServiceComparison,
+    TierServiceFit,
+    ToleranceVerdict,
+    TraceInfo,
+    UnpairedHitRate,
+)
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15

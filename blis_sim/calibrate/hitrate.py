@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from blis_sim.formats.report import (HitRateComparison, HitRateDefinitionComparison, RequestHitAgreement,
-                                     UnpairedHitRate)
+from blis_sim.formats.report import HitRateComparison, HitRateDefinitionComparison, RequestHitAgreement, UnpairedHitRate
 
 BOUNDARY_EPS = 1e-9  # keeps |0.75 − 0.70| × 100 = 5.000000000000004 inside a 5 pp band
 SOURCE_TIERED = "tiered"

@@ -21,6 +21,7 @@ named in :class:`RealRecord` / :class:`SimRecord`, so any trace/sim model (or a 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -175,7 +176,7 @@ def _pair_itl(pairs: CalibrationPairs, records: Sequence[RealRecord], sim_by_id:
             continue
         chunks = sorted(chunks, key=lambda c: c.chunk_index)  # stable, like the reference's insertion sort
         total, count = 0.0, 0
-        for prev, cur in zip(chunks, chunks[1:]):
+        for prev, cur in itertools.pairwise(chunks):
             delta = float(cur.timestamp_us - prev.timestamp_us)
             if delta < 0:
                 continue  # clock skew: skip this delta only

@@ -270,7 +270,7 @@ class _Connection(asyncio.Protocol):
         except ConnectionResetError:
             t.close()
             return
-        except Exception:  # noqa: BLE001 - a bug in a handler: answer 500, keep serving
+        except Exception:
             log.exception("emulator: handler for %s %s failed", request.method, request.path)
             if not t.is_closing():
                 t.write(_encode_response(Response(status=500, text="Internal Server Error"), False))

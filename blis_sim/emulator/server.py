@@ -44,7 +44,6 @@ from blis_sim.emulator.scheduler import FINISHED, Request
 from blis_sim.errors import ConfigError
 
 
-
 def _dumps(obj: Any) -> str:
     """Compact JSON text (vLLM's chunks are compact); orjson, the hot path's encoder."""
     return orjson.dumps(obj).decode()

@@ -37,6 +37,7 @@ __getattr__, __dir__, _ = lazy_exports(__name__, {
     "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = ["EngineOptions", "burst_capacity", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
+__all__ = ["EngineOptions", "burst_capacity", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior",
+           "PreparedTrace", "SchedulerConfig",
            "evaluate", "fit", "load_coefficients", "physics_prior", "prepare_trace", "replay",
            "replay_outcome", "resolve_prior", "roofline", "run", "run_outcome"]

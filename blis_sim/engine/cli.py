@@ -202,7 +202,8 @@ def offload_flags(args: argparse.Namespace) -> OffloadFlags:
                         command=getattr(args, "command", None) or "run")
 
 
-def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOptions:
+def options_from_args(args: argparse.Namespace, header: Any = None, *,
+                      trace_name: str | None = None) -> EngineOptions:
     """The engine's options from the flags and the trace header (:func:`resolve_settings`: flag,
     header, model, default). Replaying (or fitting) an observed trace (``mode: real``) on a KV size
     or batch limit that neither the header nor a flag gave warns on stderr: the real server's limits
@@ -220,7 +221,7 @@ def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOpt
         # the roofline is the model's (its config and the hardware), not a file the user gave
         sources={"latency_model": "model"} if args.latency_model == "roofline" else {})
     try:
-        return resolve_settings(given, header, offload_flags=offload_flags(args),
+        return resolve_settings(given, header, offload_flags=offload_flags(args), trace_name=trace_name,
                                 warn=lambda m: print(f"blis {command}: warning: {m}", file=sys.stderr))
     except ConfigError:
         raise
@@ -261,14 +262,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = _load(args, "trace_header", "trace_data")
     if not args.model:
         raise UsageError("LLM name not provided (--model). Exiting simulation.")
-    options = options_from_args(args, trace.header)
+    name = f"{args.trace_header} / {args.trace_data}"
+    options = options_from_args(args, trace.header, trace_name=name)
     try:
         out = replay_outcome(trace, options)
-    except InputError as exc:  # what the trace holds (INV-13, BC-10, no usable row): name the trace
+    except InputError as exc:  # what the trace holds (BC-10, no usable row): name the trace
         if exc.location.file is not None:
             raise
-        raise type(exc)(exc.reason, file=f"{args.trace_header} / {args.trace_data}", line=exc.location.line,
-                        field=exc.location.field) from None
+        raise type(exc)(exc.reason, file=name, line=exc.location.line, field=exc.location.field) from None
     _write_outputs(args, out, out.trace() if args.trace_output else None)
     return 0
 

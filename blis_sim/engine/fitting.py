@@ -15,7 +15,8 @@ part of each step it waited through (a fraction for the step in progress when it
 ``w · F``, plus idle time (e.g. a load with nothing running), plus the frontend term
 ``base + per_inflight · load + admission wait`` (load: requests in flight at its send, from the trace's send and
 last-chunk times, as the simulator counts them; the wait: ``place · admission − since`` in the
-admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current iterate); its mean ITL is the same sum between its first and last token over
+admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current
+iterate); its mean ITL is the same sum between its first and last token over
 (outputs − 1). Rows are weighted by 1/observed (relative errors, like the MAPE verdict), solved
 by :func:`fit_solve.solve` (bounded, robust, toward an optional physics prior), and the replay is
 redone with the new coefficients (the schedule depends on them); the best iterate by the
@@ -36,9 +37,15 @@ from typing import Any
 
 import numpy as np
 
+from blis_sim.engine.coefficients import (
+    FitIteration,
+    FitReport,
+    FrontendCoefficients,
+    LatencyCoefficients,
+    MemoryCoefficients,
+    StepCoefficients,
+)
 from blis_sim.engine.fit_solve import Design
-from blis_sim.engine.coefficients import (FitIteration, FitReport, FrontendCoefficients,
-                                          LatencyCoefficients, MemoryCoefficients, StepCoefficients)
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.settings import resolve_settings

@@ -41,13 +41,16 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim._lazy import lazy_exports
 from blis_sim.errors import ConfigError, FormatError
 from blis_sim.formats._strict import read_text
+
+if TYPE_CHECKING:  # coefficients.py imports this module
+    from blis_sim.engine.coefficients import FrontendCoefficients
 
 #: Per-step features, in the order of the weight vectors. Tp: prompt tokens computed this step;
 #: Td: decode sequences; Cd: context tokens the decodes attend to; Cp: context already computed

@@ -31,8 +31,8 @@ import numpy as np
 
 from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.requests import TraceRows
-from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
+from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
 from blis_sim.formats._model import construct
 from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results

@@ -4,22 +4,23 @@ and into the MetricsOutput it writes (``sim_provenance``).
 ``sim_header(outcome, options, mode, base=None)`` → :class:`~blis_sim.formats.TraceHeader` with
 the resolved ``kv_offload`` block (INV-13), and in ``pytest_blis``: tool version, KV geometry,
 the simulated per-definition hit-rates, offload extensions, and the latency model with its
-coefficients (flattened to ``"step.base_us"``-style keys), and the simulator's seed (``sim_seed``). ``base`` (replay) keeps the
-original header's observation blocks verbatim.
+coefficients (flattened to ``"step.base_us"``-style keys), and the simulator's seed (``sim_seed``).
+``base`` (replay) keeps the original header's observation blocks verbatim. ``sim_provenance`` adds
+where each setting came from (``settings``: flag, header, model or default).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
 from blis_sim import __version__
-from blis_sim.formats._model import construct
-from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.results import SimProvenance
+
 # from the header's own module, not ``blis_sim.formats`` (which re-exports TraceHeader from
 # ``formats.trace``): a replay then does not import the trace reader's ITL and Trace models
 from blis_sim.engine.settings import SETTINGS
-from blis_sim.formats.trace_header import (KVGeometry, LatencyModelInfo, PytestBlisHeader, SettingSource,
-                                           TraceHeader)
+from blis_sim.formats._model import construct
+from blis_sim.formats.hitrate import KVHitRate
+from blis_sim.formats.results import SimProvenance
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, PytestBlisHeader, SettingSource, TraceHeader
 
 if TYPE_CHECKING:
     from blis_sim.engine.simulate import EngineOptions

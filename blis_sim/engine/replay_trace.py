@@ -43,8 +43,7 @@ from typing import Any
 from blis_sim.engine.outputs import SimulatedOutputs, trace_records
 from blis_sim.engine.requests import table_from_trace, trace_window
 from blis_sim.engine.settings import resolve_settings
-from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
-                                      simulate_table)
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 from blis_sim.errors import ConfigError
 
 BC10_MESSAGE = (

@@ -24,9 +24,8 @@ import numpy as np
 
 from blis_sim.engine.outputs import SimulatedOutputs, trace_records
 from blis_sim.engine.requests import table_from_plan
-from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
-                                      simulate_table)
 from blis_sim.engine.settings import resolve_settings
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 
 MAX_FOLLOWUPS = 100_000
 

@@ -6,24 +6,16 @@ Every caller goes through it: ``blis run`` / ``replay`` / ``fit`` (:func:`blis_s
 pytest plugin (``pytest_blis._replay``), and the library's ``replay_outcome`` / ``run_outcome`` / ``fit``,
 which resolve whatever the options leave open against the trace they were given.
 
-Each setting is taken from the first of (docs/engine.md, "Settings, resolved once"):
+Each setting is taken from the first that gives it (the table: docs/engine.md, "Settings, resolved once"):
 
-========================== ================================ ============================ ====================== ==============
-setting                    flag                             trace header                 model                  default
-========================== ================================ ============================ ====================== ==============
-``block_size``             ``--block-size-in-tokens``       ``pytest_blis.kv_geometry``, —                      16
-                                                            ``server.block_size``, the
-                                                            ``kv_offload`` block
-``num_gpu_blocks``         ``--total-kv-blocks``            ``pytest_blis.kv_geometry``  capacity on --hardware 1,000,000
-``max_num_seqs``           ``--max-num-seqs``               ``server.max_num_seqs``      —                      256
-``max_num_batched_tokens`` ``--max-num-batched-tokens``     —                            —                      2048
-``long_prefill_token_...`` ``--long-prefill-token-thr...``  —                            —                      0
-``latency_model``          ``--latency-coefficients``       —                            ``--latency-model      the bundled
-                                                                                         roofline``             coefficients
-``kv_bytes_per_token``     (the plugin's option)            ``kv_offload.per_block_bytes`` the model's geometry None
-``kv_offload``             ``--kv-offload-config``,         ``kv_offload`` (INV-13:      —                      none
-                           ``--kv-offloading-size``         authoritative)
-========================== ================================ ============================ ====================== ==============
+* ``block_size``: the flag; the header's ``pytest_blis.kv_geometry``, ``server.block_size`` or ``kv_offload``
+  block; a given offload config's GPU block; 16.
+* ``num_gpu_blocks``: the flag; ``pytest_blis.kv_geometry``; the model's capacity on ``hardware``; 1,000,000.
+* ``max_num_seqs``: the flag; ``server.max_num_seqs``; 256. ``max_num_batched_tokens``: the flag; 2048.
+  ``long_prefill_token_threshold``: the flag; 0.
+* ``latency_model``: the given model (``--latency-model roofline`` is the model's); the bundled coefficients.
+* ``kv_bytes_per_token``: the flag; the header's ``kv_offload.per_block_bytes``; the model's geometry; none.
+* ``kv_offload``: the header's block (authoritative, INV-13); the flag (an observed trace only); none.
 
 The defaults are :mod:`blis_sim.defaults` (each with its reason). A flag (``flag``) is anything the
 caller set: a CLI flag, a sweep point's axis, and in the plugin the server target's geometry and offload
@@ -39,12 +31,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from blis_sim.defaults import (DEFAULT_BLOCK_SIZE, DEFAULT_HARDWARE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                               DEFAULT_MAX_NUM_SEQS, DEFAULT_TOTAL_KV_BLOCKS)
+from blis_sim.defaults import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_HARDWARE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_TOTAL_KV_BLOCKS,
+)
 from blis_sim.engine.latency import default_step_model
 from blis_sim.engine.models import default_num_gpu_blocks, geometry_for
-from blis_sim.errors import ConfigError, UsageError
-from blis_sim.formats.offload import OffloadConfig, load_device_classes, load_offload_config
+from blis_sim.errors import ConfigError, InputError, UsageError
+from blis_sim.formats.offload import OffloadConfig
 
 if TYPE_CHECKING:
     from blis_sim.engine.simulate import EngineOptions
@@ -83,6 +80,10 @@ class OffloadFlags:
         return bool(self.config) or self.offloading_size is not None
 
     def load(self, *, block_size: int, kv_bytes_per_token: float | None) -> OffloadConfig:
+        # the file loader (formats/offload_file.py) only when a flag names a config: a replay whose
+        # header records it never builds the loader's models
+        from blis_sim.formats.offload import load_device_classes, load_offload_config
+
         if kv_bytes_per_token is None:
             raise UsageError("kv_offload: cannot derive per_block_bytes from the model: pass "
                              "--model-config config.json or a bundled --model "
@@ -98,7 +99,7 @@ class OffloadFlags:
 
 def resolve_settings(options: EngineOptions, header: TraceHeader | None = None, *,
                      offload_flags: OffloadFlags | None = None,
-                     warn: Callable[[str], None] | None = None) -> EngineOptions:
+                     warn: Callable[[str], None] | None = None, trace_name: str | None = None) -> EngineOptions:
     """``options`` with every setting resolved (flag, then ``header``, then the model, then the
     documented default; the module docstring) and ``sources`` saying which gave each.
 
@@ -107,6 +108,7 @@ def resolve_settings(options: EngineOptions, header: TraceHeader | None = None, 
     a recorded ``kv_offload`` block is authoritative and a flag that resolves differently is an error.
     ``warn``: called once, on an observed trace (``mode: real``), naming the server limits that came
     from neither a flag nor the header (they set the server's capacity; the CLI prints it).
+    ``trace_name``: names the trace (its files) in an error about what its header holds.
     """
     src: dict[str, str] = dict(options.sources)
 
@@ -163,7 +165,13 @@ def resolve_settings(options: EngineOptions, header: TraceHeader | None = None, 
         offload = offload_flags.load(block_size=block_size, kv_bytes_per_token=kvb)
         src["kv_offload"] = "flag"
     if header is not None:
-        chosen = resolve_offload(header, offload, kv_bytes_per_token=kvb)
+        try:
+            chosen = resolve_offload(header, offload, kv_bytes_per_token=kvb)
+        except InputError as exc:  # what the trace holds (INV-13): name the trace
+            if trace_name is None or exc.location.file is not None:
+                raise
+            raise type(exc)(exc.reason, file=trace_name, line=exc.location.line,
+                            field=exc.location.field) from None
         if offload is None and chosen is not None:
             src["kv_offload"] = "header"
         offload = chosen

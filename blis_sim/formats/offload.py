@@ -37,7 +37,8 @@ API::
 
 Validation is the reference's (every message of docs/reference-formats.md §6.2, prefixed by the file, line
 and field), plus the one config the reference accepts and then crashes on that we refuse: a CPU budget under
-one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
+one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the
+KV core supports both.
 Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
 types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects; a file's problems are all
 reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's own forms (the

@@ -38,8 +38,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._model import StrictModel, to_go, validate_data
 from blis_sim.formats._json import load_json
+from blis_sim.formats._model import StrictModel, to_go, validate_data
 from blis_sim.formats.results import go_json
 from blis_sim.formats.trace import atomic_write
 

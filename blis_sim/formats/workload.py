@@ -2,7 +2,7 @@
 
 API::
 
-    spec = load_workload_spec("spec.yaml")          # WorkloadSpec, or FormatError/ConfigError "file:line: field 'x': why"
+    spec = load_workload_spec("spec.yaml")   # WorkloadSpec, or FormatError/ConfigError "file:line: field 'x': why"
     spec = workload_spec_from_doc(doc, at=("workload",))   # a spec embedded in another YAML file (e.g. a scenario)
     spec = parse_workload_spec(text, file="<inline>")
     spec = workload_spec_from_data({"aggregate_rate": 4, ...}, source="<flags>")   # built in code

@@ -98,9 +98,9 @@ from types import ModuleType
 from typing import Any
 
 from blis_sim import _backend
-from blis_sim.kv.cache import Admission, KVCache as PyKVCache, Lookup
-from blis_sim.kv.config import (CpuTierConfig, FsTierConfig, KVConfig, TierStation,
-                                from_offload_config)
+from blis_sim.kv.cache import Admission, Lookup
+from blis_sim.kv.cache import KVCache as PyKVCache
+from blis_sim.kv.config import CpuTierConfig, FsTierConfig, KVConfig, TierStation, from_offload_config
 
 core, COMPILED = _backend.load("blis_sim.kv._core", "blis_sim.kv._core_py")
 hash_blocks = core.hash_blocks
@@ -119,7 +119,7 @@ def load_core(backend: str | None = None) -> tuple[ModuleType, bool]:
     raise ValueError(f"unknown KV backend {backend!r} (use 'cython' or 'python')")
 
 
-class KVCache(abc.ABC):
+class KVCache(abc.ABC):  # noqa: B024  (the common type of the two caches, and their factory)
     """The tiered KV cache (see the module docstring). ``backend``: "cython" | "python" | None.
 
     ``KVCache(config)`` builds the compiled cache (:class:`blis_sim.kv.compiled.CompiledKVCache`,

@@ -430,7 +430,7 @@ class ChunkStore:
             if not self.arc:
                 self._unlink(s)
                 self._append(s, LIST_T1)
-            elif lst == LIST_T1 or lst == LIST_T2:
+            elif lst in (LIST_T1, LIST_T2):
                 self._unlink(s)
                 self._append(s, LIST_T2)
             elif lst == LIST_B1:

@@ -31,13 +31,17 @@ from blis_sim.observe.client import Target
 log = logging.getLogger("blis_sim.observe")
 
 # The reference's 100-word vocabulary (docs/reference-formats.md §3.3), so ratio mode matches its prompts.
-VOCABULARY: tuple[str, ...] = tuple("""
-alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec
-romeo sierra tango uniform victor whiskey xray yankee zulu apple banana cherry date elder fig grape hazel
-iris jasmine kiwi lemon mango nutmeg olive peach quince rose sage thyme umber violet willow yarrow acorn
-birch cedar daisy elm fern ginger holly ivy juniper kelp laurel maple nettle oak pine quinoa reed spruce
-tulip umbra vine walnut xylem yew zinnia alder basil clover dill fennel garlic hemp indigo jade kumquat
-lily moss neem orchid poppy rye saffron tea urchin verbena wheat xeris yucca zest""".split())
+VOCABULARY: tuple[str, ...] = (
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
+    "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey",
+    "xray", "yankee", "zulu", "apple", "banana", "cherry", "date", "elder", "fig", "grape", "hazel", "iris",
+    "jasmine", "kiwi", "lemon", "mango", "nutmeg", "olive", "peach", "quince", "rose", "sage", "thyme", "umber",
+    "violet", "willow", "yarrow", "acorn", "birch", "cedar", "daisy", "elm", "fern", "ginger", "holly", "ivy",
+    "juniper", "kelp", "laurel", "maple", "nettle", "oak", "pine", "quinoa", "reed", "spruce", "tulip", "umbra",
+    "vine", "walnut", "xylem", "yew", "zinnia", "alder", "basil", "clover", "dill", "fennel", "garlic", "hemp",
+    "indigo", "jade", "kumquat", "lily", "moss", "neem", "orchid", "poppy", "rye", "saffron", "tea", "urchin",
+    "verbena", "wheat", "xeris", "yucca", "zest"
+)
 assert len(VOCABULARY) == 100
 
 MIN_EXACT_ALPHABET = 2  # fewer one-token words than this: fall back to ratio mode

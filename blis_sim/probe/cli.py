@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
     a("--max-prompt", type=int, default=0, help="cap the longest probe prompt, tokens (default: the server's "
                                                 "limit, at most a quarter of the GPU cache)")
     a("--decode-max", type=int, default=0, help="largest decode batch (default --max-num-seqs)")
-    a("--ramp-max", type=int, default=0, help="largest ramp level (default 2 x --max-num-seqs, at most 256; never above 2 x --max-num-seqs)")
+    a("--ramp-max", type=int, default=0,
+      help="largest ramp level (default 2 x --max-num-seqs, at most 256; never above 2 x --max-num-seqs)")
     a("--seed", type=int, default=7, help="prompt content seed (default 7)")
     a("--api-key", default="", help="sent as 'Authorization: Bearer' to every route")
     a("--timeout", type=float, default=300.0, help="per-request timeout, seconds")

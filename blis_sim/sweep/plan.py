@@ -18,6 +18,7 @@ curve, ``plan-curve.png`` plots it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
@@ -197,8 +198,8 @@ def monotonicity(evals: Sequence[Evaluation], find: str,
         notes.append(f"not monotone: the target {'fails' if want_first else 'is met'} again at "
                      + ", ".join(f"{fmt(e.x)} ({e.metric:g})" for e in bad)
                      + f" after it {ok} at a lower value; the answer is the first switch found")
-    ups = [(a, b) for a, b in zip(pts, pts[1:]) if b.metric > a.metric]
-    downs = [(a, b) for a, b in zip(pts, pts[1:]) if b.metric < a.metric]
+    ups = [(a, b) for a, b in itertools.pairwise(pts) if b.metric > a.metric]
+    downs = [(a, b) for a, b in itertools.pairwise(pts) if b.metric < a.metric]
     if ups and downs:
         notes.append(f"the metric is not monotone along the axis on the evaluated points: it rises "
                      f"from {fmt(ups[0][0].x)} to {fmt(ups[0][1].x)} and falls from {fmt(downs[0][0].x)} "
