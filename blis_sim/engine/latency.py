@@ -34,6 +34,9 @@ Models:
   peak bandwidth).
 
 ``StepModel.describe()`` is the provenance record written into every output (design D7).
+:class:`LatencyModel` is what the simulator needs of a model (the step loop its weights, the outputs
+its frontend term and description); :class:`StepModel` is the one implementation, and
+:class:`StepModelSource` a model in another form that compiles to one (the coefficient file's).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -79,6 +82,41 @@ _COEFFICIENT_NAMES = frozenset({"CoefficientEstimate", "FitIteration", "FitRepor
 
 
 __getattr__ = lazy_exports(__name__, {"blis_sim.engine.coefficients": tuple(sorted(_COEFFICIENT_NAMES))})[0]
+
+
+@runtime_checkable  # tests check each implementation against it
+class LatencyModel(Protocol):
+    """A latency model as the simulator uses it: the step loop reads :meth:`weights` (a step takes
+    ``max(1, max(compute · F, memory · F))`` µs over the features ``F``, ``FEATURES``); the frontend
+    term adds ``frontend_base_us + frontend_per_inflight_us · in-flight + admission wait`` to each
+    request's TTFT and E2E; :meth:`describe` is the provenance record (design D7)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def frontend_base_us(self) -> float: ...
+
+    @property
+    def frontend_per_inflight_us(self) -> float: ...
+
+    @property
+    def frontend_admission_us(self) -> float: ...
+
+    def weights(self) -> np.ndarray:
+        """(2, N_FEATURES) float64: the compute row, then the memory row."""
+        ...
+
+    def step_time(self, features: np.ndarray) -> float: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable  # tests check each implementation against it
+class StepModelSource(Protocol):
+    """A model in another form (a fitted coefficient file) that compiles to a :class:`StepModel`."""
+
+    def to_step_model(self) -> StepModel: ...
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ import numpy as np
 
 from blis_sim import _backend
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from blis_sim.engine.latency import StepModel
+from blis_sim.engine.kvport import LoopPort
+from blis_sim.engine.latency import LatencyModel
 
 _loop, COMPILED = _backend.load("blis_sim.engine._loop", "blis_sim.engine._loop_py")
 
@@ -123,7 +124,7 @@ class LoopResult:
         return self.finish_us - self.arrival_us
 
 
-def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerConfig,
+def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: SchedulerConfig,
              *, block_size: int = 16, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
              log_steps: bool = False, backend: Any = None) -> LoopResult:
     """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests).

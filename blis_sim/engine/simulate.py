@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blis_sim.engine.kvport import kv_port
-from blis_sim.engine.latency import StepModel
+from blis_sim.engine.latency import LatencyModel, StepModel
 from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
@@ -140,7 +140,7 @@ def admission_queue(arrival: np.ndarray, admission_us: float) -> tuple[np.ndarra
     return place, since
 
 
-def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
+def frontend_term(model: LatencyModel, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
     """Each request's frontend time: the base, the wait for admission (:func:`admission_queue`),
     and the in-flight term, whose load is what a client sees: requests sent earlier whose
     response (engine finish + their own frontend time) has not ended yet — the same count ``fit``
