@@ -72,7 +72,7 @@ def source_hits(trace: Trace) -> dict[str, int] | None:
     """Cached prompt tokens by source over the counter window, or None if the server does not say."""
     extra = trace.header.pytest_blis
     entries = [e for e in (extra.kv_hit_rates if extra else []) if e.definition == "by_source" and e.tier]
-    return {e.tier: e.hits for e in entries} if entries else None
+    return {e.tier: e.hits for e in entries if e.tier} if entries else None
 
 
 def _prefix_hits(trace: Trace) -> int | None:

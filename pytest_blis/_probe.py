@@ -20,15 +20,19 @@ cells only has no other phases, and one fit serves both.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.probe import ProbeConfig, ServerLimits, fitted_phases, probe_plan
 from pytest_blis._phases import cell_seed
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import worker_id
 from pytest_blis._steps import CellPaths, observe_step
+
+if TYPE_CHECKING:
+    from blis_sim.engine import LatencyCoefficients
 
 MAX_PROMPT = 4096  # the scenarios' longest prefix
 
@@ -39,8 +43,8 @@ class ProbeFit:
     on the phases that send one request at a time (the same object when there are no others); and how well
     the server repeated itself in the probe (:mod:`blis_sim.probe.repeat`, one line; empty without repeats)."""
 
-    all: Any
-    sequential: Any
+    all: LatencyCoefficients
+    sequential: LatencyCoefficients
     repeatability: str = ""
 
     def model(self, sequential: bool) -> Any:
@@ -89,15 +93,17 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
     with target.exclusive():
         result = observe_step(target.url, plan, options, paths)
-    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
-    every = fit_latency_model(result.trace, target, paths.root / "latency.json", step_shape=step_shape, **limits)
+    def fitted_on(out: Path, phases: Collection[str] | None = None) -> LatencyCoefficients:
+        return fit_latency_model(result.trace, target, out, step_shape=step_shape, phases=phases,
+                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+
+    every = fitted_on(paths.root / "latency.json")
     repeats = write_repeatability(result.trace, paths.root / "repeatability.json")
     fitted = set(fitted_phases(plan))
     alone = one_at_a_time(fitted)
     if not alone or alone == fitted:
         return ProbeFit(every, every, repeats)
-    sequential = fit_latency_model(result.trace, target, paths.root / "latency-sequential.json",
-                                   step_shape=step_shape, phases=alone, **limits)
+    sequential = fitted_on(paths.root / "latency-sequential.json", alone)
     return ProbeFit(every, sequential, repeats)
 
 

@@ -51,13 +51,15 @@ def replay_options(ctx: CellContext) -> EngineOptions:
 
 
 def fit_latency_model(trace: Trace, target: ServerTarget, out: Path, *, step_shape: str = "linear",
-                      phases: Collection[str] | None = None, **limits: int) -> LatencyCoefficients:
+                      phases: Collection[str] | None = None, max_num_seqs: int | None = None,
+                      max_num_batched_tokens: int | None = None) -> LatencyCoefficients:
     """Fit the engine's latency model (``step_shape``: linear, or the two-row roofline-fit) on a
     probe trace (only its ``phases`` if given, the rest replayed); the coefficients are written to ``out``."""
     from blis_sim.engine import fit
 
     name = "probe" if phases is None else "probe's one-at-a-time phases"
-    coeffs = fit(trace, engine_options(target, **limits), name=name, shape=step_shape, phases=phases)
+    options = engine_options(target, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    coeffs = fit(trace, options, name=name, shape=step_shape, phases=phases)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(coeffs.model_dump_json(indent=2) + "\n")
     return coeffs

@@ -179,7 +179,7 @@ def request_hit_agreement(matched_records: Iterable[tuple[Any, Any]]) -> Request
         real_ok = real is not None and real >= 0  # -1: the server did not report it
         any_real |= real_ok
         any_sim |= sim is not None
-        if not real_ok or sim is None:
+        if real is None or not real_ok or sim is None:
             not_reported += 1
             continue
         compared += 1

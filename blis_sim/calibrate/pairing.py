@@ -46,9 +46,16 @@ class SimRecord(Protocol):
 
 
 class ItlRecord(Protocol):
-    request_id: int
-    chunk_index: int
-    timestamp_us: int
+    """One SSE chunk's time (an ``ITLRecord`` of the ITL CSV, read-only)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def chunk_index(self) -> int: ...
+
+    @property
+    def timestamp_us(self) -> int: ...
 
 
 @dataclass
@@ -123,10 +130,11 @@ def prepare_pairs(records: Iterable[RealRecord], sim_results: Sequence[SimRecord
         if is_warmup(rec, warmup_requests, honour_warmup_column):
             pairs.excluded_warmup += 1
             continue
-        sr = sim_by_id.get(rec.request_id)
-        if sr is None:
+        found = sim_by_id.get(rec.request_id)
+        if found is None:
             pairs.unmatched_real += 1
             continue
+        sr = found
         matched_ids.add(rec.request_id)
         pairs.matched += 1
         pairs.matched_records.append((rec, sr))

@@ -77,8 +77,9 @@ def fit_windows(tier: str, direction: str, windows: Sequence[TierWindow]) -> Tie
     total_b = sum(w.bytes for w in windows)
     total_s = sum(w.seconds for w in windows)
     counted = [w for w in windows if w.jobs]
-    jobs = sum(w.jobs for w in counted) if len(counted) == len(windows) else None
-    base = dict(tier=tier, direction=direction, windows=len(windows), bytes=total_b, seconds=total_s, jobs=jobs)
+    jobs = sum(w.jobs or 0 for w in counted) if len(counted) == len(windows) else None
+    base: dict[str, Any] = dict(tier=tier, direction=direction, windows=len(windows), bytes=total_b,
+                                seconds=total_s, jobs=jobs)
     if jobs is not None and len(windows) >= 2:
         sizes = [w.bytes / w.jobs for w in counted]  # type: ignore[operator]
         if max(sizes) >= MIN_SIZE_SPREAD * min(sizes):

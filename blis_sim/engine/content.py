@@ -67,7 +67,7 @@ class ContentPlan:
     session: np.ndarray
     prev_round: np.ndarray
     new_input: np.ndarray
-    keys: list[str]
+    keys: Sequence[str]
     group_names: list[str]
     session_names: list[str]
     generated_differs: bool = False  # observe traces: the next round carries the planned output

@@ -114,8 +114,8 @@ class _SourceText:
                 if const:
                     self._cache[name] = [value] * len(src) if value else None
                 else:
-                    vals = value.tolist() if isinstance(value, np.ndarray) else value
-                    self._cache[name] = vals if any(vals) else None
+                    listed = value.tolist() if isinstance(value, np.ndarray) else value
+                    self._cache[name] = listed if any(listed) else None
                 return self._cache[name]
             try:
                 vals: list[Any] | None = list(map(attrgetter(name), src))

@@ -338,9 +338,9 @@ class CalibrationReport(_Model):
             name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
             rows.append(VerdictRow(f"kv_hit_rate[{name}]", d.real_hit_rate, d.sim_hit_rate, d.abs_error_pp,
                                    d.tolerance_pp, d.within, "pp"))
-        for t in self.tier_service or ():
-            rows.append(VerdictRow(f"tier_service[{t.tier}/{t.direction}]", t.real_seconds, t.sim_seconds,
-                                   t.rel_error, t.tolerance, t.within, "rel"))
+        for ts in self.tier_service or ():
+            rows.append(VerdictRow(f"tier_service[{ts.tier}/{ts.direction}]", ts.real_seconds, ts.sim_seconds,
+                                   ts.rel_error, ts.tolerance, ts.within, "rel"))
         c = self.capacity
         if c is not None and c.within is not None:  # judged only where the window is saturated
             rows.append(VerdictRow("capacity[req/s]", c.real_rps, c.sim_rps, c.rps_error, c.tolerance,

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -307,6 +307,11 @@ def _convert(col: str, cells: Sequence[str | None], file: str, shared: dict[str,
         for k, v in zip(present, list(given)):
             values[k] = v
         return np.asarray(values, dtype=np.int64) if col in _INTS else values
+    return _convert_present(col, cast("Sequence[str]", cells), file, shared)
+
+
+def _convert_present(col: str, cells: Sequence[str], file: str, shared: dict[str, str]) -> Any:
+    """:func:`_convert` of cells every row has."""
     if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
         cells = [c.strip(_go.GO_SPACE) for c in cells]
         plain = _plain_ints(cells)

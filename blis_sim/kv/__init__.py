@@ -126,7 +126,7 @@ class KVCache(abc.ABC):  # noqa: B024  (the common type of the two caches, and t
     the whole request layer in Cython) or the pure one (:class:`blis_sim.kv.cache.KVCache` on
     the pure core); both are instances of this class and behave identically."""
 
-    def __new__(cls, config: KVConfig, backend: str | None = None) -> Any:  # type: ignore[misc]
+    def __new__(cls, config: KVConfig, backend: str | None = None) -> Any:
         mod, compiled = load_core(backend)
         if compiled:
             from blis_sim.kv.compiled import CompiledKVCache

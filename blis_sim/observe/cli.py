@@ -170,11 +170,11 @@ def options_from_args(args: argparse.Namespace) -> Any:
     return opts
 
 
-class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _CurrentStderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at emit time, so a handler left behind by an in-process
     run (pytester, an embedding application) never writes to a stream that has since been closed."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> object:
         return sys.stderr
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
 from blis_sim.errors import ConfigError, FormatError
+
+if TYPE_CHECKING:
+    from blis_sim.engine.outputs import SimulatedOutputs
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ def evaluate(payload: Payload, task: Task) -> dict[str, Any]:
     """One point: replay the trace (or run the spec) with the task's settings; its table row."""
     from blis_sim.sweep.rows import row_of
 
+    out: SimulatedOutputs
     if payload.kind == "trace":
         from blis_sim.engine.replay_trace import replay_outcome
 

@@ -306,7 +306,7 @@ class _ray_session:
 
 def _write(answer: PlanAnswer, q: PlanQuestion, tasks: dict[float, Any], store: PointStore,
            out: Path) -> list[Path]:
-    rows = [{"point": t.index, **t.values, **store.get(t.key)} for _, t in sorted(tasks.items())]
+    rows = [{"point": t.index, **t.values, **(store.get(t.key) or {})} for _, t in sorted(tasks.items())]
     cols = columns(rows, [q.axis.name, *(k.name for k, _, _ in q.fixed)])
     files = write_table(rows, cols, out / "plan.csv", out / "plan.parquet")
     doc = {k: v for k, v in asdict(answer).items() if k not in ("files", "kind")}
