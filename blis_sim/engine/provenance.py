@@ -23,7 +23,7 @@ from blis_sim.formats.results import SimProvenance
 from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, PytestBlisHeader, SettingSource, TraceHeader
 
 if TYPE_CHECKING:
-    from blis_sim.engine.simulate import EngineOptions
+    from blis_sim.engine.simulate import EngineOptions, SimOutcome
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -64,7 +64,7 @@ def settings_info(options: EngineOptions, latency: LatencyModelInfo) -> dict[str
             for name in SETTINGS if name in options.sources}
 
 
-def sim_provenance(outcome: Any, options: EngineOptions) -> SimProvenance:
+def sim_provenance(outcome: SimOutcome, options: EngineOptions) -> SimProvenance:
     """The MetricsOutput's ``provenance`` block: the same facts as the trace header's, and where
     each setting came from."""
     latency = latency_info(options)
@@ -76,8 +76,8 @@ def sim_provenance(outcome: Any, options: EngineOptions) -> SimProvenance:
         settings=settings_info(options, latency))
 
 
-def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replayed"],
-               base: Any = None,
+def sim_header(outcome: SimOutcome, options: EngineOptions, *, mode: Literal["generated", "replayed"],
+               base: TraceHeader | None = None,
                workload_seed: int | None = None, workload_spec: str = "",
                accumulate: bool = False) -> TraceHeader:
     ext = construct(

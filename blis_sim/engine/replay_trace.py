@@ -38,13 +38,24 @@ Rules (issue 4 item 5; docs/reference-formats.md §4.3–§4.4 with the referenc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
 
 from blis_sim.engine.outputs import SimulatedOutputs, trace_records
+from blis_sim.engine.provenance import sim_header
 from blis_sim.engine.requests import table_from_trace, trace_window
 from blis_sim.engine.settings import resolve_settings
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 from blis_sim.errors import ConfigError
+from blis_sim.formats.trace_columns import ColumnarTrace, TraceColumns
+from blis_sim.formats.trace_header import TraceHeader
+
+if TYPE_CHECKING:
+    from blis_sim.engine.kvport import CacheOps
+    from blis_sim.engine.requests import RequestTable
+    from blis_sim.formats import MetricsOutput, SimResult, Trace
+    from blis_sim.formats.offload import OffloadConfig
 
 BC10_MESSAGE = (
     "the trace's observed_kv_metrics were captured from the tiered KV-offload counters "
@@ -56,19 +67,18 @@ BC10_MESSAGE = (
 @dataclass
 class ReplayOutcome(SimulatedOutputs):
     outcome: SimOutcome
-    header: Any
+    header: TraceHeader
     options: EngineOptions
 
-    def trace(self) -> Any:
+    def trace(self) -> Trace:
         """The replay re-exported as a TraceV2 (``mode: replayed``; observations kept verbatim)."""
-        from blis_sim.engine.provenance import sim_header
-        from blis_sim.formats import Trace
+        from blis_sim.formats import Trace  # the record model: only a re-export builds it
 
         header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
         return Trace.model_construct(header=header, records=trace_records(self.outcome))
 
 
-def observed_from_tiers(header: Any) -> bool:
+def observed_from_tiers(header: TraceHeader) -> bool:
     """Whether the trace's observed hit-rate came from the offload tiers (BC-10 and ours)."""
     obs = header.observed_kv_metrics
     if obs is not None and obs.source == "tiered":
@@ -90,11 +100,15 @@ class PreparedTrace:
     (what every replay of it builds first, whatever the options). Replaying one trace under many
     options (a sweep) prepares it once: ``replay_outcome(prepared, options)`` per point."""
 
-    header: Any
-    table: Any  # RequestTable (read-only to the engine: phases and the loop work on copies)
+    header: TraceHeader
+    table: RequestTable  # read-only to the engine: phases and the loop work on copies
 
 
-def prepare_trace(trace: Any) -> PreparedTrace:
+#: what a replay takes: the records, the columns ``blis replay`` reads, or a prepared table
+ReplayableTrace = Union["Trace", ColumnarTrace, PreparedTrace]
+
+
+def prepare_trace(trace: ReplayableTrace) -> PreparedTrace:
     """``trace`` (a Trace, a ColumnarTrace or a PreparedTrace) as a :class:`PreparedTrace`."""
     if isinstance(trace, PreparedTrace):
         return trace
@@ -107,18 +121,16 @@ def prepare_trace(trace: Any) -> PreparedTrace:
     return PreparedTrace(header=trace.header, table=table)
 
 
-def trace_columns(trace: Any) -> Any:
+def trace_columns(trace: Trace | ColumnarTrace) -> TraceColumns:
     """A trace's rows as ``TraceColumns``: a ``ColumnarTrace``'s as they are (nothing per row is
     built), a :class:`~blis_sim.formats.Trace`'s records converted."""
-    from blis_sim.formats.trace_columns import TraceColumns
-
     data = getattr(trace, "data", None)
     if isinstance(data, TraceColumns):
         return data
     return TraceColumns.from_records(trace.records)
 
 
-def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
+def replay_outcome(trace: ReplayableTrace, options: EngineOptions | None = None, *,
                    log_steps: bool = False) -> ReplayOutcome:
     """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`, the ``ColumnarTrace`` of
     :func:`~blis_sim.formats.trace_columns.load_trace_columns`, or a :class:`PreparedTrace`);
@@ -144,12 +156,10 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
     return ReplayOutcome(outcome=outcome, header=header, options=options)
 
 
-def sequential_groups(table: Any, phases: list[Any]) -> list[Any]:
+def sequential_groups(table: RequestTable, phases: list[np.ndarray]) -> list[np.ndarray]:
     """Each phase split into its requests, in arrival order; a phase with session rounds stays
     whole (a round's content is built from the round before, and the rounds are already chained)."""
-    import numpy as np
-
-    groups: list[Any] = []
+    groups: list[np.ndarray] = []
     for idx in phases:
         linked = (table.session[idx] >= 0) | (table.prev_round[idx] >= 0) | (table.next_round[idx] >= 0)
         if linked.any():
@@ -159,8 +169,8 @@ def sequential_groups(table: Any, phases: list[Any]) -> list[Any]:
     return groups
 
 
-def _replay_phases(table: Any, phases: list[Any], kv: Any, options: EngineOptions,
-                   block_size: int, num_blocks: int, offload: Any, log_steps: bool) -> SimOutcome:
+def _replay_phases(table: RequestTable, phases: list[np.ndarray], kv: CacheOps, options: EngineOptions,
+                   block_size: int, num_blocks: int, offload: OffloadConfig | None, log_steps: bool) -> SimOutcome:
     """Phases one after the other, closed-loop at their boundaries: on the server each phase
     started once the previous one had drained, so a phase starts at its recorded first send or
     when the simulated previous phase has drained, whichever is later (its rows keep their
@@ -183,7 +193,7 @@ def _replay_phases(table: Any, phases: list[Any], kv: Any, options: EngineOption
     return combine_outcomes(parts, kv, offload, window_start if len(parts) > 1 else None)
 
 
-def replay(trace: Any, options: EngineOptions | None = None) -> tuple[list[Any], Any]:
+def replay(trace: ReplayableTrace, options: EngineOptions | None = None) -> tuple[list[SimResult], MetricsOutput]:
     """Replay a trace: ``(SimResult list, MetricsOutput)`` (what ``--results-path`` /
     ``--metrics-path`` hold)."""
     out = replay_outcome(trace, options)

@@ -44,8 +44,9 @@ from blis_sim.errors import ConfigError, InputError, UsageError
 from blis_sim.formats.offload import OffloadConfig
 
 if TYPE_CHECKING:
+    from blis_sim.engine.latency import ModelGeometry
     from blis_sim.engine.simulate import EngineOptions
-    from blis_sim.formats.trace_header import TraceHeader
+    from blis_sim.formats.trace_header import TraceHeader, TraceKVOffloadConfig
 
 Source = Literal["flag", "header", "model", "default"]
 
@@ -192,10 +193,10 @@ class _Model:
 
     def __init__(self, options: EngineOptions) -> None:
         self._options = options
-        self._geometry: Any = None
+        self._geometry: ModelGeometry | None = None
         self._read = False
 
-    def geometry(self) -> Any:
+    def geometry(self) -> ModelGeometry | None:
         if not self._read:
             self._geometry = geometry_for(self._options.model, self._options.model_config)
             self._read = True
@@ -254,7 +255,7 @@ def with_flags(options: EngineOptions, **changes: Any) -> EngineOptions:
     return replace(options, **changes, sources=sources)
 
 
-def _offload_gpu_block_size(block: Any) -> int | None:
+def _offload_gpu_block_size(block: TraceKVOffloadConfig | None) -> int | None:
     """The GPU block size a header's ``kv_offload`` block was recorded for (its chunk over its blocks)."""
     if block is None or block.blocks_per_chunk <= 0 or block.block_size <= 0:
         return None

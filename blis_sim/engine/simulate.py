@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blis_sim.engine.kvport import kv_port
+from blis_sim.engine.kvport import CacheOps, kv_port
 from blis_sim.engine.latency import LatencyModel, StepModel
 from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
@@ -76,7 +76,7 @@ class SimOutcome:
     hit_rates: list[dict[str, Any]]
     block_size: int
     num_gpu_blocks: int
-    offload: Any
+    offload: OffloadConfig | None
     dropped: np.ndarray
     tier_io: list[dict[str, Any]] = field(default_factory=list)  # per tier, over the window
 
@@ -93,8 +93,8 @@ class SimOutcome:
         return self.loop.finish_us - self.loop.arrival_us + self.frontend_us
 
 
-def build_kv(num_gpu_blocks: int, block_size: int, offload: Any, seed: int,
-             backend: str | None = None) -> Any:
+def build_kv(num_gpu_blocks: int, block_size: int, offload: OffloadConfig | None, seed: int,
+             backend: str | None = None) -> CacheOps:
     from blis_sim.kv import KVCache, from_offload_config
 
     bytes_per_block = 0
@@ -168,8 +168,8 @@ def frontend_term(model: LatencyModel, arrival: np.ndarray, finish: np.ndarray) 
     return out
 
 
-def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, block_size: int,
-                   num_gpu_blocks: int, offload: Any, content_seed: int,
+def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *, block_size: int,
+                   num_gpu_blocks: int, offload: OffloadConfig | None, content_seed: int,
                    horizon_us: float | None = None, log_steps: bool = False) -> SimOutcome:
     """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases);
     ``options`` resolved (:func:`~blis_sim.engine.settings.resolve_settings`)."""
@@ -256,7 +256,7 @@ def tier_io(end: dict[str, Any], start: dict[str, Any] | None) -> list[dict[str,
     return out
 
 
-def combine_outcomes(parts: list[SimOutcome], kv: Any, offload: Any,
+def combine_outcomes(parts: list[SimOutcome], kv: CacheOps, offload: OffloadConfig | None,
                      window_start: dict[str, Any] | None = None) -> SimOutcome:
     """Phases simulated one after the other on the same ``kv`` as one outcome (rows in phase
     order). ``window_start``: the counter snapshot taken before the first phase of the comparison
