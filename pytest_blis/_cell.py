@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,10 +22,13 @@ from pytest_blis import _allure, _html
 from pytest_blis._options import BlisOptions
 from pytest_blis._phases import build_plan, measured_phase_names
 from pytest_blis._render import CellFailure
-from pytest_blis._scenario import SweepPoint
+from pytest_blis._scenario import Expect, SweepPoint
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import SUMMARY_PROPERTY, CellSummary
 from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
+
+if TYPE_CHECKING:
+    from blis_sim.engine import EngineOptions, LatencyCoefficients
 
 # vLLM's prompt_tokens_cached_by_source labels for each cache path.
 PATH_SOURCES = {"gpu": ("device",), "cpu": ("host",), "storage": ("disk",)}
@@ -38,12 +41,13 @@ class CellContext:
     point: SweepPoint
     target: ServerTarget
     options: BlisOptions
-    latency: Any  # fitted latency coefficients for this server (engine type)
+    latency: LatencyCoefficients | None  # fitted on this server's probe
     paths: CellPaths
     probe_notes: tuple[str, ...] = ()  # what the probe says about the server itself (its repeatability)
 
 
-def fit_notes(latency: Any, failed: list[VerdictRow], probe_notes: Sequence[str] = ()) -> list[str]:
+def fit_notes(latency: LatencyCoefficients | None, failed: list[VerdictRow],
+              probe_notes: Sequence[str] = ()) -> list[str]:
     """When TTFT is out of tolerance: what the latency fit said about itself (its own error,
     prior, coefficient intervals, first warnings), since an untrustworthy fit is a likely cause, and how
     well the server repeated itself in the probe, since a server that does not is the other one."""
@@ -186,7 +190,7 @@ def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: 
             (ctx.paths.ttft_scatter_plot, "TTFT per request, real vs sim")]
 
 
-def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: Any) -> CalibrationReport:
+def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: EngineOptions) -> CalibrationReport:
     point, target, opts = ctx.point, ctx.target, ctx.options
     spec = point.spec
     item = request.node
@@ -269,7 +273,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     return report
 
 
-def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True) -> list[VerdictRow]:
+def verdict_rows(report: CalibrationReport, expect: Expect, *, timing: bool = True) -> list[VerdictRow]:
     """The report's verdicts the cell judges: TTFT MAPE unless ``check_ttft`` is off, plus E2E MAPE when the
     cell sets ``e2e_mape_threshold``. The capacity rows (unit "rate", judged by calibrate only where the window
     is saturated) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell. The tier
@@ -299,7 +303,7 @@ def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True)
     return rows
 
 
-def saturation_problem(report: CalibrationReport, expect: Any) -> str | None:
+def saturation_problem(report: CalibrationReport, expect: Expect) -> str | None:
     """Why a cell that must saturate the server did not (None when it did, or when the report cannot say)."""
     capacity = report.capacity
     if not expect.saturated or capacity is None or capacity.saturated:

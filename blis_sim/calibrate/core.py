@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
@@ -50,6 +50,9 @@ from blis_sim.formats.report import (
     TraceInfo,
     UnpairedHitRate,
 )
+
+if TYPE_CHECKING:
+    from blis_sim.formats import KVHitRate, MetricsOutput, SimResult, Trace, TraceHeader, TraceRecord
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -109,7 +112,7 @@ class CalibrationOutcome:
     warnings: list[str] = field(default_factory=list)  # the reference's warning log lines
 
 
-def calibrate(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = None, *,
+def calibrate(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: MetricsOutput | None = None, *,
               options: CalibrateOptions = CalibrateOptions(), itl_records: Iterable[ItlRecord] | None = None,
               inputs: InputPaths | None = None) -> CalibrationReport:
     """The calibration report; see the module docstring."""
@@ -117,7 +120,8 @@ def calibrate(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = 
                               inputs=inputs).report
 
 
-def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = None, *,
+def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: MetricsOutput | None = None,
+                       *,
                        options: CalibrateOptions = CalibrateOptions(),
                        itl_records: Iterable[ItlRecord] | None = None,
                        inputs: InputPaths | None = None) -> CalibrationOutcome:
@@ -180,7 +184,7 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
 
 
-def tier_service(header: Any, sim_metrics: Any | None, options: CalibrateOptions
+def tier_service(header: TraceHeader, sim_metrics: MetricsOutput | None, options: CalibrateOptions
                  ) -> tuple[list[TierServiceComparison], list[TierServiceFit], list[str]]:
     """Each offload tier's simulated against real service seconds, and the fits of the server's
     counters over this trace's window and any ``options.tier_windows`` (blis_sim.calibrate.tier_service)."""
@@ -196,7 +200,7 @@ def tier_service(header: Any, sim_metrics: Any | None, options: CalibrateOptions
     return [TierServiceComparison(**vars(r)) for r in rows], fits, notes
 
 
-def _header_defaults(header: Any, options: CalibrateOptions) -> tuple[int, int]:
+def _header_defaults(header: TraceHeader, options: CalibrateOptions) -> tuple[int, int]:
     """Effective warm-up count and RTT (µs): the option, else the trace header (the reference's -1)."""
     warmup = options.warmup_requests
     if warmup is None or warmup == -1:
@@ -228,7 +232,8 @@ class _HitRates:
     notes: list[str] = field(default_factory=list)
 
 
-def _hit_rates(trace: Any, sim_metrics: Any | None, options: CalibrateOptions, inputs: InputPaths) -> _HitRates:
+def _hit_rates(trace: Trace, sim_metrics: MetricsOutput | None, options: CalibrateOptions,
+               inputs: InputPaths) -> _HitRates:
     """The guide's primary block, every like-for-like definition, and the caveats that go with them."""
     header = trace.header
     out = _HitRates()
@@ -248,7 +253,7 @@ def _hit_rates(trace: Any, sim_metrics: Any | None, options: CalibrateOptions, i
     return out
 
 
-def _goodput(trace: Any, sim_results: Sequence[Any], pairs: CalibrationPairs, options: CalibrateOptions,
+def _goodput(trace: Trace, sim_results: Sequence[SimResult], pairs: CalibrationPairs, options: CalibrateOptions,
              itl: list[Any] | None) -> GoodputComparison | None:
     targets = merge_targets(options.slo_ttft_ms, options.slo_itl_ms, options.slo_e2e_ms,
                             getattr(trace.header, "goodput_slo_targets", None))
@@ -260,12 +265,12 @@ def _goodput(trace: Any, sim_results: Sequence[Any], pairs: CalibrationPairs, op
                               runtime_seconds(trace.records, matched))
 
 
-def _observed_entries(header: Any) -> list[Any]:
+def _observed_entries(header: TraceHeader) -> list[KVHitRate]:
     ours = getattr(header, "pytest_blis", None)
     return list(getattr(ours, "kv_hit_rates", None) or ())
 
 
-def _window_notes(header: Any, records: Sequence[Any]) -> list[str]:
+def _window_notes(header: TraceHeader, records: Sequence[TraceRecord]) -> list[str]:
     """The guide's caveat: warm-up traffic and the counter window (phases say which side of it they ran)."""
     phases = list(getattr(getattr(header, "pytest_blis", None), "phases", None) or ())
     warm = [p for p in phases if getattr(p, "warmup", False)]
@@ -297,7 +302,7 @@ def _names(phases: Sequence[Any]) -> str:
     return ", ".join(repr(p.name) for p in phases)
 
 
-def _primary_hit_rate(header: Any, sim_metrics: Any | None, options: CalibrateOptions,
+def _primary_hit_rate(header: TraceHeader, sim_metrics: MetricsOutput | None, options: CalibrateOptions,
                       inputs: InputPaths) -> tuple[HitRateComparison | None, list[str], list[str]]:
     """The guide's hit_rate block (or None), with the reference's warnings and our notes."""
     obs = getattr(header, "observed_kv_metrics", None)

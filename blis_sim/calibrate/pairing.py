@@ -28,21 +28,47 @@ from typing import Any, Protocol
 
 
 class RealRecord(Protocol):
-    request_id: int
-    input_tokens: int
-    output_tokens: int
-    server_input_tokens: int
-    send_time_us: int
-    first_chunk_time_us: int
-    last_chunk_time_us: int
+    """What pairing reads of a trace row (a ``TraceRecord``, read-only)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+    @property
+    def server_input_tokens(self) -> int: ...
+
+    @property
+    def send_time_us(self) -> int: ...
+
+    @property
+    def first_chunk_time_us(self) -> int: ...
+
+    @property
+    def last_chunk_time_us(self) -> int: ...
 
 
 class SimRecord(Protocol):
-    request_id: int
-    ttft_us: float
-    e2e_us: float
-    input_tokens: int
-    output_tokens: int
+    """What pairing reads of a simulated request (a ``SimResult``, read-only)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def ttft_us(self) -> float: ...
+
+    @property
+    def e2e_us(self) -> float: ...
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
 
 
 class ItlRecord(Protocol):

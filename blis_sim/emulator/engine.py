@@ -27,8 +27,7 @@ import random
 
 from blis_sim.emulator.config import EmulatorConfig
 from blis_sim.emulator.gpu_cache import BlockPool
-from blis_sim.emulator.loop import now as _now
-from blis_sim.emulator.loop import sleep_until
+from blis_sim.emulator.loop import now as _now, sleep_until
 from blis_sim.emulator.metrics import Published
 from blis_sim.emulator.offload import OffloadTiers
 from blis_sim.emulator.scheduler import FINISHED, LOADING, Request, Scheduler, StepPlan

@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import limits
 from blis_sim.defaults import DEFAULT_HARDWARE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
@@ -35,8 +35,12 @@ from blis_sim.engine.settings import OffloadFlags, resolve_settings, with_flags
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import ConfigError, InputError, UsageError
 from blis_sim.formats import metrics_output_text, write_trace
-from blis_sim.formats.trace_columns import load_trace_columns
+from blis_sim.formats.trace_columns import ColumnarTrace, load_trace_columns
 from blis_sim.formats.workload import load_workload_spec
+
+if TYPE_CHECKING:
+    from blis_sim.engine.outputs import SimulatedOutputs
+    from blis_sim.formats import Trace, TraceHeader
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -202,7 +206,7 @@ def offload_flags(args: argparse.Namespace) -> OffloadFlags:
                         command=getattr(args, "command", None) or "run")
 
 
-def options_from_args(args: argparse.Namespace, header: Any = None, *,
+def options_from_args(args: argparse.Namespace, header: TraceHeader | None = None, *,
                       trace_name: str | None = None) -> EngineOptions:
     """The engine's options from the flags and the trace header (:func:`resolve_settings`: flag,
     header, model, default). Replaying (or fitting) an observed trace (``mode: real``) on a KV size
@@ -229,7 +233,7 @@ def options_from_args(args: argparse.Namespace, header: Any = None, *,
         raise UsageError(str(exc)) from None
 
 
-def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) -> None:
+def _write_outputs(args: argparse.Namespace, outcome: SimulatedOutputs, trace: Trace | None = None) -> None:
     """Write the requested files (from the outcome's columns: no object per request)."""
     metrics = outcome.write_outputs(results_path=args.results_path or None,
                                     metrics_path=args.metrics_path or None)
@@ -251,7 +255,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
+def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> ColumnarTrace:
     """The trace, its rows as columns (``.records`` made on first use)."""
     require_files(args, header_flag, data_flag)
     return load_trace_columns(getattr(args, header_flag), getattr(args, data_flag))

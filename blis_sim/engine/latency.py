@@ -337,3 +337,17 @@ def roofline_terms(geom: ModelGeometry, hw: Hardware, tp: int = 1) -> RooflineTe
                          prefill_token_us=lin_flops / gemm_per_us,
                          decode_seq_us=(lin_flops + head_flops) / gemm_per_us,
                          attention_pair_us=attn_flops / gemm_per_us)
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.engine.coefficients import (
+        DEFAULT_COEFFICIENTS as DEFAULT_COEFFICIENTS,
+        CoefficientEstimate as CoefficientEstimate,
+        FitIteration as FitIteration,
+        FitReport as FitReport,
+        FrontendCoefficients as FrontendCoefficients,
+        LatencyCoefficients as LatencyCoefficients,
+        MemoryCoefficients as MemoryCoefficients,
+        StepCoefficients as StepCoefficients,
+        dump_coefficients as dump_coefficients,
+        load_coefficients as load_coefficients,
+    )

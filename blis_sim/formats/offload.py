@@ -49,7 +49,7 @@ reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's 
 # No ``from __future__ import annotations``: pydantic would then evaluate each field's annotation string
 # when the class is built. A method's annotation naming its own class is quoted.
 import math
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -369,3 +369,14 @@ _FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "INLINE", "is_
 
 __getattr__ = lazy_exports(__name__, {"blis_sim.formats.offload_file": tuple(sorted(_FILE_NAMES))})[0]
 
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.formats.offload_file import (
+        DEFAULT_DEVICE_CLASSES as DEFAULT_DEVICE_CLASSES,
+        INLINE as INLINE,
+        DeviceClass as DeviceClass,
+        is_inline as is_inline,
+        load_device_classes as load_device_classes,
+        load_offload_config as load_offload_config,
+        parse_offload_config as parse_offload_config,
+        resolve_offload_config as resolve_offload_config,
+    )

@@ -55,8 +55,7 @@ from pydantic import BaseModel, Field, ValidationError
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._io import atomic_write_chunks
-from blis_sim.formats._json import located as _located
-from blis_sim.formats._json import parse_json as _parse
+from blis_sim.formats._json import located as _located, parse_json as _parse
 from blis_sim.formats._model import StrictModel, _is_zero, to_go
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate

@@ -98,8 +98,7 @@ from types import ModuleType
 from typing import Any
 
 from blis_sim import _backend
-from blis_sim.kv.cache import Admission, Lookup
-from blis_sim.kv.cache import KVCache as PyKVCache
+from blis_sim.kv.cache import Admission, KVCache as PyKVCache, Lookup
 from blis_sim.kv.config import CpuTierConfig, FsTierConfig, KVConfig, TierStation, from_offload_config
 
 core, COMPILED = _backend.load("blis_sim.kv._core", "blis_sim.kv._core_py")

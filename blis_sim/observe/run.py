@@ -55,8 +55,7 @@ from blis_sim.formats.trace import (
     write_trace,
 )
 from blis_sim.formats.workload import WorkloadSpec
-from blis_sim.observe import capture
-from blis_sim.observe import loop as event_loop
+from blis_sim.observe import capture, loop as event_loop
 from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace
 from blis_sim.observe.dispatch import Dispatcher
 from blis_sim.observe.http1 import Http1Pool

@@ -183,6 +183,7 @@ def evaluate(payload: Payload, task: Task) -> dict[str, Any]:
         from blis_sim.engine.replay_trace import replay_outcome
 
         trace = payload.trace
+        assert trace is not None  # a trace base's payload carries its trace
         if task.options.kv_offload is not None:
             trace = with_offload(trace, task.options.kv_offload)
         out = replay_outcome(scaled_trace(trace, task.rate_scale), task.options)

@@ -11,9 +11,13 @@ import argparse
 import hashlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.errors import UsageError
+
+if TYPE_CHECKING:
+    from blis_sim.sweep.base import SweepBase
+    from blis_sim.sweep.runner import Backend
 
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
@@ -84,7 +88,7 @@ def _digest(*paths: str) -> str:
     return h.hexdigest()
 
 
-def base_from_args(args: argparse.Namespace) -> Any:
+def base_from_args(args: argparse.Namespace) -> SweepBase:
     """The sweep's base from the flags of `blis replay` / `blis run`."""
     from blis_sim.engine.cli import options_from_args, require_files
     from blis_sim.sweep.base import Payload, SweepBase
@@ -122,7 +126,7 @@ def base_from_args(args: argparse.Namespace) -> Any:
                      label=str(args.trace_data))
 
 
-def backend_from_args(args: argparse.Namespace) -> Any:
+def backend_from_args(args: argparse.Namespace) -> Backend:
     from blis_sim.sweep.runner import Backend
 
     if args.workers is not None and args.workers < 1:
