@@ -7,6 +7,7 @@ sign of the cache path it is about is an error ("not elicited"), never a pass.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,10 +22,12 @@ from blis_sim.observe.run import ObserveOptions
 from pytest_blis import _allure, _html
 from pytest_blis._options import BlisOptions
 from pytest_blis._phases import build_plan, measured_phase_names
+from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg, ttft_scatter_svg
 from pytest_blis._render import CellFailure
 from pytest_blis._scenario import Expect, SweepPoint
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import SUMMARY_PROPERTY, CellSummary
+from pytest_blis._simsweep import sweep_verdicts
 from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
 
 if TYPE_CHECKING:
@@ -157,8 +160,6 @@ def ttft_noise_floor(trace: Trace) -> float | None:
     requests of |first-byte delay - its median| / real TTFT. The server sends the response head
     when it accepts a request, before any engine step, so the spread of that delay is request
     delivery and scheduling on the shared machine, not the model; a MAPE near this floor is noise."""
-    import statistics
-
     ok = [r for r in trace.records if r.status == "ok" and r.first_chunk_time_us > r.send_time_us > 0
           and r.first_byte_time_us >= r.send_time_us]
     if not ok:
@@ -171,8 +172,6 @@ def ttft_noise_floor(trace: Trace) -> float | None:
 def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
                 report: CalibrationReport) -> list[tuple[Path, str]]:
     """The cell's three plots as SVG files beside its other artifacts: (path, caption) each."""
-    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg, ttft_scatter_svg
-
     real, sim = ttft_pairs(trace, sim_results)
     name = f"{point.scenario_name} / {point.name}"
     tol = report.ttft_tolerance
@@ -236,7 +235,6 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: E
     rows = verdict_rows(report, spec.expect, timing=timing)
     setting_notes: list[str] = []
     if spec.simulator_sweep:  # the same observation, replayed at every simulator setting
-        from pytest_blis._simsweep import sweep_verdicts
 
         with _allure.step("simulator sweep"):
             more, setting_notes = sweep_verdicts(point, trace, replay_options, cal_opts, ctx.paths.root,

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blis_sim.engine import EngineOptions
+from blis_sim.engine import EngineOptions, fit
 
 if TYPE_CHECKING:
     from blis_sim.engine import LatencyCoefficients
@@ -55,8 +55,6 @@ def fit_latency_model(trace: Trace, target: ServerTarget, out: Path, *, step_sha
                       max_num_batched_tokens: int | None = None) -> LatencyCoefficients:
     """Fit the engine's latency model (``step_shape``: linear, or the two-row roofline-fit) on a
     probe trace (only its ``phases`` if given, the rest replayed); the coefficients are written to ``out``."""
-    from blis_sim.engine import fit
-
     name = "probe" if phases is None else "probe's one-at-a-time phases"
     options = engine_options(target, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     coeffs = fit(trace, options, name=name, shape=step_shape, phases=phases)

@@ -28,6 +28,9 @@ from blis_sim.calibrate.verdict import exit_code
 from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import write_report
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 _REQUIRED = ("trace_header", "trace_data", "sim_results", "report")
 
 

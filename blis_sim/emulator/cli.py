@@ -20,6 +20,9 @@ from blis_sim.emulator.config import METRICS_FAULTS, METRICS_PROFILES, EmulatorC
 from blis_sim.emulator.profiles import PROFILES
 from blis_sim.errors import EXIT_OK, UsageError
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 # (flag, EmulatorConfig field, type) for the plain value flags.
 _VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--host", "host", str),

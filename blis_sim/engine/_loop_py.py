@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from blis_sim.errors import SimulationError
+
 if TYPE_CHECKING:
     from blis_sim.engine.kvport import LoopPort
 
@@ -354,8 +356,6 @@ def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,
 
 
 def raise_stuck(waiting: Sequence[int], plen: np.ndarray, num_out: np.ndarray) -> None:
-    from blis_sim.errors import SimulationError
-
     i = waiting[0] if waiting else -1
     size = int(plen[i] + num_out[i]) if i >= 0 else 0
     raise SimulationError(

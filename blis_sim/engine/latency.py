@@ -294,7 +294,7 @@ def roofline(geom: ModelGeometry, hw: Hardware, tp: int = 1,
     kv = t.kv_token_us
     memory = (t.weights_us, kv, kv, kv, kv, 0.0)
     if frontend is None:
-        from blis_sim.engine.coefficients import FrontendCoefficients
+        from blis_sim.engine.coefficients import FrontendCoefficients  # it imports this module
 
         frontend = FrontendCoefficients()
     fe = frontend

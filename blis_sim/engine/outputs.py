@@ -276,7 +276,7 @@ def _int_us(x: float) -> int:
 def trace_records(o: SimOutcome, base: list[dict[str, Any]] | None = None) -> list[TraceRecord]:
     """TraceV2 rows for the simulated requests (``base``: one dict of the non-timing columns per
     table row; default: taken from the table's source records)."""
-    from blis_sim.formats import TraceRecord
+    from blis_sim.formats import TraceRecord  # the record model, built only for a re-exported trace
 
     lp = o.loop
     ttft_us, e2e_us = o.ttft_us, o.e2e_us  # computed once: each is a whole-table array

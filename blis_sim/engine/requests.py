@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from blis_sim.engine.content import ContentPlan
+from blis_sim.formats.trace_columns import TraceColumns
 from blis_sim.workload.tokens import new_input_lengths
 
 
@@ -189,8 +190,6 @@ def _replayable(data: Any) -> np.ndarray:
 
 def _columns_of(records: Any) -> Any:
     """A trace's data as columns (``TraceColumns`` as is; a record list converted)."""
-    from blis_sim.formats.trace_columns import TraceColumns
-
     return records if isinstance(records, TraceColumns) else TraceColumns.from_records(records)
 
 

@@ -44,6 +44,7 @@ from blis_sim import _backend
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.engine.kvport import LoopPort
 from blis_sim.engine.latency import LatencyModel
+from blis_sim.errors import ConfigError
 
 _loop, COMPILED = _backend.load("blis_sim.engine._loop", "blis_sim.engine._loop_py")
 
@@ -61,8 +62,6 @@ class SchedulerConfig:
     horizon_us: float = float("inf")
 
     def __post_init__(self) -> None:
-        from blis_sim.errors import ConfigError
-
         if self.max_num_seqs < 1:
             raise ConfigError(f"must be ≥ 1, got {self.max_num_seqs}", field="max_num_seqs")
         if self.max_num_batched_tokens < 1:

@@ -8,6 +8,7 @@ window (per request for the token definitions, from counter snapshots for the pe
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
 from blis_sim.formats._io import gc_paused
+from blis_sim.kv import KVCache, from_offload_config
 
 if TYPE_CHECKING:
     from blis_sim.formats.offload import OffloadConfig
@@ -95,8 +97,6 @@ class SimOutcome:
 
 def build_kv(num_gpu_blocks: int, block_size: int, offload: OffloadConfig | None, seed: int,
              backend: str | None = None) -> CacheOps:
-    from blis_sim.kv import KVCache, from_offload_config
-
     bytes_per_block = 0
     if offload is not None:
         bytes_per_block = int(offload.bytes_per_chunk // offload.blocks_per_chunk)
@@ -152,7 +152,6 @@ def frontend_term(model: LatencyModel, arrival: np.ndarray, finish: np.ndarray) 
         fixed += place * admission - since
     if per == 0.0:
         return fixed
-    import heapq
 
     out = np.empty(arrival.shape[0])
     ends: list[float] = []

@@ -110,7 +110,7 @@ def load_core(backend: str | None = None) -> tuple[ModuleType, bool]:
     if backend is None:
         return core, COMPILED
     if backend == "python":
-        from blis_sim.kv import _core_py
+        from blis_sim.kv import _core_py  # a forced backend: only that one is imported
         return _core_py, False
     if backend == "cython":
         from blis_sim.kv import _core  # type: ignore[attr-defined]  # raises if not built

@@ -26,7 +26,11 @@ from typing import Any
 
 import aiohttp
 
-from blis_sim.observe.client import Target
+from blis_sim.observe.client import (
+    Target,
+    send,  # local: avoid a cycle at import time
+)
+from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
 
 log = logging.getLogger("blis_sim.observe")
 
@@ -151,9 +155,6 @@ async def _exact_builder(session: aiohttp.ClientSession, target: Target) -> Prom
 
 async def _ratio_builder(session: aiohttp.ClientSession, target: Target) -> PromptBuilder:
     """The reference's calibration: one 100-word request, ratio = prompt_tokens / 100 in [1, 3]."""
-    from blis_sim.observe.client import send  # local: avoid a cycle at import time
-    from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
-
     wire = WireRequest(prompt=" ".join(VOCABULARY), max_tokens=1, streaming=False, arrival_us=0,
                        input_tokens=0)
     record = RequestRecord(request_id=-1, wire=wire)

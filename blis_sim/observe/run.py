@@ -56,7 +56,7 @@ from blis_sim.formats.trace import (
 )
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import capture, loop as event_loop
-from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace
+from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace, send
 from blis_sim.observe.dispatch import Dispatcher
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
@@ -419,7 +419,6 @@ class _Run:
 
         async def worker() -> None:
             nonlocal sent, failed
-            from blis_sim.observe.client import send
             while self.clock.now_ns() < deadline and not self.stop.is_set():
                 wire = WireRequest(prompt=PREWARM_PROMPT, max_tokens=64, streaming=False, arrival_us=0,
                                    input_tokens=0)

@@ -15,6 +15,9 @@ from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError
 from blis_sim.observe.cli import add_target_flags, require
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from blis_sim.engine.settings import with_flags
 from blis_sim.errors import InputError
+from blis_sim.formats.offload import DEFAULT_DEVICE_CLASSES, OffloadConfig, TierConfig
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -200,8 +201,6 @@ def override_offload(cfg: Any, changes: Mapping[tuple[int, str], Any],
                      device_classes: Mapping[str, Any] | None = None) -> Any:
     """``cfg`` (a resolved OffloadConfig) with ``changes``: ``(-1, field)`` for a top-level field,
     ``(i, field)`` for secondary tier ``i``; validated as a resolved config is."""
-    from blis_sim.formats.offload import DEFAULT_DEVICE_CLASSES, OffloadConfig, TierConfig
-
     top = cfg.model_dump()
     tiers = [t.model_dump() for t in cfg.secondary_tiers]
     for (tier, field), value in changes.items():

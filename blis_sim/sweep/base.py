@@ -18,7 +18,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
+from blis_sim.engine.coefficients import load_coefficients
+from blis_sim.engine.replay_trace import replay_outcome
+from blis_sim.engine.run_spec import run_outcome
 from blis_sim.errors import ConfigError, FormatError
+from blis_sim.formats import PytestBlisHeader, Trace
+from blis_sim.formats.workload import workload_spec_from_data
+from blis_sim.sweep.axes import SettingError, apply_settings, set_path
+from blis_sim.sweep.rows import row_of
 
 if TYPE_CHECKING:
     from blis_sim.engine.latency import StepModel
@@ -68,8 +75,6 @@ class SweepBase:
              raw: Mapping[str, Any] | None = None) -> Task:
         """Point ``index`` (``{axis: value}``, values as read) resolved against the base; a value
         that cannot apply is a FormatError at its line of the sweep file."""
-        from blis_sim.sweep.axes import SettingError, apply_settings
-
         workload: list[tuple[str, Any]] = []
         rate, num_requests = 1.0, self.payload.num_requests
         kinds = {a.name: a.kind for a in sweep.axes}
@@ -101,8 +106,6 @@ class SweepBase:
         return replace(task, key=task_key(self.fingerprint, task))
 
     def _latency(self, path: str, sweep: SweepSpec) -> StepModel:
-        from blis_sim.engine.coefficients import load_coefficients
-
         p = sweep.base_dir / path
         if str(p) not in self._latency_cache:
             self._latency_cache[str(p)] = load_coefficients(p).to_step_model()
@@ -110,9 +113,6 @@ class SweepBase:
 
     def _spec_with(self, changes: Sequence[tuple[str, Any]],
                    fail: Callable[[str, str], FormatError]) -> WorkloadSpec:
-        from blis_sim.formats.workload import workload_spec_from_data
-        from blis_sim.sweep.axes import set_path
-
         data = self.spec_data
         for name, value in changes:
             try:
@@ -145,7 +145,6 @@ def scaled_trace(trace: Trace, scale: float) -> Trace:
     arrival times from the first send, rounded to whole µs."""
     if scale == 1.0:
         return trace
-    from blis_sim.formats import Trace
 
     sends = [r.send_time_us or r.arrival_time_us for r in trace.records]
     origin = min(sends) if sends else 0
@@ -163,8 +162,6 @@ def scaled_trace(trace: Trace, scale: float) -> Trace:
 def with_offload(trace: Trace, cfg: OffloadConfig | None) -> Trace:
     """``trace`` whose header records ``cfg`` as its deployment's offload config (a what-if: the
     replay rules make the header's config authoritative)."""
-    from blis_sim.formats import PytestBlisHeader, Trace
-
     header = trace.header
     if cfg is None:
         return trace
@@ -176,20 +173,14 @@ def with_offload(trace: Trace, cfg: OffloadConfig | None) -> Trace:
 
 def evaluate(payload: Payload, task: Task) -> dict[str, Any]:
     """One point: replay the trace (or run the spec) with the task's settings; its table row."""
-    from blis_sim.sweep.rows import row_of
-
     out: SimulatedOutputs
     if payload.kind == "trace":
-        from blis_sim.engine.replay_trace import replay_outcome
-
         trace = payload.trace
         assert trace is not None  # a trace base's payload carries its trace
         if task.options.kv_offload is not None:
             trace = with_offload(trace, task.options.kv_offload)
         out = replay_outcome(scaled_trace(trace, task.rate_scale), task.options)
     else:
-        from blis_sim.engine.run_spec import run_outcome
-
         assert task.spec is not None  # a spec base's every task carries its spec
         out = run_outcome(task.spec, task.options, seed=payload.workload_seed,
                           num_requests=task.num_requests)

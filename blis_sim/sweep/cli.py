@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from blis_sim.sweep.base import SweepBase
     from blis_sim.sweep.runner import Backend
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
     from blis_sim.engine.cli import add_sim_flags

@@ -36,8 +36,9 @@ from blis_sim.formats._io import atomic_write
 from blis_sim.formats._strict import YamlDoc
 from blis_sim.sweep.axes import AxisKind, axis_kind, parse_size, positive_float
 from blis_sim.sweep.base import SweepBase
+from blis_sim.sweep.plots import curve_plot, have_matplotlib
 from blis_sim.sweep.rows import columns
-from blis_sim.sweep.runner import Backend, run_tasks
+from blis_sim.sweep.runner import Backend, ray_connect, run_tasks
 from blis_sim.sweep.spec import Axis, SweepSpec
 from blis_sim.sweep.store import PointStore, write_table
 
@@ -293,8 +294,6 @@ class _ray_session:
 
     def __enter__(self) -> None:
         if self.backend.ray_address:
-            from blis_sim.sweep.runner import ray_connect
-
             self.started = ray_connect(self.backend.ray_address)
 
     def __exit__(self, *exc: Any) -> None:
@@ -312,11 +311,8 @@ def _write(answer: PlanAnswer, q: PlanQuestion, tasks: dict[float, Any], store: 
     doc = {k: v for k, v in asdict(answer).items() if k not in ("files", "kind")}
     atomic_write(out / "plan.json", json.dumps(doc, indent=2) + "\n")
     files.append(out / "plan.json")
-    from blis_sim.sweep.plots import have_matplotlib
 
     if have_matplotlib():
-        from blis_sim.sweep.plots import curve_plot
-
         files.append(curve_plot([(e.x, e.metric) for e in answer.evaluations], axis=q.axis.name,
                                 metric=q.metric, threshold=q.threshold, answer=answer.value,
                                 path=out / "plan-curve.png"))

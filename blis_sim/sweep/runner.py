@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -74,7 +75,6 @@ def _local(payload: Payload, todo: Sequence[Task], workers: int) -> Iterator[Res
         for task in todo:
             yield _run_one(payload, task)
         return
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # fork shares the payload without pickling it, but forking a process that runs other threads
     # (a pytest-xdist worker, an embedding application) copies their state mid-flight: spawn there
