@@ -17,7 +17,7 @@ on first use, so the plugin itself stays cheap to load):
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
 
@@ -38,3 +38,16 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'pytest_blis' has no attribute {name!r}")
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from pytest_blis._phases import build_plan as build_plan
+    from pytest_blis._render import CellFailure as CellFailure
+    from pytest_blis._replay import engine_options as engine_options
+    from pytest_blis._scenario import (
+        Scenario as Scenario,
+        ServerSpec as ServerSpec,
+        SweepPoint as SweepPoint,
+        load_scenario_file as load_scenario_file,
+        load_scenario_text as load_scenario_text,
+    )
+    from pytest_blis._steps import CellPaths as CellPaths

@@ -105,6 +105,7 @@ def capacity_comparison(matched_records: Sequence[tuple[Any, Any]],
     within = (rps_error <= tolerance and tps_error <= tolerance) if saturated else None
     return CapacityComparison(
         requests=real.requests, window_s=real.seconds, arrival_rps=arrival if math.isfinite(arrival) else None,
-        served_rps=real.rps, backlog=waiting, saturated=saturated, real_rps=real.rps, sim_rps=sim.rps, rps_error=rps_error,
+        served_rps=real.rps, backlog=waiting, saturated=saturated, real_rps=real.rps, sim_rps=sim.rps,
+        rps_error=rps_error,
         real_output_tps=real.output_tps, sim_output_tps=sim.output_tps, output_tps_error=tps_error,
         tolerance=tolerance, within=within)

@@ -84,12 +84,13 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                                        f"Sim={c.sim_rps:.2f} req/s {c.sim_output_tps:.1f} tok/s, error "
                                        f"{c.rps_error * 100:.1f}% / {c.output_tps_error * 100:.1f}% (tolerance "
                                        f"{c.tolerance * 100:.1f}%)"))
-    for t in r.tier_service or ():
-        sim_bw = "n/a" if t.sim_bandwidth_Bps is None else f"{t.sim_bandwidth_Bps / 1e9:.3f} GB/s"
-        lines.append(_judged(t.within, f"Tier service [{t.tier}/{t.direction}]: Real={t.real_seconds * 1e3:.3f}ms "
-                                       f"Sim={t.sim_seconds * 1e3:.3f}ms error {t.rel_error * 100:.1f}% (tolerance "
-                                       f"{t.tolerance * 100:.1f}%); bandwidth real "
-                                       f"{t.real_bandwidth_Bps / 1e9:.3f} GB/s, sim {sim_bw}"))
+    for ts in r.tier_service or ():
+        sim_bw = "n/a" if ts.sim_bandwidth_Bps is None else f"{ts.sim_bandwidth_Bps / 1e9:.3f} GB/s"
+        lines.append(_judged(ts.within, f"Tier service [{ts.tier}/{ts.direction}]: "
+                                        f"Real={ts.real_seconds * 1e3:.3f}ms "
+                                        f"Sim={ts.sim_seconds * 1e3:.3f}ms error {ts.rel_error * 100:.1f}% (tolerance "
+                                        f"{ts.tolerance * 100:.1f}%); bandwidth real "
+                                        f"{ts.real_bandwidth_Bps / 1e9:.3f} GB/s, sim {sim_bw}"))
     for f in r.tier_service_fits or ():
         cost = "" if f.fixed_cost_s is None else f" + {f.fixed_cost_s * 1e6:.2f}us per transfer"
         lines.append(("info", f"Tier fit [{f.tier}/{f.direction}]: {f.bandwidth_Bps / 1e9:.3f} GB/s{cost} "

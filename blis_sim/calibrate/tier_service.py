@@ -29,6 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import yaml
+
 DEFAULT_TIER_SERVICE_TOLERANCE = 0.10
 #: Smallest ratio between the largest and smallest mean transfer size over the windows for a fit.
 MIN_SIZE_SPREAD = 1.10
@@ -77,12 +80,12 @@ def fit_windows(tier: str, direction: str, windows: Sequence[TierWindow]) -> Tie
     total_b = sum(w.bytes for w in windows)
     total_s = sum(w.seconds for w in windows)
     counted = [w for w in windows if w.jobs]
-    jobs = sum(w.jobs for w in counted) if len(counted) == len(windows) else None
-    base = dict(tier=tier, direction=direction, windows=len(windows), bytes=total_b, seconds=total_s, jobs=jobs)
+    jobs = sum(w.jobs or 0 for w in counted) if len(counted) == len(windows) else None
+    base: dict[str, Any] = dict(tier=tier, direction=direction, windows=len(windows), bytes=total_b,
+                                seconds=total_s, jobs=jobs)
     if jobs is not None and len(windows) >= 2:
         sizes = [w.bytes / w.jobs for w in counted]  # type: ignore[operator]
         if max(sizes) >= MIN_SIZE_SPREAD * min(sizes):
-            import numpy as np
             from scipy.optimize import nnls
 
             a = np.array([[1.0, s] for s in sizes])
@@ -186,8 +189,6 @@ def offload_config_text(block: Any, fits: Mapping[tuple[str, str], TierFit], *, 
     offload config: its fit is reported, not written. Explicit bandwidths replace the tier's device class
     (its queue-depth ramp and jitter are not carried over); ``max_bytes`` and ``store_threshold``, which
     the recorded block does not hold, are not written either."""
-    import yaml
-
     data: dict[str, Any] = {"cpu_bytes_to_use": block.cpu_bytes_to_use, "blocks_per_chunk": block.blocks_per_chunk,
                             "eviction_policy": block.eviction_policy or "lru",
                             "offload_prompt_only": block.offload_prompt_only}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from blis_sim.engine.run_spec import run_outcome
+
 BURST_RATE = 1e6  # req/s: every request arrives within the first step
 
 
@@ -29,8 +31,6 @@ def burst_capacity(spec: Any, options: Any, *, num_requests: int | None = None, 
     request of ``spec`` (``num_requests`` of them, default the spec's) arrives at once: completions over the
     span from the first arrival to the last completion. A spec with several phases runs them in turn, each
     drained, so this is their average."""
-    from blis_sim.engine.run_spec import run_outcome
-
     out = run_outcome(with_rate(spec, BURST_RATE), options, seed=seed, num_requests=num_requests).outcome
     done = out.completed
     if not done.any():

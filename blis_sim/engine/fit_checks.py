@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.coefficients import CoefficientEstimate
+from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.prior import COEFFICIENT_NAMES, PhysicsPrior
 
 #: A column the other columns explain to R² > 1 − 1/VIF_LIMIT is not identified.

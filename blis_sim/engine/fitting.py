@@ -15,7 +15,8 @@ part of each step it waited through (a fraction for the step in progress when it
 ``w · F``, plus idle time (e.g. a load with nothing running), plus the frontend term
 ``base + per_inflight · load + admission wait`` (load: requests in flight at its send, from the trace's send and
 last-chunk times, as the simulator counts them; the wait: ``place · admission − since`` in the
-admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current iterate); its mean ITL is the same sum between its first and last token over
+admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current
+iterate); its mean ITL is the same sum between its first and last token over
 (outputs − 1). Rows are weighted by 1/observed (relative errors, like the MAPE verdict), solved
 by :func:`fit_solve.solve` (bounded, robust, toward an optional physics prior), and the replay is
 redone with the new coefficients (the schedule depends on them); the best iterate by the
@@ -36,11 +37,18 @@ from typing import Any
 
 import numpy as np
 
+from blis_sim.engine.coefficients import (
+    FitIteration,
+    FitReport,
+    FrontendCoefficients,
+    LatencyCoefficients,
+    MemoryCoefficients,
+    StepCoefficients,
+)
 from blis_sim.engine.fit_solve import Design
-from blis_sim.engine.coefficients import (FitIteration, FitReport, FrontendCoefficients,
-                                          LatencyCoefficients, MemoryCoefficients, StepCoefficients)
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
+from blis_sim.engine.settings import resolve_settings
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
 from blis_sim.errors import ConfigError
 
@@ -349,7 +357,7 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     if prior is not None and prior.names != names:
         raise ConfigError(f"the prior ({prior.source}) is for another step shape than {shape!r}",
                           field="step_shape")
-    options = options or EngineOptions()
+    options = resolve_settings(options or EngineOptions(), trace.header)
     start_coeffs, start_label = _start(options)
     tried = [_replayed(trace, options, _start_vector(start_coeffs, shape, prior), "start", name,
                        shape, phases)]
@@ -426,7 +434,7 @@ def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
     from blis_sim.engine.coefficients import DEFAULT_COEFFICIENTS
 
     lat = options.latency
-    if lat.kind in ("linear", "roofline-fit"):
+    if lat is not None and lat.kind in ("linear", "roofline-fit"):
         s, m = lat.details.get("step"), lat.details.get("memory")
         if s:
             return LatencyCoefficients(

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from blis_sim.engine.content import ContentPlan
+from blis_sim.formats.trace_columns import TraceColumns
 from blis_sim.workload.tokens import new_input_lengths
 
 
@@ -169,10 +170,12 @@ def take_rows(seq: Sequence[Any], idx: np.ndarray) -> Sequence[Any]:
 
 def concat_rows(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
     """The parts one after the other, kept lazy when they are all rows of one trace (or ids)."""
-    if parts and all(isinstance(p, TraceRows) and p.data is parts[0].data for p in parts):
-        return TraceRows(parts[0].data, np.concatenate([p.idx for p in parts]))
-    if parts and all(isinstance(p, IdKeys) for p in parts):
-        return IdKeys(np.concatenate([p.ids for p in parts]))
+    rows = [p for p in parts if isinstance(p, TraceRows)]
+    if parts and len(rows) == len(parts) and all(p.data is rows[0].data for p in rows):
+        return TraceRows(rows[0].data, np.concatenate([p.idx for p in rows]))
+    ids = [p for p in parts if isinstance(p, IdKeys)]
+    if parts and len(ids) == len(parts):
+        return IdKeys(np.concatenate([p.ids for p in ids]))
     return [x for p in parts for x in p]
 
 
@@ -187,8 +190,6 @@ def _replayable(data: Any) -> np.ndarray:
 
 def _columns_of(records: Any) -> Any:
     """A trace's data as columns (``TraceColumns`` as is; a record list converted)."""
-    from blis_sim.formats.trace_columns import TraceColumns
-
     return records if isinstance(records, TraceColumns) else TraceColumns.from_records(records)
 
 

@@ -37,7 +37,8 @@ API::
 
 Validation is the reference's (every message of docs/reference-formats.md §6.2, prefixed by the file, line
 and field), plus the one config the reference accepts and then crashes on that we refuse: a CPU budget under
-one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
+one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the
+KV core supports both.
 Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
 types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects; a file's problems are all
 reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's own forms (the
@@ -48,7 +49,7 @@ reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's 
 # No ``from __future__ import annotations``: pydantic would then evaluate each field's annotation string
 # when the class is built. A method's annotation naming its own class is quoted.
 import math
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -368,3 +369,14 @@ _FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "INLINE", "is_
 
 __getattr__ = lazy_exports(__name__, {"blis_sim.formats.offload_file": tuple(sorted(_FILE_NAMES))})[0]
 
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.formats.offload_file import (
+        DEFAULT_DEVICE_CLASSES as DEFAULT_DEVICE_CLASSES,
+        INLINE as INLINE,
+        DeviceClass as DeviceClass,
+        is_inline as is_inline,
+        load_device_classes as load_device_classes,
+        load_offload_config as load_offload_config,
+        parse_offload_config as parse_offload_config,
+        resolve_offload_config as resolve_offload_config,
+    )

@@ -20,10 +20,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from blis_sim import limits
 from blis_sim.errors import ConfigError, FormatError, UsageError
 from blis_sim.formats._model import StrictModel, construct
-from blis_sim.formats._strict import (YamlDoc, _restore_strings, describe_each, load_yaml, parse_yaml, read_text,
-                                      validate)
-from blis_sim.formats.offload import (_INT64_MAX, DEFAULT_GPU_BLOCK_SIZE, DEFAULT_THREADS, OffloadConfig, _build,
-                                      _check_tier, _Where)
+from blis_sim.formats._strict import (
+    YamlDoc,
+    _restore_strings,
+    describe_each,
+    load_yaml,
+    parse_yaml,
+    read_text,
+    validate,
+)
+from blis_sim.formats.offload import (
+    _INT64_MAX,
+    DEFAULT_GPU_BLOCK_SIZE,
+    DEFAULT_THREADS,
+    OffloadConfig,
+    _build,
+    _check_tier,
+    _Where,
+)
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -38,8 +38,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._model import StrictModel, to_go, validate_data
 from blis_sim.formats._json import load_json
+from blis_sim.formats._model import StrictModel, to_go, validate_data
 from blis_sim.formats.results import go_json
 from blis_sim.formats.trace import atomic_write
 
@@ -351,9 +351,9 @@ class CalibrationReport(_Model):
             name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
             rows.append(VerdictRow(f"kv_hit_rate[{name}]", d.real_hit_rate, d.sim_hit_rate, d.abs_error_pp,
                                    d.tolerance_pp, d.within, "pp"))
-        for t in self.tier_service or ():
-            rows.append(VerdictRow(f"tier_service[{t.tier}/{t.direction}]", t.real_seconds, t.sim_seconds,
-                                   t.rel_error, t.tolerance, t.within, "rel"))
+        for ts in self.tier_service or ():
+            rows.append(VerdictRow(f"tier_service[{ts.tier}/{ts.direction}]", ts.real_seconds, ts.sim_seconds,
+                                   ts.rel_error, ts.tolerance, ts.within, "rel"))
         for f in self.window_faults or ():
             if f.count and not f.modelled:  # the window cannot validate the simulator's hit-rates
                 rows.append(VerdictRow(f"fault[{f.kind}{'/' + f.tier if f.tier else ''}]", float(f.count), 0.0,

@@ -43,6 +43,7 @@ from pathlib import Path
 from blis_sim.formats._io import atomic_write, atomic_write_files
 from blis_sim.formats._model import StrictModel
 from blis_sim.formats.itl import ITL_COLUMNS, ITLRecord, default_itl_path, itl_by_request, read_itl, write_itl
+from blis_sim.formats.trace_columns import read_trace_data
 from blis_sim.formats.trace_data import (
     BASE_COLUMNS,
     OUR_TRAILING,
@@ -52,7 +53,6 @@ from blis_sim.formats.trace_data import (
     data_text,
     write_trace_data,
 )
-from blis_sim.formats.trace_columns import read_trace_data
 from blis_sim.formats.trace_header import (
     SOURCE_GPU_FALLBACK,
     SOURCE_TIERED,

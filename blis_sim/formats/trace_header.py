@@ -139,6 +139,14 @@ class KVGeometry(StrictModel):
     num_gpu_blocks: int | None = Field(default=None, ge=1, le=limits.MAX_GPU_BLOCKS)
 
 
+class SettingSource(StrictModel):
+    """One simulator setting as the simulation resolved it, and where it came from
+    (blis_sim/engine/settings.py): a flag (or the caller), the trace header, the model, or the default."""
+
+    value: int | float | str | None = None
+    source: Literal["flag", "header", "model", "default"]
+
+
 class TierIO(StrictModel):
     """Per-tier transfer counters over the window (vLLM's native units: bytes, seconds).
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blis_sim.calibrate.capacity import window_throughput
+from blis_sim.observe.run import ObserveOptions, observe
 from blis_sim.probe.plan import ProbeConfig, ServerLimits, fitted_phases, max_in_flight, probe_plan
 
 DEFAULT_TIME_BUDGET_S = 300.0
@@ -74,8 +75,6 @@ def ramp_throughput(records: Any) -> list[RampLevel]:
 
 
 def observe_options(options: ProbeOptions, plan: Any) -> Any:
-    from blis_sim.observe.run import ObserveOptions
-
     return ObserveOptions(model=options.model, api_key=options.api_key, timeout_s=options.timeout_s,
                           max_concurrency=max_in_flight(plan), window_phases=fitted_phases(plan),
                           workload_label=options.label, http_client=options.http_client, progress=False,
@@ -85,8 +84,6 @@ def observe_options(options: ProbeOptions, plan: Any) -> Any:
 
 def run_probe(url: str, limits: ServerLimits, config: ProbeConfig, options: ProbeOptions) -> ProbeResult:
     """Observe the probe planned for ``limits`` on ``url``."""
-    from blis_sim.observe.run import observe
-
     plan = probe_plan(limits, config)
     observed = observe(url, plan, observe_options(options, plan))
     return ProbeResult(limits=limits, observed=observed, ramp=ramp_throughput(observed.trace.records))
