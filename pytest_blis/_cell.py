@@ -286,8 +286,8 @@ def verdict_rows(report: CalibrationReport, expect: Expect, *, timing: bool = Tr
     rows = [r for r in report.verdicts()
             if (r.metric != "ttft_mape" or expect.check_ttft)
             and (r.unit != "rate" or expect.check_ttft or expect.saturated)
-            # Tier service seconds are in the report, not judged by a cell: the simulator's CPU <-> GPU
-            # link is not set from the offload config, so no cell can match a server's link yet.
+            # Tier service seconds are in the report, not judged by a cell: its offload file gives the
+            # deployment's tiers, not the bandwidths calibrate --write-offload-config fits afterwards.
             and r.unit != "rel"]
     if expect.faults:
         return _fault_rows(report, expect.faults) + [r for r in rows if r.unit not in ("pp", "requests", "faults")

@@ -21,7 +21,7 @@ from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
 from blis_sim.formats._io import gc_paused
-from blis_sim.kv import KVCache, from_offload_config
+from blis_sim.kv import KVCache, TierStation, from_offload_config
 
 if TYPE_CHECKING:
     from blis_sim.formats.offload import OffloadConfig
@@ -104,8 +104,13 @@ def build_kv(num_gpu_blocks: int, block_size: int, offload: OffloadConfig | None
             raise ConfigError(f"the offload config was resolved for GPU block size "
                               f"{offload.gpu_block_size}, the simulation uses {block_size}",
                               field="kv_offload.block_size")
+    link = None
+    if offload is not None and offload.cpu_link is not None:  # the offload config's fitted or given link
+        link = TierStation(read_bandwidth=offload.cpu_link.read_bandwidth,
+                           write_bandwidth=offload.cpu_link.write_bandwidth,
+                           base_latency=offload.cpu_link.base_latency)
     cfg = from_offload_config(offload, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                              bytes_per_block=bytes_per_block, seed=seed)
+                              bytes_per_block=bytes_per_block, seed=seed, link=link)
     return KVCache(cfg, backend=backend)
 
 

@@ -214,11 +214,24 @@ class PhaseInfo(StrictModel):
     end_time_us: int = 0
 
 
+class CpuLink(StrictModel):
+    """The CPU <-> GPU link of the offload tiers (``kv_offload.cpu_link``, ours): bytes/µs and µs, ``read``
+    towards the GPU (a load), ``write`` away from it (a store). What ``blis calibrate --write-offload-config``
+    fits from a server's ``vllm:kv_offload_{load,store}_{bytes,time}``; absent, the simulator's default link."""
+
+    read_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    write_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    base_latency: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
 class OffloadExtensions(StrictModel):
     """Offload settings the reference's ``kv_offload`` block cannot hold (INV-13 for our additions)."""
 
     store_threshold: int = Field(default=0, ge=0)
     tier_max_bytes: list[int | None] = Field(default_factory=list)  # per secondary tier; None = unbounded
+    cpu_link: CpuLink | None = None
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"cpu_link"})
 
     @field_validator("tier_max_bytes")
     @classmethod
