@@ -319,7 +319,7 @@ def _resolve_link(link: _LinkSpec | None, where: _Where) -> CpuLink | None:
         where.add("cpu_link.base_latency", f"kv_offload: cpu_link.base_latency must be a finite number >= 0 (us), "
                                            f"got {lat!r}")
         ok = False
-    if not ok:
+    if not ok or link.read_bandwidth is None or link.write_bandwidth is None:
         return None
     return construct(CpuLink, read_bandwidth=float(link.read_bandwidth), write_bandwidth=float(link.write_bandwidth),
                      base_latency=float(lat))
