@@ -101,7 +101,7 @@ def test_the_search_improves_on_the_regression_where_the_schedule_moves() -> Non
     trace = trace_of(rate=9, n=200, truth=knee)
     regression = fit(trace, OPTS, max_iterations=4, bootstrap_resamples=0, search_evaluations=0)
     searched = fit(trace, OPTS, max_iterations=4, bootstrap_resamples=0, search_evaluations=40)
-    assert {it.kind for it in regression.fit.convergence} == {"start", "iterate", "median"}
+    assert "search" not in {it.kind for it in regression.fit.convergence}
     assert objective(regression.fit) > 0.8
     assert objective(searched.fit) < 0.5 * objective(regression.fit)
     assert searched.fit.convergence[searched.fit.best_iteration].kind == "search"
