@@ -270,13 +270,13 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
 
 def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True) -> list[VerdictRow]:
     """The report's verdicts the cell judges: TTFT MAPE unless ``check_ttft`` is off, plus E2E MAPE when the
-    cell sets ``e2e_mape_threshold``. The capacity rows (unit "rate", judged by calibrate only where the window
-    is saturated) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell. The tier
+    cell sets ``e2e_mape_threshold``. The capacity rows (throughputs and the E2E MAPE, judged by calibrate only
+    where the window is saturated, which then reports TTFT unjudged) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell. The tier
     service-time rows (unit "rel") are reported in the cell's calibration report and not judged.
     ``timing=False`` (``--blis-timing-report-only``): the hit-rate rows only."""
     rows = [r for r in report.verdicts()
             if (r.metric != "ttft_mape" or expect.check_ttft)
-            and (r.unit != "rate" or expect.check_ttft or expect.saturated)
+            and (not r.metric.startswith("capacity[") or expect.check_ttft or expect.saturated)
             # Tier service seconds are in the report, not judged by a cell: the simulator's CPU <-> GPU
             # link is not set from the offload config, so no cell can match a server's link yet.
             and r.unit != "rel"]
