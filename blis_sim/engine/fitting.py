@@ -257,13 +257,16 @@ def _report(outcome: SimOutcome, obs: Observed, name: str, iterations: int) -> F
                      itl_mape=i_mape, ttft_rmse_us=t_rmse, itl_rmse_us=i_rmse)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Case:
-    """One trace of a fit, with the scheduler and KV settings it is replayed on."""
+    """One trace of a fit (prepared once: every replay reads the same table), with the scheduler
+    and KV settings it is replayed on, and its observed latencies (the trace's alone, whatever
+    the coefficients: built on the first replay, read by every later one)."""
 
     trace: Any
     options: EngineOptions
     name: str
+    obs: Observed | None = None
 
 
 @dataclass(eq=False)
@@ -359,7 +362,9 @@ def _replayed(cases: list[_Case], coef: np.ndarray, kind: str, shape: str,
     for case in cases:
         out = replay_outcome(case.trace, replace(case.options, latency=model, latency_source="fit"),
                              log_steps=True).outcome
-        obs = observed(out, case.trace.header.mode, phases)
+        if case.obs is None:
+            case.obs = observed(out, case.trace.header.mode, phases)
+        obs = case.obs
         reports.append(_report(out, obs, case.name, 0))
         outcomes.append(out)
         obs_all.append(obs)
@@ -403,7 +408,9 @@ def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
                           f"{len(opts)} and {len(names)}", field="trace")
     if len(traces) > 1 and isinstance(name, str):
         names = [f"{name or 'trace'} {i + 1}" for i in range(len(traces))]
-    return [_Case(t, o, n) for t, o, n in zip(traces, opts, names)]
+    from blis_sim.engine.replay_trace import prepare_trace
+
+    return [_Case(prepare_trace(t), o, n) for t, o, n in zip(traces, opts, names)]
 
 
 def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = None, *,
