@@ -141,23 +141,8 @@ def fit_10k(blocks: int, shape: str) -> float:
     return seconds
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--requests", type=int, default=300, help="requests per trace (default 300)")
-    ap.add_argument("--gpu-blocks", type=int, default=4000, help="the server's GPU KV blocks (default 4000)")
-    ap.add_argument("--step-shape", choices=("linear", "roofline"), default="roofline")
-    ap.add_argument("--fit-10k-only", action="store_true", help="only time the fit of a 10,000-request trace")
-    ap.add_argument("--out", default="", help="keep the traces here (default: a temp dir)")
-    args = ap.parse_args()
-    t0 = time.perf_counter()
-    print(f"profile {PROFILE}, {args.gpu_blocks} GPU blocks of {BLOCK}; shape {args.step_shape}; load average "
-          f"at start {load_average()}", flush=True)
-    if args.fit_10k_only:
-        return 0 if fit_10k(args.gpu_blocks, args.step_shape) <= 60 else 1
-    out_dir = Path(args.out or tempfile.mkdtemp(prefix="bench-fit-saturation-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    traces: dict[tuple[str, str], Any] = {}
-    truth = options(args.gpu_blocks, emulator_shape())
+def observe_all(args: argparse.Namespace, traces: dict[tuple[str, str], Any], truth: EngineOptions,
+                out_dir: Path) -> None:
     with spawn_emulator(EmulatorConfig(profile=PROFILE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED,
                                        block_size=BLOCK, num_gpu_blocks=args.gpu_blocks)) as emu:
         for family in ("mix", "1k"):
@@ -171,6 +156,39 @@ def main() -> int:
                 print(f"observed {family} {load}: {factor * cap:.2f} req/s (capacity {cap:.2f}), peak KV demand "
                       f"{peak_kv_blocks(result.trace)} blocks of {args.gpu_blocks}; load average {load_average()}",
                       flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=300, help="requests per trace (default 300)")
+    ap.add_argument("--gpu-blocks", type=int, default=4000, help="the server's GPU KV blocks (default 4000)")
+    ap.add_argument("--step-shape", choices=("linear", "roofline"), default="roofline")
+    ap.add_argument("--fit-10k-only", action="store_true", help="only time the fit of a 10,000-request trace")
+    ap.add_argument("--out", default="", help="keep the traces here (default: a temp dir)")
+    ap.add_argument("--from", dest="from_dir", default="",
+                    help="fit and judge the traces a run saved with --out, instead of observing again")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    print(f"profile {PROFILE}, {args.gpu_blocks} GPU blocks of {BLOCK}; shape {args.step_shape}; load average "
+          f"at start {load_average()}", flush=True)
+    if args.fit_10k_only:
+        return 0 if fit_10k(args.gpu_blocks, args.step_shape) <= 60 else 1
+    out_dir = Path(args.out or tempfile.mkdtemp(prefix="bench-fit-saturation-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traces: dict[tuple[str, str], Any] = {}
+    truth = options(args.gpu_blocks, emulator_shape())
+    if args.from_dir:
+        from blis_sim.formats.trace import load_trace
+
+        for family in ("mix", "1k"):
+            for load, _ in LOADS:
+                base = Path(args.from_dir) / f"{family}-{load}"
+                traces[(family, load)] = load_trace(f"{base}.yaml", f"{base}.csv")
+                print(f"read {base}: peak KV demand {peak_kv_blocks(traces[(family, load)])} blocks of "
+                      f"{args.gpu_blocks}", flush=True)
+    else:
+        observe_all(args, traces, truth, out_dir)
+
     rows = []
     fails = []
     joint, joint_s = do_fit([traces[("mix", "light")], traces[("1k", "light")]], args.gpu_blocks,
