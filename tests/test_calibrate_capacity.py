@@ -220,3 +220,35 @@ def test_waiting_dominates_ttft_when_requests_wait_most_of_it() -> None:
     assert waiting_share(light, [256] * 10 + [4096] * 10) == pytest.approx(0.0)
     queued = [100_000.0 * (1 + i) for i in range(20)]  # each waits for every earlier one
     assert waiting_share(queued, [1000] * 20) >= WAIT_SHARE
+
+
+def test_a_real_client_held_back_by_its_slots_is_judged_saturated(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """30 requests scheduled at 200 req/s through 2 concurrency slots to the real emulator (h100-14b, ~10 ms
+    steps, 8 output tokens: ~20 req/s): the sends fall ~1.4 s behind their schedule while the server never
+    holds more than two, so only the lagging sends show that it could not keep up."""
+    import json
+
+    from blis_sim.cli import main as blis_main
+    from blis_sim.emulator import EmulatorConfig, start_emulator
+    from blis_sim.formats.workload import WorkloadSpec
+    from blis_sim.observe.run import ObserveOptions, observe, write_result
+
+    client = {"id": "c", "rate_fraction": 1, "streaming": True, "arrival": {"process": "constant"},
+              "input_distribution": {"type": "constant", "params": {"value": 256}},
+              "output_distribution": {"type": "constant", "params": {"value": 8}}}
+    spec = WorkloadSpec.model_validate({"version": "2", "seed": 3, "aggregate_rate": 200, "num_requests": 30,
+                                        "clients": [client]})
+    with start_emulator(EmulatorConfig(profile="h100-14b", block_size=16, num_gpu_blocks=2048)) as emu:
+        result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=2, progress=False))
+    write_result(result, tmp_path / "t.yaml", tmp_path / "t.csv")
+    sim = _sim_file(tmp_path / "sim.json", result.trace.records, 1.0)
+    argv = ["calibrate", "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv"),
+            "--sim-results", str(sim), "--report", str(tmp_path / "r.json")]
+    assert blis_main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    c = report["capacity"]
+    assert c["backlog"] < 5 and c["saturation"] == ["sends lag"] and c["saturated"]
+    assert c["send_lag_s"] > 0.5
+    assert c["within"] is True and c["e2e_mape"] is not None and c["e2e_mape"] < 1e-9
+    assert "Throughput (saturated: sends lag" in capsys.readouterr().err

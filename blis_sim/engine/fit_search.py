@@ -10,9 +10,10 @@ boundary counts linearly) moves the coefficients on a finite-difference Jacobian
 residuals. The difference step is large (``DIFF_STEP`` of each coefficient): a replay is piecewise
 constant in the small, so a tiny step sees no slope.
 
-``search(evaluate, x0, low, high, free, budget)`` calls ``evaluate(coef)`` at most ``budget`` times
-(the Jacobian's replays counted: scipy does not count them) and returns nothing: the caller keeps
-every evaluation and returns the best, so the answer is never worse than any start.
+``search(evaluate, x0, low, high, free, budget, typical)`` calls ``evaluate(coef)`` (the residuals:
+the replay's, then the prior's rows) at most ``budget`` times (the Jacobian's replays counted: scipy
+does not count them) and returns how many it made: the caller keeps every evaluation and returns the
+best by the objective, so the answer is never worse than any start.
 """
 from __future__ import annotations
 
@@ -37,10 +38,11 @@ def search(evaluate: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, low: np
     Returns the evaluations made."""
     from scipy.optimize import least_squares
 
-    idx = np.flatnonzero(free)
+    x0 = np.clip(np.asarray(x0, dtype=np.float64), low, high)
+    # only coefficients with room to move: least_squares needs lower < upper
+    idx = np.flatnonzero(free & (high > low))
     if budget <= 0 or idx.size == 0:
         return 0
-    x0 = np.clip(np.asarray(x0, dtype=np.float64), low, high)
     scale = np.where(np.abs(x0[idx]) > 0, np.abs(x0[idx]), np.maximum(typical[idx], 1e-12))
     lo, hi = low[idx] / scale, high[idx] / scale
     z0 = np.clip(x0[idx] / scale, lo, hi)
@@ -55,12 +57,6 @@ def search(evaluate: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, low: np
         coef[idx] = np.clip(z, lo, hi) * scale
         return evaluate(coef)
 
-    # a bound equal on both sides leaves nothing to move
-    if np.all(hi <= lo):
-        return 0
-    open_ = hi > lo
-    if not open_.all():  # least_squares needs lo < hi: fix the pinned ones
-        idx, scale, lo, hi, z0 = idx[open_], scale[open_], lo[open_], hi[open_], z0[open_]
     try:
         least_squares(residuals, z0, bounds=(lo, hi), method="trf", loss="soft_l1",
                       f_scale=F_SCALE, diff_step=DIFF_STEP, x_scale=1.0, max_nfev=budget,
