@@ -277,15 +277,16 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: E
 
 def verdict_rows(report: CalibrationReport, expect: Expect, *, timing: bool = True) -> list[VerdictRow]:
     """The report's verdicts the cell judges: TTFT MAPE unless ``check_ttft`` is off, plus E2E MAPE when the
-    cell sets ``e2e_mape_threshold``. The capacity rows (unit "rate", judged by calibrate only where the window
-    is saturated) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell. The tier
-    service-time rows (unit "rel") are reported in the cell's calibration report and not judged.
+    cell sets ``e2e_mape_threshold``. The capacity rows (throughputs and the E2E MAPE, judged by calibrate only
+    where the window is saturated, which then reports TTFT unjudged) are latency verdicts too: judged with
+    ``check_ttft`` or in a ``saturated`` cell. The tier service-time rows (unit "rel") are reported in the
+    cell's calibration report and not judged.
     A fault over the window that the simulator does not model is a failing row of its own (unit "faults"); a
     fault cell (``expect.faults``) is judged on its faults instead of its hit-rates (:func:`_fault_rows`).
     ``timing=False`` (``--blis-timing-report-only``): the hit-rate and fault rows only."""
     rows = [r for r in report.verdicts()
             if (r.metric != "ttft_mape" or expect.check_ttft)
-            and (r.unit != "rate" or expect.check_ttft or expect.saturated)
+            and (not r.metric.startswith("capacity[") or expect.check_ttft or expect.saturated)
             # Tier service seconds are in the report, not judged by a cell: its offload file gives the
             # deployment's tiers, not the bandwidths calibrate --write-offload-config fits afterwards.
             and r.unit != "rel"]

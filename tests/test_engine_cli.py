@@ -160,7 +160,7 @@ def test_fit_states_its_start_prints_its_report_and_writes_it(run_trace: Path) -
     assert "<- returned" in out.stderr and "step.per_prefill_token_us" in out.stderr
     fit = json.loads(out.stdout)["fit"]
     assert fit["start"] == str(start) and fit["prior"].startswith("roofline qwen/qwen3-14b on H100")
-    assert [c["kind"] for c in fit["convergence"]][:3] == ["start", "iterate", "iterate"]
+    assert [c["kind"] for c in fit["convergence"]][:4] == ["start", "prior", "iterate", "iterate"]
     assert fit["convergence"][0]["values"][0] == 9000
     assert len(fit["coefficients"]) == 9 and all("ci_low" in c for c in fit["coefficients"])
     saved = json.loads((run_trace / "fit2.json").read_text())["fit"]

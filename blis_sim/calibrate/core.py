@@ -38,6 +38,7 @@ from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import (
     CalibrationReport,
+    CapacityComparison,
     ConfigMatch,
     GoodputComparison,
     HitRateComparison,
@@ -175,7 +176,7 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
         metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit.primary,
         ttft_tolerance=ttft_tolerance, kv_hit_rates=hit.definitions or None,
         kv_hit_rates_unpaired=hit.unpaired or None,
-        capacity=capacity_comparison(pairs.matched_records, options.capacity_tolerance),
+        capacity=_capacity(pairs, metrics, options),
         request_hit_agreement=request_hit_agreement(pairs.matched_records),
         tier_service=tier_rows or None, tier_service_fits=tier_fits or None, window_faults=faults or None,
         notes=notes or None,
@@ -188,6 +189,17 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
                               tier_service_tolerance=options.tier_service_tolerance if tier_rows else None))
     report = report.model_copy(update={"verdict": summarize_verdict(report.verdicts())})
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
+
+
+def _capacity(pairs: CalibrationPairs, metrics: dict[str, MetricComparison],
+              options: CalibrateOptions) -> CapacityComparison | None:
+    """The throughput comparison; at saturation with the E2E MAPE it judges (design D9: TTFT is
+    then queueing, reported but not judged), against the TTFT threshold."""
+    c = capacity_comparison(pairs.matched_records, options.capacity_tolerance)
+    if c is None or not c.saturated or "e2e" not in metrics:
+        return c
+    return c.model_copy(update={"e2e_mape": metrics["e2e"].request_level.mape,
+                                "e2e_threshold": options.ttft_mape_threshold})
 
 
 def tier_service(header: TraceHeader, sim_metrics: MetricsOutput | None, options: CalibrateOptions

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from blis_sim import limits
 from blis_sim.defaults import DEFAULT_HARDWARE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.engine.coefficients import dump_coefficients, load_coefficients
-from blis_sim.engine.fitting import evaluate, fit
+from blis_sim.engine.fitting import SEARCH_EVALUATIONS, evaluate, fit
 from blis_sim.engine.latency import StepModel, get_hardware, roofline
 from blis_sim.engine.models import geometry_for
 from blis_sim.engine.prior import resolve_prior
@@ -119,8 +119,11 @@ def register(subparsers: Any) -> None:
         "fit", help="fit the latency model (linear, or two-row roofline-fit) to a trace",
         description="Least-squares fit of the step-time model (--step-shape) and the frontend term to a "
                     "trace's per-request TTFT and ITL; prints the fit's own error.")
-    p.add_argument("--trace-header", default=None, help="TraceV2 header YAML (required)")
-    p.add_argument("--trace-data", default=None, help="TraceV2 data CSV (required)")
+    p.add_argument("--trace-header", action="append", default=None,
+                   help="TraceV2 header YAML (required; repeat with --trace-data to fit one model "
+                        "to several traces)")
+    p.add_argument("--trace-data", action="append", default=None,
+                   help="TraceV2 data CSV (required; one per --trace-header, in the same order)")
     p.add_argument("--output", default=None, help="write the coefficients here (YAML, or .json)")
     p.add_argument("--validate-header", default=None,
                    help="also report the fitted model's error on this trace (header)")
@@ -137,6 +140,10 @@ def register(subparsers: Any) -> None:
                    help="weight λ/√rows of the prior rows λ·(w−prior)/prior (default 0.01)")
     p.add_argument("--bootstrap-resamples", type=int, default=100,
                    help="resamples of the requests for the coefficients' intervals (default 100)")
+    p.add_argument("--search-evaluations", type=int, default=SEARCH_EVALUATIONS,
+                   help="replays the search stage may make after the regression (scipy "
+                        "least_squares on the replayed per-request errors; default %(default)s, "
+                        "0: none)")
     p.add_argument("--step-shape", choices=("linear", "roofline"), default="linear",
                    help="linear (default): one row; roofline: model roofline-fit, each step "
                         "base + max(compute row, memory row), for servers with a compute/memory knee")
@@ -278,9 +285,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_traces(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """(data path, trace) of each --trace-header / --trace-data pair, in order."""
+    headers, data = args.trace_header or [], args.trace_data or []
+    if len(headers) != len(data):
+        raise UsageError(f"blis fit: {len(headers)} --trace-header but {len(data)} --trace-data: "
+                         "give one of each per trace")
+    out = []
+    for h, d in zip(headers, data) if headers else [(None, None)]:
+        pair = argparse.Namespace(trace_header=h, trace_data=d)
+        out.append((str(d), _load(pair, "trace_header", "trace_data")))
+    return out
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
 
-    trace = _load(args, "trace_header", "trace_data")
+    loaded = _fit_traces(args)
+    trace = loaded[0][1]
     if args.latency_model != "linear":
         raise UsageError("blis fit fits a fitted-shape model (--step-shape); drop --latency-model "
                          "roofline")
@@ -293,16 +314,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-iterations must be ≥ 1, got {args.max_iterations}")
     start_args = argparse.Namespace(**{**vars(args),
                                        "latency_coefficients": args.initial_coefficients})
-    options = options_from_args(start_args, trace.header)
+    options = [options_from_args(start_args, t.header) for _, t in loaded]
     start = str(args.initial_coefficients) if args.initial_coefficients else "default"
     print(f"blis fit: starting from {start} coefficients", file=sys.stderr)
     prior, label = (None, "none: --no-prior") if args.no_prior else resolve_prior(
         model=args.model, model_config=args.model_config, hardware=args.hardware, tp=args.tp,
         header=trace.header, shape=args.step_shape)
-    coeffs = fit(trace, options, max_iterations=args.max_iterations, name=str(args.trace_data),
-                 prior=prior, prior_label=label, prior_strength=args.prior_strength,
-                 bootstrap_resamples=args.bootstrap_resamples, seed=args.seed, start=start,
-                 shape=args.step_shape)
+    if args.search_evaluations < 0:
+        raise UsageError(f"--search-evaluations must be ≥ 0, got {args.search_evaluations}")
+    coeffs = fit([t for _, t in loaded], options, max_iterations=args.max_iterations,
+                 name=[n for n, _ in loaded], prior=prior, prior_label=label,
+                 prior_strength=args.prior_strength, bootstrap_resamples=args.bootstrap_resamples,
+                 seed=args.seed, start=start, shape=args.step_shape,
+                 search_evaluations=args.search_evaluations)
     if coeffs.fit is not None:
         sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:
