@@ -10,8 +10,9 @@ on first use, so the plugin itself stays cheap to load):
 - ``build_plan(scenario, cell_id=, capacity=target.capacity(), base_dir=, capacity_of=None)`` → the workload
   plan ``blis_observe`` dispatches (``capacity_of(spec) -> req/s`` resolves a workload phase's
   ``rate: "Nx capacity"``, e.g. ``lambda spec: blis_sim.engine.burst_capacity(spec, options)``);
-- ``engine_options(target, latency=coeffs, max_num_seqs=256, max_num_batched_tokens=2048,
-  total_kv_blocks=None)`` → the simulator's options for ``blis_replay``;
+- ``engine_options(target, latency=coeffs, max_num_seqs=None, max_num_batched_tokens=None,
+  total_kv_blocks=None)`` → the simulator's options for ``blis_replay`` (``None``: resolved on replay from
+  the trace header, else the documented default; docs/engine.md, "Settings, resolved once");
 - ``CellPaths(dir)``: where the steps write (``trace.yaml``, ``sim.json``, ``calibration.json``, ...);
 - ``CellFailure``: the exception a failed cell raises (rendered as the compact table).
 """

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 Source = Literal["flag", "header", "model", "default"]
 
-#: the settings whose source is recorded, in the order the provenance lists them
+#: the settings whose source is recorded (the provenance writes them by name, sorted)
 SETTINGS = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
             "long_prefill_token_threshold", "latency_model", "kv_bytes_per_token", "kv_offload")
 
