@@ -128,11 +128,13 @@ async def send(session: aiohttp.ClientSession | Http1Pool, target: Target, recor
         conn: dict[str, bool] = {}
         try:
             await _post(session, target, record, body, headers, clock, conn)
-        except aiohttp.ServerDisconnectedError:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             if record.first_byte_ns or not conn.get("reused"):
                 raise
             # The keep-alive race: the server closed an idle connection as we reused it, before any byte
-            # of an answer. Once more on another connection (aiohttp dropped that one), as Http1Pool does.
+            # of an answer (aiohttp says "Server disconnected", or "Can not write request body" when the
+            # close came while it wrote). Once more on another connection (aiohttp dropped that one), as
+            # Http1Pool does.
             await _post(session, target, record, body, headers, clock, {})
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
         _timed_out(record, target, exc)
