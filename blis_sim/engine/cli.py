@@ -300,7 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_workload_spec(args.workload_spec)
     options = options_from_args(args)
     out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
-    trace = out.trace(workload_spec=str(args.workload_spec)) if args.trace_output else None
+    trace = out.trace_columns(workload_spec=str(args.workload_spec)) if args.trace_output else None
     _write_outputs(args, out, trace)
     return 0
 
@@ -324,7 +324,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise
         raise type(exc)(exc.reason, file=f"{args.trace_header} / {args.trace_data}", line=exc.location.line,
                         field=exc.location.field) from None
-    _write_outputs(args, out, out.trace() if args.trace_output else None)
+    _write_outputs(args, out, out.trace_columns() if args.trace_output else None)
     return 0
 
 

@@ -15,7 +15,8 @@
 * :class:`SimulatedOutputs` — ``results`` / ``metrics()`` / ``write_outputs()`` of an outcome
   and its options (MetricsOutput with its ``provenance``), shared by ``ReplayOutcome`` and
   ``RunOutcome``.
-* :func:`trace_records` — the simulated requests as TraceV2 rows (``--trace-output``): integer µs
+* :func:`trace_records` — the simulated requests as TraceV2 rows, column by column (``--trace-output``,
+  written a chunk of rows at a time; nothing made per request): integer µs
   times, ``first_chunk = arrival + TTFT``, ``last_chunk = arrival + E2E``, status ``ok`` or
   ``incomplete`` (did not finish before the horizon).
 """
@@ -266,42 +267,55 @@ class SimulatedOutputs:
                              provenance=sim_provenance(self.outcome, self.options))
 
 
-def _int_us(x: float) -> int:
-    return int(np.floor(x + 0.5))
-
-
-def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
-    """TraceV2 rows for the simulated requests (``base``: one dict of the non-timing columns per
-    table row; default: taken from the table's source records)."""
-    from blis_sim.formats import TraceRecord
+def trace_records(o: SimOutcome, base: dict[str, Any] | None = None) -> Any:
+    """The simulated requests as TraceV2 rows (``TraceColumns``; nothing made per row): every row
+    the loop saw arrive and did not drop, in table order. ``base``: the non-timing columns, one
+    array or list per field in table order (default: the table's source rows' own)."""
+    from blis_sim.formats.trace_columns import TraceColumns
 
     lp = o.loop
-    ttft_us, e2e_us = o.ttft_us, o.e2e_us  # computed once: each is a whole-table array
-    defaults = _default_fields()
-    out = []
-    for i in range(len(o.table)):
-        if lp.status[i] == NOT_ARRIVED or o.dropped[i]:
-            continue
-        fields = dict(base[i]) if base is not None else _fields_of(o.table.source[i])
-        arrival = _int_us(lp.arrival_us[i])
-        done = not np.isnan(lp.finish_us[i])
-        first = _int_us(lp.arrival_us[i] + ttft_us[i]) if not np.isnan(lp.first_token_us[i]) else 0
-        last = _int_us(lp.arrival_us[i] + e2e_us[i]) if done else 0
-        fields.update(request_id=int(o.table.request_id[i]), arrival_time_us=arrival,
-                      send_time_us=arrival, first_chunk_time_us=first, last_chunk_time_us=last,
-                      num_chunks=0, status="ok" if done else "incomplete", error_message="",
-                      finish_reason="", server_input_tokens=0,
-                      cached_tokens=int(o.cached[i].sum()) if o.admitted[i] else -1,
-                      first_byte_time_us=0, first_content_time_us=0)
-        out.append(TraceRecord.model_construct(**{**defaults, **fields}))
-    return out
+    keep = np.flatnonzero((lp.status != NOT_ARRIVED) & ~o.dropped)
+    if base is None:
+        data = _source_columns(o.table.source, keep)
+    else:
+        data = {name: (col[keep] if isinstance(col, np.ndarray) else [col[i] for i in keep.tolist()])
+                for name, col in base.items()}
+    arrival = _int_us(lp.arrival_us[keep])
+    ttft, e2e = o.ttft_us[keep], o.e2e_us[keep]
+    first = np.where(np.isnan(lp.first_token_us[keep]), 0, _int_us(lp.arrival_us[keep] + ttft))
+    done = ~np.isnan(lp.finish_us[keep])
+    last = np.where(done, _int_us(lp.arrival_us[keep] + e2e), 0)
+    cached = np.where(o.admitted[keep], o.cached[keep].sum(axis=1), -1)
+    data.update(request_id=o.table.request_id[keep], arrival_time_us=arrival, send_time_us=arrival,
+                first_chunk_time_us=first, last_chunk_time_us=last, num_chunks=0,
+                status=_str_column(np.where(done, 0, 1), ["ok", "incomplete"]), error_message="",
+                finish_reason="", server_input_tokens=0, cached_tokens=cached.astype(np.int64),
+                first_byte_time_us=0, first_content_time_us=0)
+    return TraceColumns.from_columns(int(keep.size), data)
 
 
-def _default_fields() -> dict[str, Any]:
-    from blis_sim.formats import TraceRecord
+def _int_us(x: np.ndarray) -> np.ndarray:
+    """µs rounded half up, as integers (NaN stays to be masked by the caller)."""
+    with np.errstate(invalid="ignore"):
+        return np.floor(np.nan_to_num(x, nan=0.0) + 0.5).astype(np.int64)
 
-    return {name: f.get_default(call_default_factory=True)
-            for name, f in TraceRecord.model_fields.items() if name != "request_id"}
+
+def _str_column(codes: np.ndarray, names: list[str]) -> Any:
+    from blis_sim.formats.trace_columns import StrColumn
+
+    return StrColumn(codes.astype(np.int32), names)
+
+
+def _source_columns(src: Any, keep: np.ndarray) -> dict[str, Any]:
+    """The kept non-timing columns of the table's source rows ``keep``: a trace's columns taken
+    as they are; other records (a Trace's) converted first."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    if isinstance(src, TraceRows):
+        data = src.data.take(src.idx[keep])
+    else:
+        data = TraceColumns.from_records([src[i] for i in keep.tolist()])
+    return {k: data.data[k] for k in _KEEP}
 
 
 _KEEP = ("client_id", "tenant_id", "slo_class", "vllm_priority", "session_id", "round_index",
@@ -309,7 +323,3 @@ _KEEP = ("client_id", "tenant_id", "slo_class", "vllm_priority", "session_id", "
          "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio", "model",
          "deadline_us", "slo_target_us", "adapter", "think_time_us", "phase", "warmup",
          "x_request_id")
-
-
-def _fields_of(record: Any) -> dict[str, Any]:
-    return {k: getattr(record, k) for k in _KEEP if hasattr(record, k)}

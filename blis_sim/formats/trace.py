@@ -49,6 +49,7 @@ from blis_sim.formats.trace_data import (
     REFERENCE_TRAILING,
     TraceRecord,
     columns_for,
+    data_chunks,
     data_text,
     write_trace_data,
 )
@@ -94,7 +95,9 @@ def write_trace(trace: Trace, header_path: str | Path, data_path: str | Path, *,
 
     Both are written to temp files before either is renamed: a failure (a full disk) leaves neither file
     changed, never a new header beside an old or missing data file."""
-    atomic_write_files([(data_path, data_text(trace.records, mode=trace.header.mode)),
+    data = getattr(trace, "data", None)  # a ColumnarTrace's columns, written as they are
+    rows = data if data is not None else trace.records
+    atomic_write_files([(data_path, data_chunks(rows, mode=trace.header.mode)),
                         (header_path, header_text(trace.header, blis_compatible=blis_compatible))])
 
 

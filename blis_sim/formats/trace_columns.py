@@ -137,6 +137,23 @@ class TraceColumns:
         return [make(**dict(zip(FIELDS, row))) for row in zip(*per_field)]
 
     @classmethod
+    def from_columns(cls, n: int, columns: dict[str, Any]) -> TraceColumns:
+        """Columns built by our own code (the simulator's re-export): each field an array, a
+        ``StrColumn``, a list of values or one value for every row; a field left out takes its
+        default. Not checked: the values come from a trace or a plan that was."""
+        data: dict[str, Any] = {}
+        for name in FIELDS:
+            col = columns.get(name, _ROW_DEFAULTS[name])
+            kind = _kind(name)
+            if isinstance(col, (np.ndarray, list, tuple)) and not isinstance(col, StrColumn):
+                if kind is str:
+                    col = _strings([(n, list(col), False)])
+                else:
+                    col = np.asarray(col, dtype=kind)
+            data[name] = col
+        return cls(n, data)
+
+    @classmethod
     def from_records(cls, records: Sequence[Any]) -> TraceColumns:
         acc = _Accumulator()
         if records:
