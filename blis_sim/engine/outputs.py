@@ -95,6 +95,7 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, ps: Sequence[f
 
 
 # Gaps read this many at a time by :func:`itl_summary` (16 MB of a spilled log resident at once).
+# At least numpy's pairwise block (128): below it numpy sums a part whole, so cutting it would differ.
 ITL_CHUNK = 1 << 20
 
 
