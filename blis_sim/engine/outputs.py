@@ -157,14 +157,27 @@ def itl_summary(values: np.ndarray, weights: np.ndarray, ps: Sequence[float]) ->
             _release(values)
             _release(weights)
     mean = float(_pairwise_total(n, part_sums()) / total)
-    out = []
+    ranks = []
     for p in ps:
         rank = p / 100.0 * (total - 1)
         lo = int(np.floor(rank))
-        hi = min(lo + 1, total - 1)
-        vlo, vhi = (_select(values, weights, k) / 1e3 for k in (lo, hi))
+        ranks.append((rank, lo, min(lo + 1, total - 1)))
+    picked = _select_ranks(values, weights, sorted({k for _, lo, hi in ranks for k in (lo, hi)}))
+    out = []
+    for rank, lo, hi in ranks:
+        vlo, vhi = picked[lo] / 1e3, picked[hi] / 1e3
         out.append(float(vlo + (vhi - vlo) * (rank - lo)))
     return mean, out
+
+
+def _select_ranks(values: np.ndarray, weights: np.ndarray, ks: list[int]) -> dict[int, np.float64]:
+    """The gap at each 0-based rank of ``ks``: a log of one chunk is sorted once for all of them,
+    a longer one is searched rank by rank (:func:`_select`)."""
+    if values.shape[0] <= ITL_CHUNK:
+        order = np.argsort(values)
+        cum = np.cumsum(weights[order])
+        return {k: values[order[np.searchsorted(cum, k, side="right")]] for k in ks}
+    return {k: _select(values, weights, k) for k in ks}
 
 
 def _select(values: np.ndarray, weights: np.ndarray, k: int) -> np.float64:
