@@ -426,7 +426,7 @@ class SimulatedOutputs:
 def trace_records(o: SimOutcome, base: dict[str, Any] | None = None) -> Any:
     """The simulated requests as TraceV2 rows (``TraceColumns``; nothing made per row): every row
     the loop saw arrive and did not drop, in table order. ``base``: the non-timing columns, one
-    array or list per field in table order (default: the table's source rows' own)."""
+    array, ``StrColumn`` or list per field in table order (default: the table's source rows' own)."""
     from blis_sim.formats.trace_columns import TraceColumns
 
     lp = o.loop
@@ -434,8 +434,7 @@ def trace_records(o: SimOutcome, base: dict[str, Any] | None = None) -> Any:
     if base is None:
         data = _source_columns(o.table.source, keep)
     else:
-        data = {name: (col[keep] if isinstance(col, np.ndarray) else [col[i] for i in keep.tolist()])
-                for name, col in base.items()}
+        data = {name: _take(col, keep) for name, col in base.items()}
     arrival = _int_us(lp.arrival_us[keep])
     ttft, e2e = _ttft(o, keep), _e2e(o, keep)
     first = np.where(np.isnan(lp.first_token_us[keep]), 0, _int_us(lp.arrival_us[keep] + ttft))
@@ -448,6 +447,15 @@ def trace_records(o: SimOutcome, base: dict[str, Any] | None = None) -> Any:
                 finish_reason="", server_input_tokens=0, cached_tokens=cached.astype(np.int64),
                 first_byte_time_us=0, first_content_time_us=0)
     return TraceColumns.from_columns(int(keep.size), data)
+
+
+def _take(col: Any, keep: np.ndarray) -> Any:
+    """Rows ``keep`` of a column (an array, string codes or a list)."""
+    if isinstance(col, np.ndarray):
+        return col[keep]
+    if hasattr(col, "codes"):  # a StrColumn
+        return type(col)(col.codes[keep], col.names)
+    return [col[i] for i in keep.tolist()]
 
 
 def _int_us(x: np.ndarray) -> np.ndarray:

@@ -62,9 +62,15 @@ class RunOutcome(SimulatedOutputs):
 
 
 def _planned_columns(reqs: Any, phase_start: np.ndarray, arrival: np.ndarray) -> dict[str, Any]:
-    """The planned requests' trace columns (what the re-export records of each), in table order."""
+    """The planned requests' trace columns (what the re-export records of each), in table order,
+    each made an array (or string codes) as soon as it is read: one list alive at a time."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
     def get(name: str) -> list[Any]:
         return [getattr(r, name) for r in reqs]
+
+    def column(name: str, values: list[Any]) -> Any:
+        return TraceColumns.from_columns(len(values), {name: values}).data[name]
 
     csv_prefix = np.asarray(get("csv_prefix_length"), dtype=np.int64)
     rel_deadline = np.asarray(get("deadline_us"), dtype=np.int64)
@@ -73,13 +79,14 @@ def _planned_columns(reqs: Any, phase_start: np.ndarray, arrival: np.ndarray) ->
     if has.size:  # int(phase start + deadline), not before the arrival
         absolute = (phase_start[has] + rel_deadline[has]).astype(np.int64)
         deadline[has] = np.maximum(absolute, arrival[has].astype(np.int64))
-    cols: dict[str, Any] = {name: get(name) for name in (
+    cols: dict[str, Any] = {name: column(name, get(name)) for name in (
         "client_id", "tenant_id", "slo_class", "session_id", "round_index", "streaming",
         "output_tokens", "text_tokens", "image_tokens", "audio_tokens", "video_tokens",
         "reason_ratio", "model", "slo_target_us", "adapter", "think_time_us", "phase")}
     groups = get("prefix_group")
-    cols.update(prefix_group=[g if p > 0 else "" for g, p in zip(groups, csv_prefix.tolist())],
-                prefix_length=csv_prefix, input_tokens=get("csv_input_tokens"), deadline_us=deadline)
+    cols.update(prefix_group=column("prefix_group", [g if p > 0 else "" for g, p in zip(groups, csv_prefix.tolist())]),
+                prefix_length=csv_prefix, input_tokens=column("input_tokens", get("csv_input_tokens")),
+                deadline_us=deadline)
     return cols
 
 
