@@ -196,13 +196,17 @@ def load_sim_results(path: str | Path) -> list[SimResult]:
     return out
 
 
-def load_metrics_output(path: str | Path) -> MetricsOutput:
-    """Read an aggregate MetricsOutput (``replay --metrics-path``)."""
+def load_metrics_output(path: str | Path, *, requests: bool = True) -> MetricsOutput:
+    """Read an aggregate MetricsOutput (``replay --metrics-path``). ``requests=False``: the
+    per-request rows are left out, unread (a reader of the aggregates only: ``calibrate``, whose
+    input from a 1M-request replay would otherwise hold a million row objects)."""
     file = str(path)
     text = read_text(path)
     data = _parse(text, file)
     if not isinstance(data, dict):
         raise FormatError(f"expected a JSON object (MetricsOutput), got {type(data).__name__}", file=file, line=1)
+    if not requests:
+        data.pop("requests", None)
     try:
         return MetricsOutput.model_validate(data)
     except ValidationError as exc:
