@@ -176,13 +176,17 @@ def per_request(seconds: float, n: int) -> str:
 
 
 def _timed(cmd: list[str], env: dict[str, str], cwd: str, what: str) -> tuple[float, float, float]:
-    """``cmd`` run to its end, stdout discarded: (wall seconds, its CPU seconds, its peak RSS in MB)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{what} failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
+    """``cmd`` run to its end, stdout discarded and stderr shown only if it fails (``calibrate``
+    logs its summary there): (wall seconds, its CPU seconds, its peak RSS in MB)."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            sys.stderr.write(err.read().decode(errors="replace"))
+            raise SystemExit(f"{what} failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
 
 
