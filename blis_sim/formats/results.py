@@ -193,6 +193,7 @@ def load_sim_results(path: str | Path) -> list[SimResult]:
             out.append(validate(item))
         except ValidationError as exc:
             raise _located(exc, (i,), text, file) from None
+        data[i] = None  # each parsed row goes once validated: the rows are not held twice
     return out
 
 
@@ -367,7 +368,8 @@ class Columns:
             else:
                 per_field.append(repeat(col, self.n))
         make = self.cls.model_construct  # our own values: validated where they were made
-        return [make(**dict(zip(names, row))) for row in zip(*per_field)]
+        every = set(names)  # every row sets every field: one set of names for all (as TraceColumns.records)
+        return [make(every, **dict(zip(names, row))) for row in zip(*per_field)]
 
     @classmethod
     def from_records(cls, model: type[StrictModel], records: Sequence[Any]) -> "Columns":

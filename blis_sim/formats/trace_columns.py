@@ -133,8 +133,12 @@ class TraceColumns:
                 per_field.append(col.tolist())
             else:
                 per_field.append([col] * self.n)
-        make = TraceRecord.model_construct  # checked by the reader
-        return [make(**dict(zip(FIELDS, row))) for row in zip(*per_field)]
+        # checked by the reader. Every record sets every field: one set of their names serves all
+        # (pydantic keeps the set it is given; the records are frozen, and a copy copies the set),
+        # instead of a 37-name set per record, two thirds of a record's memory.
+        every = set(FIELDS)
+        make = TraceRecord.model_construct
+        return [make(every, **dict(zip(FIELDS, row))) for row in zip(*per_field)]
 
     @classmethod
     def from_columns(cls, n: int, columns: dict[str, Any]) -> TraceColumns:
