@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     sim_results = load_sim_results(args.sim_results)
     if not sim_results:
         raise InputError("No sim results found — cannot calibrate with empty data", file=args.sim_results)
-    sim_metrics = load_metrics_output(args.sim_metrics) if args.sim_metrics else None
+    # the aggregates only: calibrate pairs requests from the SimResult file
+    sim_metrics = load_metrics_output(args.sim_metrics, requests=False) if args.sim_metrics else None
     itl = read_itl(args.itl_data) if args.itl_data else None
     outcome = calibrate_detailed(trace, sim_results, sim_metrics, options=options, itl_records=itl, inputs=inputs)
     if args.write_offload_config:  # before the report: an unusable request writes neither (exit 2)

@@ -240,7 +240,8 @@ def options_from_args(args: argparse.Namespace, header: TraceHeader | None = Non
         raise UsageError(str(exc)) from None
 
 
-def _write_outputs(args: argparse.Namespace, outcome: SimulatedOutputs, trace: Trace | None = None) -> None:
+def _write_outputs(args: argparse.Namespace, outcome: SimulatedOutputs,
+                   trace: Trace | ColumnarTrace | None = None) -> None:
     """Write the requested files (from the outcome's columns: no object per request)."""
     metrics = outcome.write_outputs(results_path=args.results_path or None,
                                     metrics_path=args.metrics_path or None)
@@ -257,7 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_workload_spec(args.workload_spec)
     options = options_from_args(args)
     out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
-    trace = out.trace(workload_spec=str(args.workload_spec)) if args.trace_output else None
+    trace = out.trace_columns(workload_spec=str(args.workload_spec)) if args.trace_output else None
     _write_outputs(args, out, trace)
     return 0
 
@@ -281,7 +282,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if exc.location.file is not None:
             raise
         raise type(exc)(exc.reason, file=name, line=exc.location.line, field=exc.location.field) from None
-    _write_outputs(args, out, out.trace() if args.trace_output else None)
+    _write_outputs(args, out, out.trace_columns() if args.trace_output else None)
     return 0
 
 

@@ -5,6 +5,7 @@ API::
     results, metrics = replay(trace, options)          # list[SimResult], MetricsOutput
     outcome = replay_outcome(trace, options)            # ReplayOutcome: + SimOutcome, resolved config
     records = outcome.trace()                           # the re-export (--trace-output), mode "replayed"
+    columnar = outcome.trace_columns()                  # the same as columns (what the CLI writes)
     prepared = prepare_trace(trace)                     # once per trace; then per options:
     outcome = replay_outcome(prepared, options)         # (a sweep: no re-reading, no table rebuild)
     outcome.write_outputs("sim.json", "simagg.json")     # the files, written from the columns (fast)
@@ -71,11 +72,19 @@ class ReplayOutcome(SimulatedOutputs):
     options: EngineOptions
 
     def trace(self) -> Trace:
-        """The replay re-exported as a TraceV2 (``mode: replayed``; observations kept verbatim)."""
-        from blis_sim.formats import Trace  # the record model: only a re-export builds it
+        """The replay re-exported as a :class:`~blis_sim.formats.Trace` (``mode: replayed``;
+        observations kept verbatim): :meth:`trace_columns`' rows as records."""
+        from blis_sim.formats import Trace
+
+        columnar = self.trace_columns()
+        return Trace.model_construct(header=columnar.header, records=columnar.records)
+
+    def trace_columns(self) -> ColumnarTrace:
+        """The re-export as a ``ColumnarTrace`` (what ``--trace-output`` writes: no object per row)."""
+        from blis_sim.formats.trace_columns import ColumnarTrace
 
         header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
-        return Trace.model_construct(header=header, records=trace_records(self.outcome))
+        return ColumnarTrace(header=header, data=trace_records(self.outcome))
 
 
 def observed_from_tiers(header: TraceHeader) -> bool:

@@ -5,6 +5,7 @@ API::
     outcome = run_outcome(spec, options, seed=None, num_requests=None, horizon=None)   # RunOutcome
     results, metrics = run(spec, options)              # list[SimResult], MetricsOutput
     trace = outcome.trace(workload_spec="spec.yaml")   # TraceV2, mode "generated", kv_offload recorded
+    columnar = outcome.trace_columns("spec.yaml")      # the same as columns (what the CLI writes)
     outcome.write_outputs("sim.json", "simagg.json")    # the files, written from the columns (fast)
 
 Phases run one after the other on the same KV cache (the next starts when the previous has
@@ -45,32 +46,53 @@ class RunOutcome(SimulatedOutputs):
     phase_start: np.ndarray  # µs: start of each request's phase (deadlines are phase-relative)
 
     def trace(self, workload_spec: str = "") -> Trace:
-        from blis_sim.formats import Trace  # the record model: only a re-export builds it
+        """The run as a :class:`~blis_sim.formats.Trace`: :meth:`trace_columns`' rows as records."""
+        from blis_sim.formats import Trace
+
+        columnar = self.trace_columns(workload_spec)
+        return Trace.model_construct(header=columnar.header, records=columnar.records)
+
+    def trace_columns(self, workload_spec: str = "") -> Any:
+        """The run as a ``ColumnarTrace`` (what ``--trace-output`` writes: no object per row)."""
+        from blis_sim.formats.trace_columns import ColumnarTrace
 
         accumulate = any(getattr(r, "accumulate", False) for r in self.outcome.table.source)
         header = sim_header(self.outcome, self.options, mode="generated",
                             workload_seed=self.plan.seed, workload_spec=workload_spec,
                             accumulate=accumulate)
-        base = [_planned_fields(r, self.outcome.loop.arrival_us[i], float(self.phase_start[i]))
-                for i, r in enumerate(self.outcome.table.source)]
-        return Trace.model_construct(header=header, records=trace_records(self.outcome, base))
+        phase_start = self.phase_start
+        reqs = self.outcome.table.source
+        columns = _planned_columns(reqs, phase_start, self.outcome.loop.arrival_us)
+        return ColumnarTrace(header=header, data=trace_records(self.outcome, columns))
 
 
-def _planned_fields(r: PlannedRequest, arrival: float, phase_start: float) -> dict[str, Any]:
-    deadline = int(phase_start + r.deadline_us) if r.deadline_us > 0 else 0
-    return {
-        "client_id": r.client_id, "tenant_id": r.tenant_id, "slo_class": r.slo_class,
-        "session_id": r.session_id, "round_index": r.round_index,
-        "prefix_group": r.prefix_group if r.csv_prefix_length > 0 else "",
-        "prefix_length": r.csv_prefix_length, "streaming": r.streaming,
-        "input_tokens": r.csv_input_tokens, "output_tokens": r.output_tokens,
-        "text_tokens": r.text_tokens, "image_tokens": r.image_tokens,
-        "audio_tokens": r.audio_tokens, "video_tokens": r.video_tokens,
-        "reason_ratio": r.reason_ratio, "model": r.model,
-        "deadline_us": max(deadline, int(arrival)) if deadline else 0,
-        "slo_target_us": r.slo_target_us, "adapter": r.adapter, "think_time_us": r.think_time_us,
-        "phase": r.phase,
-    }
+def _planned_columns(reqs: Any, phase_start: np.ndarray, arrival: np.ndarray) -> dict[str, Any]:
+    """The planned requests' trace columns (what the re-export records of each), in table order,
+    each made an array (or string codes) as soon as it is read: one list alive at a time."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    def get(name: str) -> list[Any]:
+        return [getattr(r, name) for r in reqs]
+
+    def column(name: str, values: list[Any]) -> Any:
+        return TraceColumns.from_columns(len(values), {name: values}).data[name]
+
+    csv_prefix = np.asarray(get("csv_prefix_length"), dtype=np.int64)
+    rel_deadline = np.asarray(get("deadline_us"), dtype=np.int64)
+    deadline = np.zeros(len(reqs), dtype=np.int64)
+    has = np.flatnonzero(rel_deadline > 0)
+    if has.size:  # int(phase start + deadline), not before the arrival
+        absolute = (phase_start[has] + rel_deadline[has]).astype(np.int64)
+        deadline[has] = np.maximum(absolute, arrival[has].astype(np.int64))
+    cols: dict[str, Any] = {name: column(name, get(name)) for name in (
+        "client_id", "tenant_id", "slo_class", "session_id", "round_index", "streaming",
+        "output_tokens", "text_tokens", "image_tokens", "audio_tokens", "video_tokens",
+        "reason_ratio", "model", "slo_target_us", "adapter", "think_time_us", "phase")}
+    groups = get("prefix_group")
+    cols.update(prefix_group=column("prefix_group", [g if p > 0 else "" for g, p in zip(groups, csv_prefix.tolist())]),
+                prefix_length=csv_prefix, input_tokens=column("input_tokens", get("csv_input_tokens")),
+                deadline_us=deadline)
+    return cols
 
 
 def _expand(phase: PhasePlan) -> tuple[list[PlannedRequest], dict[int, int]]:

@@ -178,14 +178,9 @@ def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *,
     """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases);
     ``options`` resolved (:func:`~blis_sim.engine.settings.resolve_settings`)."""
     assert options.latency is not None, "resolve_settings first"
-    n = len(table)
     capacity = (num_gpu_blocks - 1) * block_size  # vLLM's null block is never handed out
-    olen = np.maximum(table.output_len, 1)
-    dropped = (table.prompt_len + olen - 1) > capacity
-    window_idx = np.flatnonzero(table.in_window & ~dropped)
-    first = -1
-    if window_idx.size and window_idx.size < n:
-        first = int(window_idx[np.argmin(table.arrival_us[window_idx])])
+    dropped = (table.prompt_len + np.maximum(table.output_len, 1) - 1) > capacity
+    first = _window_first(table, dropped)
     port = kv_port(kv, table.content(content_seed, block_size), window_first=first)
     workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
                         output_len=table.output_len, next_round=table.next_round,
@@ -211,6 +206,15 @@ def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *,
                       dropped=dropped,
                       tier_io=tier_io(counters, port.window_snapshot if first >= 0 else None)
                       if offload is not None else [])
+
+
+def _window_first(table: RequestTable, dropped: np.ndarray) -> int:
+    """The first request of the comparison window to arrive (-1: the window is every request),
+    found before the loop so that its index arrays are gone while the loop runs."""
+    window_idx = np.flatnonzero(table.in_window & ~dropped)
+    if not window_idx.size or window_idx.size == len(table):
+        return -1
+    return int(window_idx[np.argmin(table.arrival_us[window_idx])])
 
 
 def _entry(definition: str, tier: str | None, unit: str, hits: int, queries: int) -> dict[str, Any]:
