@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from blis_sim.emulator import http as web
 from blis_sim.emulator.config import FaultConfig
 from blis_sim.emulator.engine import Engine, EngineFailed
+from blis_sim.emulator.hf_tokenizer import ChatTemplateError
 from blis_sim.emulator.loop import now as _now
 from blis_sim.emulator.loop import sleep_until
 from blis_sim.emulator.metrics import build_registry, render
@@ -54,20 +55,22 @@ def _dumps(obj: Any) -> str:
 class ApiError(Exception):
     """A request error answered as vLLM does."""
 
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", *,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.err_type = err_type
+        self.param = param
 
 
-def error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError",
-                   headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=_dumps(error_body(status, message, err_type)),
+                   headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
+    return web.Response(status=status, body=_dumps(error_body(status, message, err_type, param)),
                         content_type="application/json", headers=headers)
 
 
@@ -96,22 +99,24 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
     return value
 
 
-def _chat_text(messages: Any) -> str:
+def _chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as the chat template sees them: a list of text parts joined by newlines (vLLM's
+    "string" content format), a null content empty."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list")
-    parts: list[str] = []
+    out: list[dict[str, Any]] = []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise ApiError(400, "each message needs a 'role'")
         content = m.get("content", "")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise ApiError(400, "message 'content' must be a string or a list of text parts")
-        parts.append(f"<|{m['role']}|>\n{content}\n")
-    return "".join(parts)
+        out.append({**m, "content": content})
+    return out
 
 
 # -- the handlers ----------------------------------------------------------------------------------
@@ -126,6 +131,9 @@ class Handlers:
         self._faults_active = self.faults.active  # (a comparison with a fresh FaultConfig: not per request)
         self._fault_rng = random.Random(engine.config.seed + 2)
         self._created = int(time.time())
+        # vLLM's card names the model's folder as its root (vllm bench serve loads its tokenizer from there)
+        root = getattr(self.tok, "root", None)
+        self._root = str(root) if root is not None else self.model
         self.registry = build_registry(engine.published, engine.config, engine.geometry,
                                        engine.offload_spec)
         self._fingerprint = f"vllm-{engine.config.version}-blisemu"
@@ -145,13 +153,14 @@ class Handlers:
 
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.model, "object": "model", "created": self._created, "owned_by": "vllm",
-                "root": self.model, "parent": None, "max_model_len": self.geo.max_model_len,
+                "root": self._root, "parent": None, "max_model_len": self.geo.max_model_len,
                 "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
                                 "created": self._created, "allow_create_engine": False,
                                 "allow_sampling": True, "allow_logprobs": True,
                                 "allow_search_indices": False, "allow_view": True,
                                 "allow_fine_tuning": False, "organization": "*", "group": None,
-                                "is_blocking": False}]}
+                                "is_blocking": False}],
+                "blis_tokenizer": self.tok.describe()}
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.AnyResponse:
@@ -172,20 +181,15 @@ class Handlers:
         try:
             body = await _json_body(request)
             if "messages" in body:
-                text = _chat_text(body["messages"])
-                if body.get("add_generation_prompt", True):
-                    text += "<|assistant|>\n"
-                ids = self.tok.encode(text, add_bos=bool(body.get("add_special_tokens", False))
-                                      and self.config.add_bos)
+                ids = self._chat_ids(body)
             else:
                 prompt = body.get("prompt")
                 if not isinstance(prompt, str):
                     raise ApiError(400, "'prompt' must be a string")
-                ids = self.tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True))
-                                      and self.config.add_bos)
+                ids = self.tok.encode_prompt(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
             self._check_model(body)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type)
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
         strs = [self.tok.token_str(i) for i in ids] if body.get("return_token_strs") else None
         return web.json_response({"count": len(ids), "max_model_len": self.geo.max_model_len,
                                   "tokens": ids, "token_strs": strs})
@@ -198,10 +202,12 @@ class Handlers:
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
                                                     for i in ids):
                 raise ApiError(400, "'tokens' must be a list of integers")
-            self._check_ids(ids)
+            if any(i < 0 for i in ids):  # vLLM's field bound (ge=0); an id past the vocabulary decodes to ""
+                raise ApiError(400, "'tokens' must be non-negative integers")
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type)
-        return web.json_response({"prompt": self.tok.decode(ids)})
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
+        # vLLM's /detokenize keeps special tokens (generated text skips them)
+        return web.json_response({"prompt": self.tok.decode(ids, skip_special_tokens=False)})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         if not self.engine.reset_prefix_cache():
@@ -218,7 +224,7 @@ class Handlers:
                 raise ApiError(400, f"unknown fault field(s): {', '.join(unknown)}")
             faults = FaultConfig(**body)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type)
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
         except (ConfigError, TypeError) as exc:
             return error_response(400, str(exc))
         self.apply_faults(faults)
@@ -237,26 +243,34 @@ class Handlers:
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
         if model is not None and model != self.model:
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {self.model}.", "NotFoundError",
+                           param="model")
 
     def _check_ids(self, ids: list[int]) -> None:
         if ids and (max(ids) >= self.tok.vocab_size or min(ids) < 0):
             bad = max(ids) if max(ids) >= self.tok.vocab_size else min(ids)
             raise ApiError(400, f"Token id {bad} is out of vocabulary")
 
+    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+        """A chat request's prompt: the template's text, encoded without special tokens (vLLM's default
+        for chat: the template writes them)."""
+        messages = _chat_messages(body.get("messages"))
+        try:
+            text = self.tok.render_chat(messages, add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+        except ChatTemplateError as exc:
+            raise ApiError(400, str(exc)) from None
+        return self.tok.encode_prompt(text, add_special_tokens=bool(body.get("add_special_tokens", False)))
+
     def _parse(self, body: dict[str, Any], chat: bool) -> GenParams:
         self._check_model(body)
         if chat:
-            text = _chat_text(body.get("messages"))
-            if body.get("add_generation_prompt", True):
-                text += "<|assistant|>\n"
-            ids = self.tok.encode(text)
+            ids = self._chat_ids(body)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch of one
             if isinstance(prompt, str):
-                ids = self.tok.encode(prompt, add_bos=self.config.add_bos)
+                ids = self.tok.encode_prompt(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
             elif isinstance(prompt, list) and prompt and all(
                     isinstance(i, int) and not isinstance(i, bool) for i in prompt):
                 ids = list(prompt)
@@ -341,7 +355,7 @@ class Handlers:
             params = self._parse(await _json_body(request), chat)
         except ApiError as exc:
             self._count(route, "POST", exc.status)
-            return error_response(exc.status, exc.message, exc.err_type)
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
         self._count(route, "POST", 200)
         headers = {}
         rid_header = request.headers.get("X-Request-Id")
