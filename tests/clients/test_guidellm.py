@@ -1,0 +1,56 @@
+"""GuideLLM (``guidellm run``, from its package) against the emulator serving the tiny model's tokenizer: a short
+synchronous and a short constant-rate profile of streamed chat requests, every one successful, and the prompt
+tokens GuideLLM reports (the server's usage) equal to the server's ``vllm:prompt_tokens_total`` delta. The same
+against the real lane server (marked ``vllm``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from external import counter, guidellm_bin, lane_like, run, settled_counter, tiny_tokenizer
+from vllm_lane import exclusive, running_server_url
+
+from blis_sim.emulator import start_emulator
+
+REQUESTS = 8
+PROFILES = {"synchronous": "kind=synchronous", "constant": "kind=constant,rate=4"}
+
+
+def guidellm(url: str, profile: str, tmp_path: Path) -> tuple[dict[str, Any], float]:
+    """(GuideLLM's one benchmark from its JSON report, the server's prompt-token counter delta)."""
+    exe, tokenizer = guidellm_bin(), tiny_tokenizer()
+    before = counter(url, "vllm:prompt_tokens_total")
+    out = tmp_path / "benchmarks.json"
+    run([exe, "run", "--backend", f"kind=openai_http,target={url}", "--profile", PROFILES[profile],
+         "--constraint", f"kind=max_requests,count={REQUESTS}",
+         "--data", "kind=synthetic_text,prompt_tokens=96,output_tokens=8",
+         "--tokenizer", f"kind=huggingface_auto,model={tokenizer}", "--output", f"kind=json,path={out}",
+         "--disable-console-interactive"], cwd=tmp_path)
+    delta = settled_counter(url, "vllm:prompt_tokens_total") - before
+    (benchmark,) = json.loads(out.read_text())["benchmarks"]
+    return benchmark, delta
+
+
+def check(benchmark: dict[str, Any], delta: float) -> None:
+    totals = benchmark["metrics"]["request_totals"]
+    assert totals == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}
+    prompt = benchmark["metrics"]["prompt_token_count"]["successful"]
+    assert prompt["total_sum"] == delta
+    assert benchmark["metrics"]["output_token_count"]["successful"]["total_sum"] == 8 * REQUESTS
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_guidellm_against_the_emulator(profile: str, tmp_path: Path) -> None:
+    with start_emulator(lane_like(tiny_tokenizer())) as emu:
+        check(*guidellm(emu.url, profile, tmp_path))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_guidellm_against_the_real_server(profile: str, tmp_path: Path) -> None:
+    url = running_server_url()
+    with exclusive():
+        check(*guidellm(url, profile, tmp_path))
