@@ -88,6 +88,12 @@ class GenParams:
     echo_model: str
 
 
+def _invalid(message: str, parameter: str, value: Any = None) -> ApiError:
+    """vLLM's VLLMValidationError: the parameter (and value) appended to the message and named in ``param``."""
+    where = f"parameter={parameter}" + ("" if value is None else f", value={value}")
+    return ApiError(400, f"{message} ({where})", param=parameter)
+
+
 def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
     value = body.get(name, default)
     if value is None:
@@ -95,14 +101,16 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"'{name}' must be an integer, got {value!r}")
     if value < minimum:
-        raise ApiError(400, f"{name} must be at least {minimum}, got {value}.")
+        raise _invalid(f"{name} must be at least {minimum}, got {value}.", name, value)
     return value
 
 
 def _chat_messages(messages: Any) -> list[dict[str, Any]]:
     """The messages as the chat template sees them: a list of text parts joined by newlines (vLLM's
     "string" content format), a null content empty."""
-    if not isinstance(messages, list) or not messages:
+    if isinstance(messages, list) and not messages:
+        raise ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
+    if not isinstance(messages, list):
         raise ApiError(400, "'messages' must be a non-empty list")
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -263,25 +271,28 @@ class Handlers:
 
     def _parse(self, body: dict[str, Any], chat: bool) -> GenParams:
         self._check_model(body)
+        is_ids = False  # a prompt of token ids (counted exactly however long)
         if chat:
             ids = self._chat_ids(body)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch of one
+            if prompt is None or prompt == "" or prompt == []:
+                raise _invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
             if isinstance(prompt, str):
                 ids = self.tok.encode_prompt(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
             elif isinstance(prompt, list) and prompt and all(
                     isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-                ids = list(prompt)
+                ids, is_ids = list(prompt), True
                 self._check_ids(ids)
             elif isinstance(prompt, list) and len(prompt) > 1:
                 raise ApiError(400, "the emulator serves one prompt per request (got a batch of "
                                f"{len(prompt)})")
             else:
                 raise ApiError(400, "'prompt' must be a string or a list of token ids")
-        if not ids:
-            raise ApiError(400, "The prompt cannot be empty.")
+        if not ids:  # a chat template that renders nothing
+            raise _invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         n = _int_field(body, "n", 1, 1)
         if n != 1:
             raise ApiError(400, "the emulator supports n=1 only")
@@ -289,13 +300,22 @@ class Handlers:
         key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
         default = 16 if not chat else None
         max_tokens = _int_field(body, key, default, 1)
-        if max_tokens is None:
-            max_tokens = min(max_len, self._cache_tokens) - len(ids)
-        if len(ids) + max_tokens > max_len:
-            raise ApiError(400, f"This model's maximum context length is {max_len} tokens. However, "
-                           f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the "
-                           f"messages, {max_tokens} in the completion). Please reduce the length of "
-                           "the messages or completion.")
+        # vLLM 0.32's rules (renderers/params.py, serve/utils/api_utils.py get_max_tokens): a max_tokens over
+        # max_model_len is refused, so is a prompt over it; otherwise max_tokens is cut to what the context holds.
+        if max_tokens is not None and max_tokens > max_len:
+            raise _invalid(f"max_tokens={max_tokens} cannot be greater than max_model_len={max_len}. Please "
+                           "request fewer output tokens.", "max_tokens", max_tokens)
+        if len(ids) > max_len:
+            # a text prompt is tokenized to at most max_model_len + 1 tokens, so its count is a lower bound
+            n = len(ids) if is_ids else min(len(ids), max_len + 1)
+            qualifier = "at least " if n == max_len + 1 else ""
+            raise _invalid(f"This model's maximum context length is {max_len} tokens. However, your prompt "
+                           f"contains {qualifier}{n} input tokens, which exceeds this limit even without any output "
+                           "tokens. Please reduce the length of the input prompt.", "input_tokens", n)
+        room = min(max_len, self._cache_tokens) - len(ids)
+        max_tokens = room if max_tokens is None else min(max_tokens, max_len - len(ids))
+        if max_tokens < 1:
+            raise _invalid(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
         if len(ids) + max_tokens > self._cache_tokens:
             # vLLM refuses to start when its cache cannot hold one max_model_len sequence; the
             # emulator allows tiny test caches and refuses a request that could never finish.
@@ -303,8 +323,8 @@ class Handlers:
                            f"does not fit the KV cache ({self._cache_tokens} tokens)")
         min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
         if min_tokens > max_tokens:
-            raise ApiError(400, f"min_tokens ({min_tokens}) must be less than or equal to "
-                           f"max_tokens ({max_tokens}).")
+            raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
+                           f"{min_tokens}.")
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise ApiError(400, "'stream_options' must be an object")
@@ -312,7 +332,7 @@ class Handlers:
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be a boolean")
         if opts and not stream:
-            raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+            raise _invalid("Stream options can only be defined when `stream=True`.", "stream_options")
         plp = body.get("prompt_logprobs")
         if plp is not None and (isinstance(plp, bool) or not isinstance(plp, int) or plp < 0):
             raise ApiError(400, "'prompt_logprobs' must be a non-negative integer")
@@ -399,24 +419,27 @@ class Handlers:
         if delay:
             await sleep_until(_now() + delay)
         text = self.tok.decode(req.output_ids)
-        usage = self._usage(req)
+        usage = self._usage(req, chat, final=True)
         created = int(time.time())
+        # vLLM 0.32's keys, in its order, its unused ones null (checked against the lane's server:
+        # tests/clients/test_vllm_parity.py)
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text,
-                                                               "reasoning_content": None,
-                                                               "tool_calls": []},
-                                      "logprobs": None, "finish_reason": req.finish_reason,
-                                      "stop_reason": None}
-            body = {"id": req.rid, "object": "chat.completion", "created": created,
-                    "model": self.model, "choices": [choice], "usage": usage,
-                    "prompt_logprobs": None}
+            message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                       "function_call": None, "reasoning": None}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                      "finish_reason": req.finish_reason, "stop_reason": None, "token_ids": None,
+                                      "routed_experts": None}
+            body = {"id": req.rid, "object": "chat.completion", "created": created, "model": self.model,
+                    "choices": [choice], "service_tier": None, "system_fingerprint": self._fingerprint,
+                    "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
+                    "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
-                      "stop_reason": None, "prompt_logprobs": self._prompt_logprobs(req, params)}
-            body = {"id": req.rid, "object": "text_completion", "created": created,
-                    "model": self.model, "choices": [choice], "usage": usage}
-        if "prompt_tokens_details" not in usage:
-            usage["prompt_tokens_details"] = None
+                      "stop_reason": None, "token_ids": None, "prompt_logprobs": self._prompt_logprobs(req, params),
+                      "prompt_token_ids": None, "routed_experts": None}
+            body = {"id": req.rid, "object": "text_completion", "created": created, "model": self.model,
+                    "choices": [choice], "service_tier": None, "system_fingerprint": self._fingerprint,
+                    "usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         return web.Response(body=_dumps(body), content_type="application/json", headers=headers)
 
     def _prompt_logprobs(self, req: Request, params: GenParams) -> list[Any] | None:
@@ -427,12 +450,26 @@ class Handlers:
             out.append({str(tid): {"logprob": -1.0, "rank": 1, "decoded_token": self.tok.token_str(tid)}})
         return out
 
-    def _usage(self, req: Request) -> dict[str, Any]:
+    def _usage(self, req: Request, chat: bool, *, final: bool) -> dict[str, Any]:
+        """vLLM 0.32's usage object: ``final`` the one of a whole (non-streamed) answer, else the usage chunk's.
+        ``created_cache_tokens`` is 0 in chat answers, null in completions and absent from a completions stream,
+        as vLLM 0.32 sends it."""
         usage: dict[str, Any] = {"prompt_tokens": req.prompt_len,
                                  "total_tokens": req.prompt_len + req.num_output,
                                  "completion_tokens": req.num_output}
+        details: dict[str, Any] | None = None
         if self.config.enable_prompt_tokens_details:
-            usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+            details = {"cached_tokens": req.cached_tokens}
+            if chat:
+                details["created_cache_tokens"] = 0
+            elif final:
+                details["created_cache_tokens"] = None
+            if final:
+                details["multimodal_tokens"] = None
+        if details is not None or final:
+            usage["prompt_tokens_details"] = details
+        if final:
+            usage["completion_tokens_details"] = None
         if self.config.enable_per_request_metrics and req.first_token is not None:
             usage["metrics"] = _request_metrics(req)
         return usage
@@ -483,18 +520,28 @@ class Handlers:
                       done: bool) -> list[str]:
         """One event per token generated since ``sent`` (chat: the role event first)."""
         outs = req.tokens[req.prompt_len + sent:req.prompt_len + req.num_output]
-        events: list[str] = [fmt.role()] if fmt.chat and sent == 0 and outs else []
         usage_each = params.include_usage and params.continuous_usage
+        events: list[str] = []
+        if fmt.chat and sent == 0 and outs:
+            events.append(fmt.role(self._running_usage(req, 0, chat=True) if usage_each else None))
         last = len(outs) - 1
+        # vLLM 0.32 puts the fingerprint on the last content chunk when no usage chunk follows
+        fingerprint = None if params.include_usage else self._fingerprint
         for i, tid in enumerate(outs):
-            usage = None
-            if usage_each:  # continuous_usage_stats: every chunk carries the usage so far
-                n = sent + i + 1
-                usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + n,
-                         "completion_tokens": n}
-            finish = req.finish_reason if done and i == last else None
-            events.append(fmt.token(self.tok.token_text(tid), finish, usage))
+            # continuous_usage_stats: every chunk carries the usage so far
+            usage = self._running_usage(req, sent + i + 1, chat=fmt.chat) if usage_each else None
+            end = done and i == last
+            events.append(fmt.token(self.tok.token_text(tid), req.finish_reason if end else None, usage,
+                                    fingerprint if end else None))
         return events
+
+    @staticmethod
+    def _running_usage(req: Request, n: int, *, chat: bool) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + n,
+                                 "completion_tokens": n}
+        if chat:
+            usage["completion_tokens_details"] = None
+        return usage
 
     def _closing_events(self, fmt: _SseFormat, req: Request, params: GenParams, *,
                         had_tokens: bool) -> list[str]:
@@ -506,7 +553,7 @@ class Handlers:
                        else f"the emulator engine failed: {self.engine.crashed!r}")
             events.append(fmt.event(error_body(500, message, "InternalServerError")))
         if params.include_usage:
-            events.append(fmt.usage(self._usage(req), self._fingerprint))
+            events.append(fmt.usage(self._usage(req, fmt.chat, final=False), self._fingerprint))
         events.append("data: [DONE]\n\n")
         return events
 
@@ -536,21 +583,26 @@ class _SseFormat:
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.head = (f'data: {{"id":"{rid}","object":"{self.obj}","created":{self.created},'
                      f'"model":{_dumps(model)},"choices":[{{"index":0,')
-        # Completions chunks carry the same keys, in the same order, as vLLM 0.32's.
-        self.tail = ('"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]' if chat else
+        # The chunks carry the same keys, in the same order, as vLLM 0.32's.
+        self.tail = ('"logprobs":null,"finish_reason":{finish},"stop_reason":null,"token_ids":null}}]' if chat else
                      '"logprobs":null,"finish_reason":{finish},"stop_reason":null,'
                      '"prompt_token_ids":null,"token_ids":null}}]')
 
-    def role(self) -> str:
-        return self.head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    def role(self, usage: dict[str, Any] | None) -> str:
+        extra = "" if usage is None else ',"usage":' + _dumps(usage)
+        return (self.head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+                + extra + ',"prompt_token_ids":null,"prompt_text":null}\n\n')
 
-    def token(self, text: str, finish: str | None, usage: dict[str, int] | None) -> str:
+    def token(self, text: str, finish: str | None, usage: dict[str, Any] | None,
+              fingerprint: str | None = None) -> str:
         content = ('"delta":{"content":' + _dumps(text) + "},") if self.chat else ('"text":' + _dumps(text) + ",")
         if self.chat and finish is None:
-            tail = '"logprobs":null,"finish_reason":null}]'  # vLLM's chat deltas omit stop_reason
+            tail = '"logprobs":null,"finish_reason":null,"token_ids":null}]'  # vLLM's chat deltas omit stop_reason
         else:
             tail = self.tail.format(finish="null" if finish is None else f'"{finish}"')
         extra = "" if usage is None else ',"usage":' + _dumps(usage)
+        if fingerprint is not None:
+            extra += ',"system_fingerprint":' + _dumps(fingerprint)
         return self.head + content + tail + extra + "}\n\n"
 
     def usage(self, usage: dict[str, Any], fingerprint: str) -> str:
