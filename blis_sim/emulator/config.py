@@ -190,8 +190,8 @@ class EmulatorConfig:
             raise ConfigError("must be in [0, 1)", field="step_noise")
         if self.tokenizer is not None:
             if not Path(self.tokenizer).expanduser().exists():
-                raise ConfigError(f"{self.tokenizer} does not exist (a model folder or its tokenizer.json; "
-                                  "nothing is downloaded)", field="tokenizer")
+                raise ConfigError("does not exist (give a model folder or its tokenizer.json; nothing is "
+                                  "downloaded)", file=self.tokenizer, field="tokenizer")
             if self.add_bos:
                 raise ConfigError("add_bos is the built-in tokenizer's; with a tokenizer its post-processor "
                                   "decides whether a prompt starts with BOS", field="add_bos")

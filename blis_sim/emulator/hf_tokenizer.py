@@ -50,9 +50,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a readable JSON file ({exc})", field=_FIELD) from None
+        raise ConfigError(f"not a readable JSON file ({exc})", file=str(path), field=_FIELD) from None
     if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected a JSON object", field=_FIELD)
+        raise ConfigError("expected a JSON object", file=str(path), field=_FIELD)
     return doc
 
 
@@ -64,7 +64,8 @@ def _pick_template(raw: Any, path: Path) -> str | None:
         named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
         if isinstance(named.get("default"), str):
             return named["default"]
-    raise ConfigError(f"{path}: chat_template must be a string or a list with a 'default' entry", field=_FIELD)
+    raise ConfigError("chat_template must be a string or a list with a 'default' entry", file=str(path),
+                      field=_FIELD)
 
 
 class HfTokenizer:
@@ -111,8 +112,8 @@ class HfTokenizer:
         encoded = self._tok.encode_batch([t for _, t in candidates], add_special_tokens=False)
         words = tuple(i for (i, _), enc in zip(candidates, encoded) if enc.ids == [i])
         if not words:
-            raise ConfigError(f"{self.source}: no token of the vocabulary is a space-led word that re-encodes to "
-                              "itself; the emulator cannot generate text with this tokenizer", field=_FIELD)
+            raise ConfigError("no token of the vocabulary is a space-led word that re-encodes to itself; the "
+                              "emulator cannot generate text with this tokenizer", file=self.source, field=_FIELD)
         return words
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
@@ -150,8 +151,8 @@ class HfTokenizer:
         try:
             return env.from_string(self.chat_template)
         except jinja2.exceptions.TemplateSyntaxError as exc:
-            raise ConfigError(f"{self.source}: the chat template does not parse (line {exc.lineno}: {exc.message})",
-                              field=_FIELD) from None
+            raise ConfigError(f"the chat template does not parse (its line {exc.lineno}: {exc.message})",
+                              file=self.source, field=_FIELD) from None
 
     def describe(self) -> str:
         template = "its chat template" if self.chat_template else "no chat template"
@@ -166,8 +167,9 @@ def load_hf_tokenizer(path: str | Path) -> HfTokenizer:
     else:
         folder, file = given.parent, given
     if not file.is_file():
-        where = f"{given} has no tokenizer.json" if given.is_dir() else f"{given} does not exist"
-        raise ConfigError(f"{where} (a model folder or its tokenizer.json; nothing is downloaded)", field=_FIELD)
+        what = "no tokenizer.json in this folder" if given.is_dir() else "does not exist"
+        raise ConfigError(f"{what} (give a model folder or its tokenizer.json; nothing is downloaded)",
+                          file=str(given), field=_FIELD)
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -176,7 +178,8 @@ def load_hf_tokenizer(path: str | Path) -> HfTokenizer:
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
-        raise ConfigError(f"{file}: not a tokenizer.json the tokenizers library reads ({exc})", field=_FIELD) from None
+        raise ConfigError(f"not a tokenizer.json the tokenizers library reads ({exc})", file=str(file),
+                          field=_FIELD) from None
     config_file = folder / "tokenizer_config.json"
     config = _read_json(config_file) if config_file.is_file() else {}
     template = _pick_template(config.get("chat_template"), config_file)
