@@ -151,3 +151,26 @@ def test_window_notes_follow_the_recorded_phases(sample_inputs: tuple) -> None:
     inside = notes_for(PhaseInfo(name="warm", warmup=True, measured=True, requests=3))
     assert any("window includes warm-up phase(s) 'warm' (3 request(s))" in n for n in inside)
     assert not any("warm-up" in n for n in notes_for(PhaseInfo(name="main", requests=200)))
+
+
+def test_a_fault_the_simulator_does_not_model_fails_the_window(sample_inputs: tuple, tmp_path: Path) -> None:
+    from blis_sim.formats.trace import Fault, PytestBlisHeader
+    trace, sims, metrics = sample_inputs
+
+    def report_for(*faults: Fault) -> CalibrationReport:
+        header = trace.header.model_copy(update={"pytest_blis": PytestBlisHeader(faults=list(faults))})
+        return calibrate(trace.model_copy(update={"header": header}), sims, metrics)
+
+    clean = report_for(Fault(kind="store_failure", tier="1:fs", count=0),
+                       Fault(kind="allocation_failure", tier="0:primary", count=0))
+    assert clean.passed and clean.window_faults is None
+    modelled = report_for(Fault(kind="allocation_failure", tier="0:primary", count=12))
+    assert modelled.passed and any("12 allocation failures on tier 0:primary" in n for n in modelled.notes or [])
+    bad = report_for(Fault(kind="store_failure", tier="1:fs", count=4), Fault(kind="warm_start", count=3))
+    rows = [r for r in bad.verdicts() if r.unit == "faults"]
+    assert [(r.metric, r.real, r.within) for r in rows] == [("fault[store_failure/1:fs]", 4.0, False),
+                                                             ("fault[warm_start]", 3.0, False)]
+    assert not bad.passed and bad.verdict is not None and "fault[warm_start]" in bad.verdict.failed
+    assert render_table(rows).splitlines()[1].split() == ["fault[store_failure/1:fs]", "4", "0", "4", "0", "EXCEEDS"]
+    write_report(bad, tmp_path / "r.json")
+    assert load_report(tmp_path / "r.json").window_faults == bad.window_faults

@@ -50,9 +50,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(model_dir: Path) -> Iterator[httpx.Client]:
-    with start_emulator(EmulatorConfig(profile="zero", model="my-model", tokenizer=str(model_dir))) as emu:
-        with httpx.Client(base_url=emu.url, timeout=10) as c:
-            yield c
+    config = EmulatorConfig(profile="zero", model="my-model", tokenizer=str(model_dir))
+    with start_emulator(config) as emu, httpx.Client(base_url=emu.url, timeout=10) as c:
+        yield c
 
 
 def test_loads_from_the_folder_or_its_tokenizer_json(model_dir: Path) -> None:

@@ -149,7 +149,33 @@ def test_verdict_rows_follow_the_cells_expectations() -> None:
     assert not row.within
     # --blis-timing-report-only: the hit-rate rows alone
     only = verdict_rows(report, Expect(e2e_mape_threshold=0.0), timing=False)
-    assert only and {r.unit for r in only} == {"pp"}
+    assert only and {r.unit for r in only} == {"pp"}  # (the sample has no fault rows)
+
+
+def test_a_fault_cell_is_judged_on_its_faults() -> None:
+    from blis_sim.formats.report import WindowFault
+    from pytest_blis._cell import verdict_rows
+    from pytest_blis._scenario import Expect
+
+    report = _sample_report()
+    expect = Expect(check_ttft=False, faults=["store_failure"])
+
+    def rows_with(*faults: WindowFault) -> list[tuple[str, bool]]:
+        r = report.model_copy(update={"window_faults": list(faults) or None})
+        return [(row.metric, row.within) for row in verdict_rows(r, expect, timing=False)]
+
+    # the fault was not seen: the cell fails on it; its hit-rates are not judged either way
+    assert rows_with() == [("fault[store_failure]", False)]
+    store = WindowFault(kind="store_failure", tier="1:fs", count=3, modelled=False)
+    assert rows_with(store) == [("fault[store_failure]", True)]
+    # a modelled fault (allocation failures) is no verdict; an unexpected unmodelled one fails
+    alloc = WindowFault(kind="allocation_failure", tier="0:primary", count=5, modelled=True)
+    warm = WindowFault(kind="warm_start", count=2, modelled=False)
+    assert rows_with(store, alloc, warm) == [("fault[store_failure]", True), ("fault[warm_start]", False)]
+    # without an expected fault, the report's own fault row fails the cell
+    plain = report.model_copy(update={"window_faults": [store]})
+    assert ("fault[store_failure/1:fs]", False) in [(r.metric, r.within) for r in
+                                                    verdict_rows(plain, Expect(check_ttft=False), timing=False)]
 
 
 def test_saturation_is_required_only_where_asked() -> None:

@@ -496,11 +496,16 @@ def read_offload_file(path: Path) -> dict[str, Any]:
     return block
 
 
-def offload_transfer_config(block: dict[str, Any], *, port: int, fs_root: Path | None = None) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` of an offloading lane server for an offload file's ``kv_offload`` block."""
+def offload_transfer_config(block: dict[str, Any], *, port: int, fs_root: Path | None = None,
+                            fail_fs_store_every: int = 0) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` of an offloading lane server for an offload file's ``kv_offload`` block.
+    ``fail_fs_store_every`` N > 0 fails every N-th store to the fs tier (the lane's store-failure cell; a fault
+    of the server, not of the deployment's file, so the simulator never reads it)."""
     tiers = block.get("secondary_tiers") or []
     if any(t.get("type") != "fs" for t in tiers):
         raise VllmCpuError("the lane serves fs secondary tiers only")
+    if fail_fs_store_every and not tiers:
+        raise VllmCpuError("--fail-fs-store-every needs an offload file with an fs tier")
     spec: dict[str, Any] = {"spec_name": "HostTieringOffloadingSpec" if tiers else "HostCpuOffloadingSpec",
                             "spec_module_path": OFFLOAD_SPEC_MODULE}
     spec.update({k: block[k] for k in _VLLM_SPEC_KEYS if k in block})
@@ -509,6 +514,8 @@ def offload_transfer_config(block: dict[str, Any], *, port: int, fs_root: Path |
             raise VllmCpuError("a server with an fs tier needs an fs root")
         spec["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root if i == 0 else fs_root / f"tier{i}"),
                                     **{k: t[k] for k in _VLLM_FS_KEYS if k in t}} for i, t in enumerate(tiers)]
+    if fail_fs_store_every:
+        spec["blis_fail_fs_store_every"] = int(fail_fs_store_every)
     # engine_id names the tiering spec's shared-memory file (/dev/shm/vllm_offload_<engine_id>.mmap), so that
     # stop can remove it: vLLM's force-kill at shutdown leaves it behind.
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "engine_id": f"blis-lane-{port}",
@@ -546,7 +553,7 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None, model: str = "tiny",
           enforce_eager: bool = False, timeout: float = HEALTH_TIMEOUT_S, owner: str = "cli",
           extra: Sequence[str] = (), place: bool = True, offload_config: Path | None = None,
-          fs_root: Path | None = None) -> tuple[ServerState, bool]:
+          fs_root: Path | None = None, fail_fs_store_every: int = 0) -> tuple[ServerState, bool]:
     """Start the server of ``model`` unless a healthy one is recorded. Returns (state, started_now).
     A recorded server of the other model is an error (one server at a time: each busy-polls ~1.6 cores).
     With ``place``, everything of the server but its model worker is kept off the worker's cores
@@ -565,7 +572,8 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
     block = read_offload_file(offload_config) if offload_config is not None else None
     if state is not None and healthy:
         running = (state.offload or {}).get("kv_connector_extra_config")
-        wanted = offload_transfer_config(block, port=state.port, fs_root=Path(state.fs_root or "/")
+        wanted = offload_transfer_config(block, port=state.port, fs_root=Path(state.fs_root or "/"),
+                                         fail_fs_store_every=fail_fs_store_every
                                          )["kv_connector_extra_config"] if block else None
         if running != wanted:  # the same file gives the same config (the fs root is the server's own)
             raise VllmCpuError(f"start: the recorded server (PID {state.pid}) runs with another offload config "
@@ -592,7 +600,7 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
             shutil.rmtree(fs_root, ignore_errors=True)
         if tiered and fs_root is not None:
             fs_root.mkdir(parents=True, exist_ok=True)
-        transfer = offload_transfer_config(block, port=port, fs_root=fs_root)
+        transfer = offload_transfer_config(block, port=port, fs_root=fs_root, fail_fs_store_every=fail_fs_store_every)
         extra = [*extra, "--kv-transfer-config", json.dumps(transfer, sort_keys=True)]
         if tiered:
             shm = f"/dev/shm/vllm_offload_{transfer['engine_id']}.mmap"
@@ -801,6 +809,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "the one replay uses: scenarios/lane/offload/*.yaml) says")
     p_start.add_argument("--fs-root", type=Path, default=None,
                          help="the fs tier's root_dir (default: a fresh one under the cache, removed by stop)")
+    p_start.add_argument("--fail-fs-store-every", type=int, default=0, metavar="N",
+                         help="fail every N-th store to the fs tier (the lane's store-failure cell; default: none)")
     p_start.add_argument("--log-iterations", action="store_true",
                          help="log every engine step's batch and model time (--enable-logging-iteration-details; "
                               "read them with tools/vllm_cpu_iterations.py)")
@@ -831,7 +841,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  enforce_eager=args.enforce_eager,
                                  timeout=args.timeout, place=not args.no_placement,
                                  extra=["--enable-logging-iteration-details"] if args.log_iterations else [],
-                                 offload_config=args.offload_config, fs_root=args.fs_root)
+                                 offload_config=args.offload_config, fs_root=args.fs_root,
+                                 fail_fs_store_every=args.fail_fs_store_every)
             print(state.url)
         elif args.command == "host-cpus":
             return _cmd_host_cpus(paths)

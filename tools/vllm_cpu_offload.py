@@ -121,6 +121,28 @@ def _fail_every(extra: dict[str, Any]) -> int:
     return int(extra.get("blis_fail_store_every", 0) or 0)
 
 
+def _fail_fs_stores(tier: Any, every: int) -> None:
+    """Every ``every``-th store job of an fs tier manager runs a task that fails instead of its writes. The
+    job still goes through the tier's thread pool (``_pool.enqueue_store``), so its completion, failure
+    count and metrics are vLLM's own."""
+    submit = tier.submit_store
+    count = 0
+
+    def failing_task() -> None:
+        raise OSError("blis lane: injected fs store failure")
+
+    def submit_store(job: Any) -> None:
+        nonlocal count
+        count += 1
+        if count % every:
+            submit(job)
+            return
+        tier._job_block_counts[job.job_id] = len(list(job.keys))
+        tier._pool.enqueue_store(job.job_id, 1, [failing_task])
+
+    tier.submit_store = submit_store
+
+
 class HostCpuOffloadingSpec(CPUOffloadingSpec):
     """vLLM's CPU offloading spec with a host-copy worker that runs on a CPU platform."""
 
@@ -134,9 +156,25 @@ class HostCpuOffloadingSpec(CPUOffloadingSpec):
 
 
 class HostTieringOffloadingSpec(TieringOffloadingSpec):
-    """vLLM's tiering spec (CPU primary tier + secondary tiers) with a host-copy worker on the shared region."""
+    """vLLM's tiering spec (CPU primary tier + secondary tiers) with a host-copy worker on the shared region.
+
+    ``blis_fail_fs_store_every: N`` in the extra config fails every N-th store job to each ``fs`` tier: the job's
+    block I/O raises in the tier's thread pool, as a full or failing disk would, and vLLM's own failure path
+    runs from there (no file written, ``vllm:kv_offload_tiering_cascade_job_failures`` counted, the chunks a
+    miss on that tier). A failed store to the CPU tier cannot be shown this way: vLLM 0.32's connector worker
+    asserts that every GPU <-> CPU transfer succeeded (``OffloadingConnectorWorker.get_finished``)."""
 
     _region: SharedOffloadRegion | None = None
+
+    def get_manager(self):  # type: ignore[no-untyped-def]
+        manager = super().get_manager()
+        every = int(self.extra_config.get("blis_fail_fs_store_every", 0) or 0)
+        if every > 0 and not getattr(manager, "_blis_store_faults", False):
+            for tier in getattr(manager, "secondary_tiers", ()):
+                if getattr(tier, "tier_type", "") == "fs" or hasattr(tier, "file_mapper"):
+                    _fail_fs_stores(tier, every)
+            manager._blis_store_faults = True
+        return manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:

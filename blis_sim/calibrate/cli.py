@@ -13,15 +13,23 @@ import argparse
 import math
 from typing import Any
 
-from blis_sim.calibrate.core import (DEFAULT_HIT_RATE_TOLERANCE_PP, DEFAULT_TTFT_MAPE_THRESHOLD, CalibrateOptions,
-                                     InputPaths, calibrate_detailed)
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE
-from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE
+from blis_sim.calibrate.core import (
+    DEFAULT_HIT_RATE_TOLERANCE_PP,
+    DEFAULT_TTFT_MAPE_THRESHOLD,
+    CalibrateOptions,
+    InputPaths,
+    calibrate_detailed,
+)
 from blis_sim.calibrate.goodput import parse_slo_flag
 from blis_sim.calibrate.summary import print_summary
+from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE
 from blis_sim.calibrate.verdict import exit_code
 from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import write_report
+
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
 
 _REQUIRED = ("trace_header", "trace_data", "sim_results", "report")
 

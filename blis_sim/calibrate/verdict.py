@@ -32,6 +32,8 @@ def _fmt_value(row: VerdictRow, value: float) -> str:
         return f"{value:.2f}/s"
     if row.unit == "requests":
         return f"{value:.0f} tok"
+    if row.unit == "faults":  # real: the fault's count over the window
+        return f"{value:.0f}"
     if row.unit == "rel":  # a tier's service seconds over the window
         return f"{value * 1e3:.3f}ms"
     return f"{value * 100:.2f}%" if row.unit == "pp" else f"{value:.0f}us"
@@ -40,6 +42,8 @@ def _fmt_value(row: VerdictRow, value: float) -> str:
 def _fmt_error(row: VerdictRow, value: float) -> str:
     if row.unit == "requests":
         return f"{value:.0f} req"
+    if row.unit == "faults":
+        return f"{value:.0f}"
     return f"{value:.2f}pp" if row.unit == "pp" else f"{value * 100:.1f}%"
 
 

@@ -122,7 +122,7 @@ class HfTokenizer:
         try:
             return str(self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                               tools=None, documents=None, **self.special))
-        except Exception as exc:  # noqa: BLE001 - a template raises what it likes; vLLM answers 400 with it
+        except Exception as exc:
             raise ChatTemplateError(str(exc)) from None
 
     @functools.cached_property
@@ -148,6 +148,7 @@ class HfTokenizer:
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
+        assert self.chat_template is not None  # render_chat checks it first
         try:
             return env.from_string(self.chat_template)
         except jinja2.exceptions.TemplateSyntaxError as exc:
@@ -177,7 +178,7 @@ def load_hf_tokenizer(path: str | Path) -> HfTokenizer:
                           field=_FIELD) from None
     try:
         tok = Tokenizer.from_file(str(file))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+    except Exception as exc:
         raise ConfigError(f"not a tokenizer.json the tokenizers library reads ({exc})", file=str(file),
                           field=_FIELD) from None
     config_file = folder / "tokenizer_config.json"

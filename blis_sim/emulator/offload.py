@@ -322,32 +322,57 @@ class OffloadTiers:
         return True
 
     # -- stores ------------------------------------------------------------------------------------
-    def store(self, req: object, keys: Sequence[int], now: float) -> None:
+    def store(self, req: object, keys: Sequence[int], now: float) -> bool:
         """Write-through GPU -> CPU of newly computed chunks, then cascade to secondary tiers.
 
         Resident chunks are not stored again; like every chunk the request offers, they count as
         accessed and get their recency when the request finishes. With ``store_threshold``, every
         offered chunk's count moves and a chunk not yet resident is stored only once its count
-        reaches the threshold (the others count as skipped and as not accessed)."""
+        reaches the threshold (the others count as skipped and as not accessed).
+
+        Returns False when the tier could not make room for the offer (an allocation failure): the
+        request offers the same chunks again with its next step's, as vLLM's connector scheduler
+        does (``OffloadingConnectorScheduler``: a failed ``prepare_store`` leaves the request's
+        stored index where it was)."""
         skipped: set[int] = set()
         if self._reuse is not None:
             self._reuse.offer(keys)
             skipped = {k for k in keys if k not in self.cpu and not self._reuse.reached(k)}
             self.stats.offload_stores_skipped += len(skipped)
         if self._arc is not None:
-            self._arc_store(req, keys, skipped, now)
-            return
+            return self._arc_store(req, keys, skipped, now)
         self._record_access(req, [k for k in keys if k not in skipped] if skipped else keys)
-        for key in keys:
-            entry = self.cpu.get(key)
-            if entry is not None or key in skipped:
-                continue
-            if not self._cpu_make_room(now):
-                self.stats.offload_allocation_failures += 1
-                continue
+        to_store = [k for k in keys if k not in self.cpu and k not in skipped]
+        if not to_store:
+            return True
+        # All or nothing, as vLLM's CPUOffloadingManager.prepare_store: room for every new chunk of
+        # the offer at once, never evicting a chunk of the offer; if the tier cannot make that room
+        # (too few idle chunks), nothing of the offer is stored and one allocation failure counts.
+        if not self._lru_make_room(len(to_store) - (self.cpu_capacity - len(self.cpu)), now, set(keys)):
+            self.stats.offload_allocation_failures += 1
+            return False
+        for key in to_store:
             self._write(key, now)
+        return True
 
-    def _arc_store(self, req: object, keys: Sequence[int], skipped: set[int], now: float) -> None:
+    def _lru_make_room(self, n: int, now: float, protect: set[int]) -> bool:
+        """Evict the ``n`` least recent idle chunks (ready, not pinned, not protected), or none if
+        fewer are idle."""
+        if n <= 0:
+            return True
+        victims = []
+        for key, entry in self.cpu.items():
+            if entry.ready_at <= now and entry.pinned_until <= now and key not in protect:
+                victims.append(key)
+                if len(victims) == n:
+                    break
+        if len(victims) < n:
+            return False
+        for key in victims:
+            del self.cpu[key]
+        return True
+
+    def _arc_store(self, req: object, keys: Sequence[int], skipped: set[int], now: float) -> bool:
         """One ARC offer, all or nothing (``CPUOffloadingManager.prepare_store``): ARC learns from
         the ghosts of the chunks to store, then makes room for all of them at once, never evicting
         a chunk of the offer; if it cannot, nothing is stored (one allocation failure)."""
@@ -363,15 +388,16 @@ class OffloadTiers:
         self._record_access(req, [k for k in keys if k in recorded])
         access.reused.update(k for k in ready if k not in access.inserted)
         if not to_store:
-            return
+            return True
         need = len(to_store) - (self.cpu_capacity - len(cpu))
         if need > 0 and not self._arc_make_room(need, now, set(keys)):
             self.stats.offload_allocation_failures += 1
-            return
+            return False
         for key in to_store:
             self._write(key, now)
             self._arc.insert(key)
         access.inserted.update(to_store)
+        return True
 
     def _write(self, key: int, now: float) -> None:
         """GPU -> CPU store of one chunk (room already made), cascading to every secondary tier."""

@@ -205,7 +205,7 @@ class SpawnedEmulator:
 def spawn_emulator(config: EmulatorConfig | Sequence[str] | None = None, *,
                    startup_timeout_s: float = 30.0) -> SpawnedEmulator:
     """Start ``blis emulate`` in a subprocess on a free port (config or argv); ready on return."""
-    from blis_sim.emulator.cli import config_to_argv
+    from blis_sim.emulator.cli import config_to_argv  # cli.py imports this module
 
     if config is None:
         config = EmulatorConfig()

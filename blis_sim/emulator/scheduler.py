@@ -260,18 +260,25 @@ class Scheduler:
                 self._record_admission(req, local_tokens, ext)
                 waiting.popleft()
                 if ext_tokens:
+                    # Nothing below the hit boundary is offered to the tiers again: after a load the
+                    # connector moves the request's next store to the chunk the cached tokens end in
+                    # (OffloadingConnectorScheduler, chunk-level policy: next_stored_chunk_idx =
+                    # cdiv(num_cached_tokens, tokens_per_chunk)); docs/vllm-semantics.md §4.1.
+                    ct = self.tiers.chunk_tokens  # type: ignore[union-attr]
+                    req.num_stored_chunks = max(req.num_stored_chunks, -(-computed // ct))
                     req.state = LOADING
                     req.load_tokens = ext_tokens
-                    req.load_until = self.tiers.start_load(req, ext, now)  # type: ignore[union-attr]
+                    assert self.tiers is not None and ext is not None  # ext_tokens > 0 comes from a lookup
+                    req.load_until = self.tiers.start_load(req, ext, now)
                     skipped.append(req)
                     continue
             else:
                 n = min(req.num_tokens - req.num_computed, budget)
                 need = self._blocks_needed(req, req.num_computed + n)
-                new_blocks = self.pool.allocate(need) if need > 0 else []
-                if new_blocks is None:
+                more = self.pool.allocate(need) if need > 0 else []
+                if more is None:
                     break
-                req.blocks.extend(new_blocks)
+                req.blocks.extend(more)
                 waiting.popleft()
             req.state = RUNNING
             self.running.append(req)
@@ -339,8 +346,8 @@ class Scheduler:
         if n_chunks > req.num_stored_chunks:
             bpc = tiers.blocks_per_chunk
             keys = [req.hashes[(c + 1) * bpc - 1] for c in range(req.num_stored_chunks, n_chunks)]
-            req.num_stored_chunks = n_chunks
-            tiers.store(req, keys, now)
+            if tiers.store(req, keys, now):
+                req.num_stored_chunks = n_chunks
 
     # -- after the step ----------------------------------------------------------------------------
     def finish_step(self, plan: StepPlan, now: float) -> int:

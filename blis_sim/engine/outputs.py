@@ -25,18 +25,21 @@ import math
 from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.requests import TraceRows
-from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
+from blis_sim.engine.simulate import SOURCES, EngineOptions, SimOutcome
 from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
 from blis_sim.formats._model import construct
 from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results
 from blis_sim.formats.trace_header import TierIO  # not via blis_sim.formats: that serves it from .trace
+
+if TYPE_CHECKING:
+    from blis_sim.formats import TraceRecord
 
 
 def percentile(values: np.ndarray, p: float) -> float:
@@ -114,8 +117,8 @@ class _SourceText:
                 if const:
                     self._cache[name] = [value] * len(src) if value else None
                 else:
-                    vals = value.tolist() if isinstance(value, np.ndarray) else value
-                    self._cache[name] = vals if any(vals) else None
+                    listed = value.tolist() if isinstance(value, np.ndarray) else value
+                    self._cache[name] = listed if any(listed) else None
                 return self._cache[name]
             try:
                 vals: list[Any] | None = list(map(attrgetter(name), src))
@@ -247,7 +250,7 @@ class SimulatedOutputs:
     (``ReplayOutcome``, ``RunOutcome``)."""
 
     outcome: SimOutcome
-    options: Any
+    options: EngineOptions
 
     @property
     def results(self) -> list[SimResult]:
@@ -270,10 +273,10 @@ def _int_us(x: float) -> int:
     return int(np.floor(x + 0.5))
 
 
-def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
+def trace_records(o: SimOutcome, base: list[dict[str, Any]] | None = None) -> list[TraceRecord]:
     """TraceV2 rows for the simulated requests (``base``: one dict of the non-timing columns per
     table row; default: taken from the table's source records)."""
-    from blis_sim.formats import TraceRecord
+    from blis_sim.formats import TraceRecord  # the record model, built only for a re-exported trace
 
     lp = o.loop
     ttft_us, e2e_us = o.ttft_us, o.e2e_us  # computed once: each is a whole-table array

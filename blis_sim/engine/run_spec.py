@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim.engine.outputs import SimulatedOutputs, trace_records
+from blis_sim.engine.provenance import sim_header
 from blis_sim.engine.requests import table_from_plan
-from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
-                                      simulate_table)
-from blis_sim.engine.models import default_num_gpu_blocks
+from blis_sim.engine.settings import resolve_settings
+from blis_sim.workload.generate import generate_workload
+from blis_sim.workload.plan import PhasePlan, PlannedRequest, WorkloadPlan
+
+if TYPE_CHECKING:
+    from blis_sim.formats import MetricsOutput, SimResult, Trace
+    from blis_sim.formats.workload import WorkloadSpec
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 
 MAX_FOLLOWUPS = 100_000
 
@@ -35,12 +41,11 @@ MAX_FOLLOWUPS = 100_000
 class RunOutcome(SimulatedOutputs):
     outcome: SimOutcome
     options: EngineOptions
-    plan: Any
+    plan: WorkloadPlan
     phase_start: np.ndarray  # µs: start of each request's phase (deadlines are phase-relative)
 
-    def trace(self, workload_spec: str = "") -> Any:
-        from blis_sim.engine.provenance import sim_header
-        from blis_sim.formats import Trace
+    def trace(self, workload_spec: str = "") -> Trace:
+        from blis_sim.formats import Trace  # the record model: only a re-export builds it
 
         accumulate = any(getattr(r, "accumulate", False) for r in self.outcome.table.source)
         header = sim_header(self.outcome, self.options, mode="generated",
@@ -51,7 +56,7 @@ class RunOutcome(SimulatedOutputs):
         return Trace.model_construct(header=header, records=trace_records(self.outcome, base))
 
 
-def _planned_fields(r: Any, arrival: float, phase_start: float) -> dict[str, Any]:
+def _planned_fields(r: PlannedRequest, arrival: float, phase_start: float) -> dict[str, Any]:
     deadline = int(phase_start + r.deadline_us) if r.deadline_us > 0 else 0
     return {
         "client_id": r.client_id, "tenant_id": r.tenant_id, "slo_class": r.slo_class,
@@ -68,7 +73,7 @@ def _planned_fields(r: Any, arrival: float, phase_start: float) -> dict[str, Any
     }
 
 
-def _expand(phase: Any) -> tuple[list[Any], dict[int, int]]:
+def _expand(phase: PhasePlan) -> tuple[list[PlannedRequest], dict[int, int]]:
     """The phase's initial requests plus every follow-up, generated round-robin."""
     run = phase.start()
     requests = list(run.initial)
@@ -86,16 +91,13 @@ def _expand(phase: Any) -> tuple[list[Any], dict[int, int]]:
     return requests, followups
 
 
-def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | None = None,
+def run_outcome(spec: WorkloadSpec, options: EngineOptions | None = None, *, seed: int | None = None,
                 num_requests: int | None = None, horizon: int | None = None) -> RunOutcome:
     """Generate the workload and simulate it phase by phase (see the module docstring)."""
-    from blis_sim.workload import generate_workload
-
-    options = options or EngineOptions()
+    options = resolve_settings(options or EngineOptions())
     plan = generate_workload(spec, seed=seed, num_requests=num_requests, horizon=horizon)
     offload = options.kv_offload
-    block_size = options.block_size or (offload.gpu_block_size if offload is not None else 16)
-    num_blocks = options.num_gpu_blocks or default_num_gpu_blocks(options.model, block_size)
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     parts: list[SimOutcome] = []
     starts: list[np.ndarray] = []
@@ -119,11 +121,11 @@ def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | 
         starts.append(np.full(len(table), t0))
         t0 = part.loop.end_us
     combined = combine_outcomes(parts, kv, offload)
-    return RunOutcome(outcome=combined, options=replace(options, kv_offload=offload), plan=plan,
+    return RunOutcome(outcome=combined, options=options, plan=plan,
                       phase_start=np.concatenate(starts) if starts else np.zeros(0))
 
 
-def run(spec: Any, options: EngineOptions | None = None, **kw: Any) -> tuple[list[Any], Any]:
+def run(spec: WorkloadSpec, options: EngineOptions | None = None, **kw: Any) -> tuple[list[SimResult], MetricsOutput]:
     """Simulate a workload spec: ``(SimResult list, MetricsOutput)``."""
     out = run_outcome(spec, options, **kw)
     return out.results, out.metrics()

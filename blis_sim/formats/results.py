@@ -34,8 +34,9 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
   (``{"device": n, "host": n, "disk": n}``), written only when set.
 - :class:`MetricsOutput`: ``kv_hit_rates`` — the simulated per-definition hit-rates
   (:class:`~blis_sim.formats.hitrate.KVHitRate`), ``tier_io`` (each offload tier's simulated transfer
-  bytes, station service seconds and jobs over the window, the trace header's ``TierIO`` shape), and ``provenance`` (:class:`SimProvenance`: tool
-  version, latency model and coefficients, seed, KV geometry, resolved offload config; design D7),
+  bytes, station service seconds and jobs over the window, the trace header's ``TierIO`` shape), and
+  ``provenance`` (:class:`SimProvenance`: tool version, latency model and coefficients, seed, KV geometry,
+  resolved offload config, where each setting came from; design D7),
   each written only when set. SimResult JSON is a bare list, so it has no room for provenance: the
   MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
 """
@@ -53,12 +54,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._model import StrictModel, _is_zero, to_go
+from blis_sim.formats._io import atomic_write_chunks
 from blis_sim.formats._json import located as _located, parse_json as _parse
+from blis_sim.formats._model import StrictModel, _is_zero, to_go
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TierIO, TraceKVOffloadConfig
-from blis_sim.formats._io import atomic_write_chunks
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, SettingSource, TierIO, TraceKVOffloadConfig
 
 _Float = Field(default=0.0, allow_inf_nan=False)
 
@@ -126,6 +127,9 @@ class SimProvenance(StrictModel):
     seed: int = 0
     kv_geometry: KVGeometry | None = None
     kv_offload: TraceKVOffloadConfig | None = None
+    settings: dict[str, SettingSource] = Field(default_factory=dict)  # where each setting came from
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"settings"})
 
 
 class MetricsOutput(StrictModel):

@@ -43,6 +43,7 @@ from pathlib import Path
 from blis_sim.formats._io import atomic_write, atomic_write_files
 from blis_sim.formats._model import StrictModel
 from blis_sim.formats.itl import ITL_COLUMNS, ITLRecord, default_itl_path, itl_by_request, read_itl, write_itl
+from blis_sim.formats.trace_columns import read_trace_data
 from blis_sim.formats.trace_data import (
     BASE_COLUMNS,
     OUR_TRAILING,
@@ -52,10 +53,10 @@ from blis_sim.formats.trace_data import (
     data_text,
     write_trace_data,
 )
-from blis_sim.formats.trace_columns import read_trace_data
 from blis_sim.formats.trace_header import (
     SOURCE_GPU_FALLBACK,
     SOURCE_TIERED,
+    Fault,
     KVGeometry,
     LatencyModelInfo,
     ObservedKVMetrics,
@@ -100,7 +101,7 @@ def write_trace(trace: Trace, header_path: str | Path, data_path: str | Path, *,
 
 __all__ = [
     "BASE_COLUMNS", "ITL_COLUMNS", "OUR_TRAILING", "REFERENCE_TRAILING", "SOURCE_GPU_FALLBACK", "SOURCE_TIERED",
-    "ITLRecord", "KVGeometry", "LatencyModelInfo", "ObservedKVMetrics", "OffloadExtensions", "PhaseInfo",
+    "Fault", "ITLRecord", "KVGeometry", "LatencyModelInfo", "ObservedKVMetrics", "OffloadExtensions", "PhaseInfo",
     "PytestBlisHeader", "ScrapeInfo", "SLOTargets", "TierIO", "Trace", "TraceHeader", "TraceKVOffloadConfig",
     "TraceNetworkConfig", "TraceRecord", "TraceServerConfig", "TraceTierConfig", "atomic_write", "columns_for",
     "data_text", "default_itl_path", "header_text", "itl_by_request", "load_trace", "read_itl", "read_trace_data",

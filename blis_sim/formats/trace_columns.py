@@ -26,15 +26,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._io import csv_chunks, csv_data_line, gc_paused
-from blis_sim.formats.trace_data import (_BOOLS, _INTS, _REPEATED, _ROW_DEFAULTS, _TRIMMED, TraceRecord,
-                                         _column_positions, _parse_cell)
+from blis_sim.formats.trace_data import (
+    _BOOLS,
+    _INTS,
+    _REPEATED,
+    _ROW_DEFAULTS,
+    _TRIMMED,
+    TraceRecord,
+    _column_positions,
+    _parse_cell,
+)
 from blis_sim.formats.trace_header import read_trace_header
 
 FIELDS: tuple[str, ...] = tuple(_ROW_DEFAULTS)  # every TraceRecord field, in declaration order
@@ -109,7 +117,7 @@ class TraceColumns:
             elif isinstance(col, StrColumn):
                 col = StrColumn(col.codes[idx], col.names)
             data[name] = col
-        return TraceColumns(int(len(idx)), data)
+        return TraceColumns(len(idx), data)
 
     def record(self, i: int) -> Any:
         """Row ``i`` as the :class:`TraceRecord` the record reader gives."""
@@ -127,9 +135,7 @@ class TraceColumns:
         per_field = []
         for name in FIELDS:
             col = self.data[name]
-            if isinstance(col, np.ndarray):
-                per_field.append(col.tolist())
-            elif isinstance(col, StrColumn):
+            if isinstance(col, (np.ndarray, StrColumn)):
                 per_field.append(col.tolist())
             else:
                 per_field.append([col] * self.n)
@@ -217,8 +223,8 @@ def read_trace_data(path: str | Path) -> list[Any]:
 
 def read_trace_columns(path: str | Path) -> TraceColumns:
     """Read a TraceV2 data CSV as columns, with the reference's positional rules
-    (docs/reference-formats.md §1.4): the csv module splits the rows, each column of a chunk is converted at once, and the
-    first bad cell in file order is reported, located."""
+    (docs/reference-formats.md §1.4): the csv module splits the rows, each column of a chunk is converted at
+    once, and the first bad cell in file order is reported, located."""
     p = Path(path)
     file = str(p)
     with gc_paused():
@@ -301,6 +307,11 @@ def _convert(col: str, cells: Sequence[str | None], file: str, shared: dict[str,
         for k, v in zip(present, list(given)):
             values[k] = v
         return np.asarray(values, dtype=np.int64) if col in _INTS else values
+    return _convert_present(col, cast("Sequence[str]", cells), file, shared)
+
+
+def _convert_present(col: str, cells: Sequence[str], file: str, shared: dict[str, str]) -> Any:
+    """:func:`_convert` of cells every row has."""
     if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
         cells = [c.strip(_go.GO_SPACE) for c in cells]
         plain = _plain_ints(cells)

@@ -32,7 +32,6 @@ from blis_sim.formats import _go
 from blis_sim.formats._io import atomic_write, go_quote
 from blis_sim.formats._model import StrictModel
 
-
 _TRIMMED = ("error_message", "finish_reason", "x_request_id", "adapter")
 
 

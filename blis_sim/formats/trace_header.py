@@ -139,6 +139,14 @@ class KVGeometry(StrictModel):
     num_gpu_blocks: int | None = Field(default=None, ge=1, le=limits.MAX_GPU_BLOCKS)
 
 
+class SettingSource(StrictModel):
+    """One simulator setting as the simulation resolved it, and where it came from
+    (blis_sim/engine/settings.py): a flag (or the caller), the trace header, the model, or the default."""
+
+    value: int | float | str | None = None
+    source: Literal["flag", "header", "model", "default"]
+
+
 class TierIO(StrictModel):
     """Per-tier transfer counters over the window (vLLM's native units: bytes, seconds).
 
@@ -156,6 +164,30 @@ class TierIO(StrictModel):
     write_time_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     read_jobs: int | None = Field(default=None, ge=0)
     write_jobs: int | None = Field(default=None, ge=0)
+
+
+# The faults the simulator reproduces from the offload configuration; any other fault makes a window's
+# hit-rates incomparable (docs/calibrate.md, "Faults").
+MODELLED_FAULT_KINDS = frozenset({"allocation_failure"})
+
+
+class Fault(StrictModel):
+    """One offload fault over the window, or content the server held from before it (docs/observe.md, "Faults").
+
+    ``kind``: ``allocation_failure`` (the CPU tier could not take an offer; the simulator models it),
+    ``store_failure`` / ``promotion_failure`` (a transfer to / from a secondary tier failed),
+    ``promotion_allocation_failure``, or ``warm_start`` (requests hit content that nothing sent earlier in
+    the window holds: a long-lived server, or an ``fs`` root that kept an earlier run's files). ``count``:
+    the counter's delta (``warm_start``: the requests), ``tier``: a tier label or None."""
+
+    kind: Literal["allocation_failure", "store_failure", "promotion_failure", "promotion_allocation_failure",
+                  "warm_start"]
+    tier: str | None = None
+    count: int = Field(ge=0)
+    metric: str = ""
+    detail: str = ""
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"metric", "detail"})
 
 
 class ScrapeInfo(StrictModel):
@@ -182,11 +214,24 @@ class PhaseInfo(StrictModel):
     end_time_us: int = 0
 
 
+class CpuLink(StrictModel):
+    """The CPU <-> GPU link of the offload tiers (``kv_offload.cpu_link``, ours): bytes/µs and µs, ``read``
+    towards the GPU (a load), ``write`` away from it (a store). What ``blis calibrate --write-offload-config``
+    fits from a server's ``vllm:kv_offload_{load,store}_{bytes,time}``; absent, the simulator's default link."""
+
+    read_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    write_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    base_latency: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
 class OffloadExtensions(StrictModel):
     """Offload settings the reference's ``kv_offload`` block cannot hold (INV-13 for our additions)."""
 
     store_threshold: int = Field(default=0, ge=0)
     tier_max_bytes: list[int | None] = Field(default_factory=list)  # per secondary tier; None = unbounded
+    cpu_link: CpuLink | None = None
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"cpu_link"})
 
     @field_validator("tier_max_bytes")
     @classmethod
@@ -221,13 +266,14 @@ class PytestBlisHeader(StrictModel):
     partial: bool = False
     partial_reason: str = ""
     offload: OffloadExtensions | None = None
+    faults: list[Fault] = Field(default_factory=list)
     latency_model: LatencyModelInfo | None = None
     sim_seed: int | None = None         # the simulator's content/jitter seed (sim traces)
     warnings: list[str] = Field(default_factory=list)
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(
         {"tool_version", "vllm_version", "server_url", "kv_hit_rates", "tier_io", "phases", "partial",
-         "partial_reason", "warnings"})
+         "partial_reason", "faults", "warnings"})
 
 
 class TraceHeader(StrictModel):

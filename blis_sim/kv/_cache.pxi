@@ -591,8 +591,8 @@ cdef class CacheCore:
             return 0
         keys = self._chunk_keys(r, nchunks)
         _accessed(r, r.stored, nchunks)
-        self._store(keys + r.stored, nchunks - r.stored, now)
-        r.stored = nchunks
+        if not self._store(keys + r.stored, nchunks - r.stored, now):
+            r.stored = nchunks  # a failed allocation offers the same chunks again next step (the pure computed)
         return 0
 
     @cython.final
@@ -627,9 +627,8 @@ cdef class CacheCore:
         ok = cpu._prepare_store(keys, nkeys, now, INF, self._stored, self._stored_slots)
         self._epoch += 1
         if not ok:
-            self._tc[SK] += nkeys
             self._tc[AF] += 1
-            return 0
+            return 1
         n = self._stored.size()
         if not n:
             return 0

@@ -539,15 +539,19 @@ class KVCache(Readouts):
             return
         keys = self._chunk_keys(r, nchunks)[r.stored:nchunks]
         self._accessed(r, r.stored, nchunks)
-        r.stored = nchunks
-        self._store(np.ascontiguousarray(keys), now)
+        if self._store(np.ascontiguousarray(keys), now):
+            r.stored = nchunks
+        # else: the CPU tier could not make room for the offer (an allocation failure, nothing
+        # stored); as vLLM's connector scheduler, the request's stored index stays and its next
+        # step offers these chunks again with its new ones (docs/vllm-semantics.md §4.1).
 
     @staticmethod
     def _accessed(r: _Req, a: int, b: int) -> None:
         r.acc_lo = a if r.acc_lo < 0 else min(r.acc_lo, a)
         r.acc_hi = max(r.acc_hi, b)
 
-    def _store(self, keys: np.ndarray, now: float) -> None:
+    def _store(self, keys: np.ndarray, now: float) -> bool:
+        """Store an offer; False when the CPU tier could not make room for it (nothing stored)."""
         cb = self.config.chunk_bytes
         cpu = self.tiers[0]
         tcs = self._tier_counters
@@ -562,16 +566,15 @@ class KVCache(Readouts):
             tc0["store_skipped_chunks"] += len(absent) - len(eligible)
             keys = np.array(eligible, dtype=np.uint64)
             if not len(keys):
-                return
+                return True
         stored = cpu.prepare_store(keys, now, _INF)
         self._epoch += 1
         if stored is None:
-            tc0["store_skipped_chunks"] += len(keys)
             tc0["allocation_failures"] += 1
-            return
+            return False
         n = len(stored)
         if not n:
-            return
+            return True
         done, svc = self.stations[0].submit(False, n * cb, now)
         tc0["write_bytes"] += n * cb
         tc0["write_time_us"] += svc
@@ -597,6 +600,7 @@ class KVCache(Readouts):
             tc["stored_chunks"] += m
             tier.set_ready(put, t_done)
             cpu.pin(stored, 0, n, t_done)
+        return True
 
     def free(self, rid: int) -> dict[str, int]:
         """A request finished (or was aborted): release its blocks, forget it. Returns its

@@ -28,9 +28,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from blis_sim.observe.http1 import HttpError, HttpTimeout, Http1Pool
-from blis_sim.observe.records import (STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord,
-                                      RunClock, WireRequest)
+from blis_sim.observe.http1 import Http1Pool, HttpError, HttpTimeout
+from blis_sim.observe.records import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord, RunClock, WireRequest
 from blis_sim.observe.sse import LineSplitter, LineTooLong, interpret, usage_numbers
 
 API_FORMATS = ("completions", "chat")

@@ -19,6 +19,9 @@ Tier I/O (``KvWindow.tier_io``, per tier label): the tiering read/write bytes an
 secondary tier, and the connector's GPU <-> CPU load/store bytes, seconds and transfer counts
 (the ``kv_offload_{load,store}_size`` histograms' ``_count``) as tier ``0:primary``.
 
+Faults (``KvWindow.faults``): the offload fault counters of ``FAULT_FAMILIES`` over the window, one entry
+per kind and tier the server exposes (a zero count included).
+
 Primary-source precedence follows the reference (docs/reference-formats.md §3.5): the tiered offload
 counters (``chunk_*`` as released, or the PR-48798 ``block_*`` spelling) whenever the end snapshot
 has them, tagged ``tiered``; else the GPU prefix cache (``prefix_cache_*``, then the legacy
@@ -66,6 +69,18 @@ CONNECTOR_IO_FAMILIES = {
     "write_bytes": "vllm:kv_offload_store_bytes",
     "write_time_s": "vllm:kv_offload_store_time",
     "write_jobs": "vllm:kv_offload_store_size_count",
+}
+# Offload faults over the window (docs/vllm-semantics.md §4.1), by kind: (family, the label that names the
+# tier, or None for the connector's unlabelled counter, recorded as tier "0:primary").
+FAULT_FAMILIES = {
+    # the CPU tier could not make room for an offer (connector: a failed prepare_store)
+    "allocation_failure": ("vllm:kv_offload_allocation_failure", None),
+    # a store from the CPU tier to a secondary tier failed (its chunks are not on that tier)
+    "store_failure": ("vllm:kv_offload_tiering_cascade_job_failures", "tier"),
+    # a promotion from a secondary tier failed (its chunks were recomputed)
+    "promotion_failure": ("vllm:kv_offload_tiering_promotion_job_failures", "tier"),
+    # the CPU tier could not make room for a promotion
+    "promotion_allocation_failure": ("vllm:kv_offload_tiering_promotion_allocation_failures", None),
 }
 SERVER_TTFT_FAMILY = "vllm:time_to_first_token_seconds"
 CACHE_CONFIG_FAMILY = "vllm:cache_config_info"
@@ -148,6 +163,7 @@ class KvWindow:
     hit_rates: list[dict[str, Any]] = field(default_factory=list)
     tier_io: dict[str, dict[str, float]] = field(default_factory=dict)
     server_ttft: dict[str, float] | None = None
+    faults: list[dict[str, Any]] = field(default_factory=list)  # {kind, tier, count, metric}, 0 counts too
     miss_reason: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -267,6 +283,13 @@ def _collect_definitions(w: _Window, out: KvWindow) -> None:
     for key, family in CONNECTOR_IO_FAMILIES.items():
         if w.end.has(family):  # vLLM creates these series on the first transfer
             out.tier_io.setdefault(PRIMARY_TIER, {})[key] = w.delta(family)
+    for kind, (family, label) in FAULT_FAMILIES.items():
+        if not w.end.has(family):  # vLLM creates a counter's series on its first increment
+            continue
+        metric = w.end.names(family)[0]
+        counts = {PRIMARY_TIER: w.delta(family)} if label is None else w.delta_by(family, label)
+        for tier, n in counts.items():
+            out.faults.append({"kind": kind, "tier": tier, "count": int(n + 0.5), "metric": metric})
     if w.end.has(SERVER_TTFT_FAMILY + "_count") and w.end.has(SERVER_TTFT_FAMILY + "_sum"):
         count = w.delta(SERVER_TTFT_FAMILY + "_count")
         total = w.delta(SERVER_TTFT_FAMILY + "_sum")

@@ -254,6 +254,19 @@ def test_a_bad_offload_file_is_a_clear_error(cache: Path, tmp_path: Path) -> Non
         lane.read_offload_file(tmp_path / "empty.json")
     with pytest.raises(lane.VllmCpuError, match="fs secondary tiers only"):
         lane.offload_transfer_config({"cpu_bytes_to_use": 1, "secondary_tiers": [{"type": "p2p"}]}, port=1)
+    with pytest.raises(lane.VllmCpuError, match="--fail-fs-store-every needs an offload file with an fs tier"):
+        lane.offload_transfer_config({"cpu_bytes_to_use": 1}, port=1, fail_fs_store_every=3)
+
+
+def test_a_store_failure_server_is_told_in_its_spec_not_in_the_offload_file(tmp_path: Path) -> None:
+    """The lane's store-failure cell: the fault reaches the tiering spec's extra config (the server), while the
+    offload file both sides read stays the deployment's."""
+    block = lane.read_offload_file(LANE_OFFLOAD / "tiered.yaml")
+    extra = lane.offload_transfer_config(block, port=1, fs_root=tmp_path, fail_fs_store_every=3)[
+        "kv_connector_extra_config"]
+    assert extra["blis_fail_fs_store_every"] == 3 and extra["spec_name"] == "HostTieringOffloadingSpec"
+    assert "blis_fail_fs_store_every" not in lane.offload_transfer_config(block, port=1, fs_root=tmp_path)[
+        "kv_connector_extra_config"]
 
 
 def test_stop_removes_the_offload_leftovers_it_owns(tmp_path: Path) -> None:
@@ -270,3 +283,24 @@ def test_stop_removes_the_offload_leftovers_it_owns(tmp_path: Path) -> None:
     assert not shm.exists() and not root.exists()
     lane._remove_offload_leftovers(lane.ServerState(**base, fs_root=str(keep), fs_root_owned=False))
     assert keep.exists()  # a --fs-root the user gave is theirs
+
+
+def test_the_offload_lane_table_is_built_from_the_artifacts(tmp_path: Path) -> None:
+    cell = tmp_path / "tiered" / "scenarios_lane_offload-tiered.blis.yaml_storage-hit_prefix-256"
+    cell.mkdir(parents=True)
+    rate = {"unit": "tokens", "tolerance_pp": 1, "within": True}
+    (cell / "calibration.json").write_text(json.dumps({
+        "kv_hit_rates": [{**rate, "definition": "tiered", "tier": "1:fs", "real_hit_rate": 0.889,
+                          "sim_hit_rate": 0.889, "abs_error_pp": 0.0},
+                         {**rate, "definition": "external", "tier": None, "real_hit_rate": 0.5,
+                          "sim_hit_rate": 0.6667, "abs_error_pp": 16.67}],
+        "request_hit_agreement": {"requests": 28, "matching": 27},
+        "window_faults": [{"kind": "store_failure", "tier": "1:fs", "count": 2, "modelled": False}]}))
+    out = run_tool("offload_lane_table", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("| cell | tiered 0:primary") and len(lines) == 3
+    assert lines[2] == ("| offload-tiered::storage-hit 256 | — | 88.9/88.9 (0.00) | — | 50.0/66.7 (16.67) | — | — "
+                        "| 27/28 | store_failure/1:fs 2 |")
+    empty = run_tool("offload_lane_table", str(tmp_path / "tiered" / cell.name))
+    assert empty.returncode == 1 and "no calibration.json" in empty.stderr
