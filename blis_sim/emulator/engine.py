@@ -55,6 +55,9 @@ class Engine:
         self.offload_spec = config.offload_spec()
         self.tokenizer: ServedTokenizer = (Tokenizer(add_bos=config.add_bos) if config.tokenizer is None
                                            else load_hf_tokenizer(config.tokenizer))
+        # a model tokenizer's table of generated words is built now (a scan of its vocabulary), not in the first
+        # request's TTFT
+        self.tokenizer.output_token(0)
         self.stats = EngineStats()
         self.pool = BlockPool(self.geometry.num_gpu_blocks, self.geometry.block_size,
                               enable_caching=config.enable_prefix_caching)
