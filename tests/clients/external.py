@@ -83,5 +83,7 @@ def run(argv: list[str], *, timeout: float = 300, cwd: Path | None = None) -> su
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
                           check=False)
+    if cwd is not None:  # kept beside the client's results, for a failed check to quote
+        (cwd / "client.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, f"{argv[0]} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
     return proc
