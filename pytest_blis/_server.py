@@ -44,6 +44,7 @@ class ServerTarget:
     capabilities: frozenset[str] = field(default_factory=frozenset)  # "cpu", "storage"
     namespace: str = ""  # mixed into prompt content (see SessionState.namespace)
     lock_name: str = ""  # the lock file exclusive() takes (default: one per URL)
+    tokenizer: str = ""  # the served model's tokenizer: observe and the probe build prompts with it
 
     @property
     def key(self) -> str:
@@ -129,12 +130,15 @@ class ServerPool:
         from blis_sim.emulator import EmulatorConfig, spawn_emulator
 
         offload, path = _offload_for(spec, base_dir)
+        tokenizer = self.options.tokenizer or (str((base_dir / spec.tokenizer).expanduser().resolve())
+                                               if spec.tokenizer else "")
         config = EmulatorConfig(
             profile=self.options.emulator_profile or spec.profile, block_size=spec.block_size,
             num_gpu_blocks=spec.num_gpu_blocks, kv_bytes_per_token=spec.kv_bytes_per_token,
             max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
             kv_offload_config=str(path) if path else None, metrics_profile=spec.metrics_profile,
-            enable_prompt_tokens_details=True, seed=self.options.emulator_seed, nice=self.options.emulator_nice)
+            enable_prompt_tokens_details=True, seed=self.options.emulator_seed, nice=self.options.emulator_nice,
+            tokenizer=tokenizer or None)
         proc = spawn_emulator(config)
         if proc.niceness != config.nice:
             warnings.warn(f"embedded emulator ({config.profile}) runs at niceness {proc.niceness}, not "
@@ -145,7 +149,7 @@ class ServerPool:
         return ServerTarget(url=proc.url, model=config.model, embedded=True, block_size=spec.block_size,
                             num_gpu_blocks=spec.num_gpu_blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks",
-                            capabilities=_capabilities(offload),
+                            capabilities=_capabilities(offload), tokenizer=tokenizer,
                             lock_name="" if self.options.parallel_observe else "embedded-host.lock")
 
     def _connect(self) -> ServerTarget:
@@ -170,4 +174,4 @@ class ServerPool:
         return ServerTarget(url=url, model=str(model), embedded=False, block_size=block_size,
                             num_gpu_blocks=blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks", capabilities=_capabilities(offload),
-                            namespace=self.state.namespace)
+                            namespace=self.state.namespace, tokenizer=self.options.tokenizer)
