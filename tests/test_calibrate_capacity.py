@@ -146,9 +146,11 @@ def test_cli_judges_the_capacity_of_a_saturated_window(burst_trace: tuple[Path, 
     report = json.loads((tmp_path / "r.json").read_text())
     c = report["capacity"]
     assert c["saturated"] and c["backlog"] >= 20 and c["requests"] == 30
-    assert "Throughput (saturated: backlog, 30 requests" in err
+    # the backlog is the burst's sign; a busy host may show the others too (its sends late, its waiting)
+    assert c["saturation"][0] == "backlog" and set(c["saturation"]) <= {"backlog", "sends lag", "waiting"}
+    assert f"Throughput (saturated: {', '.join(c['saturation'])}, 30 requests" in err
     assert "E2E MAPE at saturation=" in err and "(saturated: queueing, reported, not judged)" in err
-    assert c["e2e_threshold"] == 1.0 and c["saturation"] == ["backlog"]
+    assert c["e2e_threshold"] == 1.0
     if code:
         assert c["within"] is False and c["rps_error"] > 0.2
         assert {"capacity[req/s]", "capacity[output tok/s]"} <= set(report["verdict"]["failed"])
