@@ -185,6 +185,14 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
         raise ConfigError(BC10_MESSAGE)
     table = prepare_trace(trace).table
     block_size, num_blocks = geometry(header, options, offload)
+    outcome = simulate_replica(table, options, block_size, num_blocks, offload, log_steps)
+    return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
+
+
+def simulate_replica(table: Any, options: EngineOptions, block_size: int, num_blocks: int,
+                     offload: Any, log_steps: bool = False) -> SimOutcome:
+    """``table`` through one server with its own KV cache: phases and sequential clients as the
+    module docstring says (a cluster replays each replica's rows through this)."""
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     phases = table.phases()
     if options.sequential:
@@ -196,7 +204,7 @@ def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
     else:
         outcome = _replay_phases(table, phases, kv, options, block_size, num_blocks, offload,
                                  log_steps)
-    return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
+    return outcome
 
 
 def sequential_groups(table: Any, phases: list[Any]) -> list[Any]:
