@@ -1,0 +1,101 @@
+"""Observing a cluster of two emulators with client-side routing (docs/cluster.md §3), then replaying it."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from blis_sim.emulator import EmulatorConfig, start_emulator
+from blis_sim.engine.cluster import replay_cluster
+from blis_sim.engine.simulate import EngineOptions
+from blis_sim.errors import UsageError
+from blis_sim.formats.workload import parse_workload_spec
+from blis_sim.observe.cluster import observe_cluster, sum_windows
+from blis_sim.observe.metrics import KvWindow
+from blis_sim.observe.run import ObserveOptions
+from blis_sim.routing import RoutingSpec
+
+CLIENTS = "\n".join(
+    f"  - {{id: c{i}, rate_fraction: 0.125, streaming: true, prefix_group: p{i}, prefix_length: 512, "
+    "arrival: {process: poisson}, input_distribution: {type: constant, params: {value: 32}}, "
+    "output_distribution: {type: constant, params: {value: 2}}}" for i in range(8))
+SPEC = f'version: "2"\nseed: 5\naggregate_rate: 40\nnum_requests: 48\nclients:\n{CLIENTS}\n'
+OPTS = ObserveOptions(model="tiny-llama", max_concurrency=1, scrape_kv_metrics=True, settle_s=0.1,
+                      progress=False, timeout_s=5.0)
+
+
+def _observe(policy: str, **kw: Any) -> Any:
+    cfg = EmulatorConfig(block_size=16, num_gpu_blocks=150, enable_prompt_tokens_details=True)
+    with start_emulator(cfg) as a, start_emulator(cfg) as b:
+        return observe_cluster([a.url, b.url], parse_workload_spec(SPEC), OPTS,
+                               routing=RoutingSpec.parse(policy, **kw))
+
+
+@pytest.fixture(scope="module")
+def observed() -> dict[str, Any]:
+    return {p: _observe(p) for p in ("round-robin", "prefix-affinity")}
+
+
+def _rate(entries: Any, definition: str = "prefix_cache") -> float:
+    return next(e.hit_rate for e in entries if e.definition == definition and e.tier is None)
+
+
+def test_each_replica_is_scraped_and_recorded(observed: dict[str, Any]) -> None:
+    for policy, result in observed.items():
+        cluster = result.trace.header.pytest_blis.cluster
+        assert cluster.routing_policy == policy and cluster.num_instances == 2
+        rows = result.trace.records
+        assert {r.replica for r in rows} == {0, 1}
+        for k, rep in enumerate(cluster.replicas):
+            assert rep.requests == sum(r.replica == k for r in rows) > 0
+            assert rep.kv_geometry.num_gpu_blocks == 150 and rep.source == "gpu-prefix-cache-fallback"
+            assert rep.scrape is not None and rep.scrape.metrics_url == rep.server_url + "/metrics"
+        hits = sum(e.hits for rep in cluster.replicas for e in rep.kv_hit_rates if e.definition == "prefix_cache")
+        total = next(e for e in result.trace.header.pytest_blis.kv_hit_rates if e.definition == "prefix_cache")
+        assert total.hits == hits
+    pa = observed["prefix-affinity"].trace.records
+    owner: dict[str, set[int]] = {}
+    for r in pa:
+        owner.setdefault(r.prefix_group, set()).add(r.replica)
+    assert all(len(v) == 1 for v in owner.values())
+    rr = sorted(observed["round-robin"].trace.records, key=lambda r: r.request_id)
+    assert [r.replica for r in rr] == [i % 2 for i in range(len(rr))]
+
+
+def test_recorded_routing_reproduces_every_replica(observed: dict[str, Any]) -> None:
+    """The done-when target: per-replica hit-rates within 1 pp (0.00 pp expected)."""
+    opts = EngineOptions(model="tiny-llama", sequential=True)
+    for result in observed.values():
+        out = replay_cluster(result.trace, opts)
+        for rep, part in zip(result.trace.header.pytest_blis.cluster.replicas, out.parts):
+            sim = next(e["hit_rate"] for e in part.hit_rates if e["definition"] == "prefix_cache")
+            assert abs(sim - _rate(rep.kv_hit_rates)) < 1e-9
+
+
+def test_rerouting_round_robin_predicts_prefix_affinity(observed: dict[str, Any]) -> None:
+    opts = EngineOptions(model="tiny-llama", sequential=True)
+    out = replay_cluster(observed["round-robin"].trace, opts, routing=RoutingSpec("prefix-affinity"))
+    predicted = next(e["hit_rate"] for e in out.outcome.hit_rates if e["definition"] == "prefix_cache")
+    measured = _rate(observed["prefix-affinity"].trace.header.pytest_blis.kv_hit_rates)
+    rr = _rate(observed["round-robin"].trace.header.pytest_blis.kv_hit_rates)
+    assert measured > rr + 0.15
+    assert abs(predicted - measured) <= 0.05
+    assert out.agreement is not None and out.agreement < 1.0
+
+
+def test_flags_refused_before_anything_is_sent() -> None:
+    with pytest.raises(UsageError, match="recorded"):
+        observe_cluster(["http://127.0.0.1:9", "http://127.0.0.1:10"], parse_workload_spec(SPEC), OPTS,
+                        routing=RoutingSpec("recorded"))
+    with pytest.raises(UsageError, match="twice"):
+        observe_cluster(["http://127.0.0.1:9", "http://127.0.0.1:9/"], parse_workload_spec(SPEC), OPTS,
+                        routing=RoutingSpec("round-robin"))
+
+
+def test_a_replica_without_a_window_leaves_the_cluster_without_one() -> None:
+    ok = KvWindow(observed={"source": "tiered", "hit_rate": 0.5, "block_hits": 1, "block_queries": 2},
+                  hit_rates=[{"definition": "prefix_cache", "tier": None, "unit": "tokens", "hits": 1,
+                              "queries": 2, "hit_rate": 0.5, "metric": "m"}])
+    assert sum_windows([ok, None]) is None
+    both = sum_windows([ok, ok])
+    assert both is not None and both.observed["block_queries"] == 4 and both.hit_rates[0]["hits"] == 2
