@@ -99,3 +99,26 @@ def test_a_replica_without_a_window_leaves_the_cluster_without_one() -> None:
     assert sum_windows([ok, None]) is None
     both = sum_windows([ok, ok])
     assert both is not None and both.observed["block_queries"] == 4 and both.hit_rates[0]["hits"] == 2
+
+
+def test_calibrate_judges_each_replica_of_a_recorded_replay(observed: dict[str, Any]) -> None:
+    from blis_sim.calibrate.core import CalibrateOptions, calibrate
+
+    opts = EngineOptions(model="tiny-llama", sequential=True)
+    trace = observed["prefix-affinity"].trace
+    out = replay_cluster(trace, opts)
+    report = calibrate(trace, out.results, out.metrics(), options=CalibrateOptions(ttft_mape_threshold=100.0))
+    assert report.routing_agreement is not None and report.routing_agreement.share == 1.0
+    assert [r.replica for r in report.replicas] == [0, 1] and all(r.judged for r in report.replicas)
+    rows = {row.metric: row for row in report.verdicts()}
+    for k in range(2):
+        row = rows[f"replica[{k}].kv_hit_rate[prefix_cache]"]
+        assert row.within and row.error == 0.0
+        assert f"replica[{k}].ttft_mape" in rows
+    assert report.passed
+    rerouted = replay_cluster(trace, opts, routing=RoutingSpec("round-robin"))
+    again = calibrate(trace, rerouted.results, rerouted.metrics(),
+                      options=CalibrateOptions(ttft_mape_threshold=100.0))
+    assert again.routing_agreement.share < 1.0 and not any(r.judged for r in again.replicas)
+    assert not any(row.metric.startswith("replica[") for row in again.verdicts())
+    assert any("re-routed" in n for n in again.notes)

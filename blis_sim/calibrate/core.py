@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blis_sim import __version__
+from blis_sim.calibrate.cluster import calibrate_replicas
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
 from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
 from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry, compare_definitions,
@@ -147,6 +148,10 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     notes += [f"{f.count} {f.kind.replace('_', ' ')}s{' on tier ' + f.tier if f.tier else ''} over the window "
               "(the simulator models them from the offload configuration)" for f in faults if f.count and f.modelled]
 
+    replicas, agreement, cluster_notes = calibrate_replicas(trace, sim_results, sim_metrics, options=options,
+                                                            warmup=warmup, rtt_us=rtt_us)
+    notes += cluster_notes
+
     report = CalibrationReport(
         trace_info=TraceInfo(num_requests=pairs.num_requests, warm_up_excluded=pairs.excluded_warmup,
                              matched_pairs=pairs.matched, token_mismatches=pairs.token_mismatches,
@@ -158,7 +163,7 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
         capacity=capacity_comparison(pairs.matched_records, options.capacity_tolerance),
         request_hit_agreement=request_hit_agreement(pairs.matched_records),
         tier_service=tier_rows or None, tier_service_fits=tier_fits or None, window_faults=faults or None,
-        notes=notes or None,
+        replicas=replicas or None, routing_agreement=agreement, notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
                               trace_data=inputs.trace_data, sim_results=inputs.sim_results,
                               sim_metrics=inputs.sim_metrics, itl_data=inputs.itl_data, warmup_requests=warmup,

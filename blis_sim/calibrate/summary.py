@@ -102,6 +102,22 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
         lines.append(("info", f"Per-request cached tokens: {a.matching}/{a.requests} match "
                               f"({a.match_share * 100:.1f}%), mean |diff|={a.mean_abs_diff_tokens:.1f} tokens "
                               f"({a.not_reported} not reported)"))
+    if r.routing_agreement is not None:
+        g = r.routing_agreement
+        lines.append(("info", f"Routing agreement: {g.agreed}/{g.requests} requests simulated on the replica the "
+                              f"real router chose ({g.share * 100:.1f}%)"))
+    for rep in r.replicas or ():
+        judged = "" if rep.judged else " (re-routed: reported, not judged)"
+        t = rep.ttft_tolerance
+        if t is not None:
+            lines.append(_judged(t.within if rep.judged else None,
+                                 f"Replica {rep.replica}{judged}: {rep.matched_pairs} requests, TTFT MAPE="
+                                 f"{t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%)"))
+        for d in rep.kv_hit_rates:
+            name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
+            lines.append(_judged(d.within if rep.judged else None,
+                                 f"Replica {rep.replica}{judged}: KV hit-rate [{name}] ({d.unit}): "
+                                 f"Real={d.real_hit_rate:.4f} Sim={d.sim_hit_rate:.4f} AbsErr={d.abs_error_pp:.2f}pp"))
     lines += _breakdown_lines("Per-SLO-class calibration:", "SLO", pairs.by_slo)
     if r.goodput is not None and r.goodput.per_class:
         lines.append(("info", "Per-SLO-class goodput (real vs sim):"))
