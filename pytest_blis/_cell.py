@@ -25,7 +25,7 @@ from pytest_blis._render import CellFailure
 from pytest_blis._scenario import SweepPoint
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import SUMMARY_PROPERTY, CellSummary
-from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
+from pytest_blis._steps import CellPaths, calibrate_step, observe_cluster_step, observe_step, replay_step
 
 # vLLM's prompt_tokens_cached_by_source labels for each cache path.
 PATH_SOURCES = {"gpu": ("device",), "cpu": ("host",), "storage": ("disk",)}
@@ -133,6 +133,9 @@ def summarize(nodeid: str, path: str, report: CalibrationReport, note: str = "")
             cell.real_hit_rate, cell.sim_hit_rate = report.hit_rate.real_hit_rate, report.hit_rate.sim_hit_rate
             cell.abs_error_pp = report.hit_rate.abs_error_pp
             cell.hit_rate_tolerance_pp = report.hit_rate.tolerance_pp
+    for rep in report.replicas or ():  # a cluster: the worst error of any replica too
+        if rep.judged:
+            errors += [d.abs_error_pp for d in rep.kv_hit_rates]
     cell.max_error_pp = max(errors) if errors else None
     cell.definitions = len(entries)
     if report.ttft_tolerance is not None:
@@ -215,7 +218,10 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         vllm_commit=opts.vllm_commit or "", progress=False,
         settle_s=SETTLE_EMBEDDED_S if target.embedded else SETTLE_EXTERNAL_S, workload_label=cid)
     with _allure.step("observe"), target.exclusive():
-        result = observe_step(target.url, plan, obs_opts, ctx.paths)
+        if target.cluster:
+            result = observe_cluster_step(target.urls, target.routing, plan, obs_opts, ctx.paths)
+        else:
+            result = observe_step(target.url, plan, obs_opts, ctx.paths)
     trace = result.trace
     with _allure.step("replay"):
         sim_results, sim_metrics = replay_step(trace, replay_options, ctx.paths)
@@ -281,7 +287,7 @@ def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True)
     fault cell (``expect.faults``) is judged on its faults instead of its hit-rates (:func:`_fault_rows`).
     ``timing=False`` (``--blis-timing-report-only``): the hit-rate and fault rows only."""
     rows = [r for r in report.verdicts()
-            if (r.metric != "ttft_mape" or expect.check_ttft)
+            if (not r.metric.endswith("ttft_mape") or expect.check_ttft)
             and (r.unit != "rate" or expect.check_ttft or expect.saturated)
             # Tier service seconds are in the report, not judged by a cell: the simulator's CPU <-> GPU
             # link is not set from the offload config, so no cell can match a server's link yet.
