@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +153,21 @@ def test_replica_column_is_written_only_for_a_cluster(tmp_path) -> None:
     with pytest.raises(FormatError, match="replica") as info:
         read_trace_columns(path)
     assert info.value.location.line == 2
+
+
+def test_run_over_a_cluster_and_its_replay_agree() -> None:
+    """INV-13 for a cluster: ``blis run --num-instances 2`` and the replay of its trace, recorded routing."""
+    from blis_sim.engine.cluster import run_cluster
+    from blis_sim.formats.workload import load_workload_spec
+
+    spec = load_workload_spec(Path(__file__).resolve().parents[1] / "samples" / "blis" / "workload.yaml")
+    run = run_cluster(spec, OPTS, num_instances=2, routing=RoutingSpec("prefix-affinity"), num_requests=300)
+    trace = run.trace()
+    assert trace.header.pytest_blis.cluster.num_instances == 2
+    assert {r.replica for r in trace.records} == {0, 1}
+    again = replay_cluster(trace, OPTS)
+    assert [(r.request_id, r.instance_id, r.ttft_us) for r in again.results] == \
+        [(r.request_id, r.instance_id, r.ttft_us) for r in run.results]
+    assert [m.kv_hit_rates for m in again.instance_metrics()] == [m.kv_hit_rates for m in run.instance_metrics()]
+    with pytest.raises(UsageError, match="recorded"):
+        run_cluster(spec, OPTS, num_instances=2, routing=RoutingSpec("recorded"), num_requests=10)

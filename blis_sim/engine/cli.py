@@ -100,8 +100,8 @@ def add_cluster_flags(p: argparse.ArgumentParser, *, default_policy: str) -> Non
     g.add_argument("--num-instances", type=int, default=None,
                    help="replicas, each with its own KV cache (default: the trace's cluster, else 1)")
     g.add_argument("--routing-policy", choices=POLICIES, default=default_policy,
-                   help=f"how requests are routed to replicas (default {default_policy}: "
-                        "the trace's replica column)")
+                   help=f"how requests are routed to replicas (default {default_policy}"
+                        + (": the trace's replica column)" if default_policy == "recorded" else ")"))
     g.add_argument("--routing-scorers", default=None,
                    help="weighted policy: name:weight,... over prefix-affinity and queue-depth "
                         "(e.g. prefix-affinity:3,queue-depth:2)")
@@ -114,6 +114,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-requests", type=int, default=None, help="override num_requests")
     p.add_argument("--workload-seed", type=int, default=None, help="override the spec's seed")
     add_sim_flags(p)
+    add_cluster_flags(p, default_policy="round-robin")
     _output_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -315,7 +316,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_files(args, "workload_spec")
     spec = load_workload_spec(args.workload_spec)
     options = options_from_args(args)
-    out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
+    from blis_sim.routing import RoutingSpec
+
+    routing = RoutingSpec.parse(args.routing_policy, args.routing_scorers)
+    n = args.num_instances or 1
+    if not 1 <= n <= limits.MAX_INSTANCES:
+        raise UsageError(f"--num-instances must be in 1..{limits.MAX_INSTANCES}, got {n}")
+    if n > 1:
+        from blis_sim.engine.cluster import run_cluster
+
+        out: Any = run_cluster(spec, options, num_instances=n, routing=routing, seed=args.workload_seed,
+                               num_requests=args.num_requests)
+    else:
+        out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
     trace = out.trace(workload_spec=str(args.workload_spec)) if args.trace_output else None
     _write_outputs(args, out, trace)
     return 0

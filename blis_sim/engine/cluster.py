@@ -18,7 +18,8 @@ simulation as interleaving their steps. A policy that needs the requests in flig
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +30,21 @@ from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.replay_trace import (BC10_MESSAGE, geometry, observed_from_tiers, prepare_trace,
                                           resolve_offload, simulate_replica)
 from blis_sim.engine.requests import RequestTable
-from blis_sim.engine.simulate import EngineOptions, SimOutcome, concat_parts
+from blis_sim.engine.run_spec import RunOutcome, _expand
+from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes, concat_parts,
+                                      simulate_table)
 from blis_sim.errors import ConfigError, UsageError
 from blis_sim.formats import MetricsOutput
 from blis_sim.routing import RoutingSpec, prefix_key, route_static
 
 
-@dataclass
-class ClusterOutcome(SimulatedOutputs):
-    outcome: SimOutcome          # every replica's rows (``outcome.replica``), cluster hit-rates
-    parts: list[SimOutcome]      # one per replica
-    header: Any
+class _ClusterOutputs(SimulatedOutputs):
+    """The outputs of a cluster: the aggregate with one entry per replica, rows naming their instance."""
+
+    outcome: SimOutcome
+    parts: list[SimOutcome]
     options: EngineOptions
     routing: RoutingSpec
-    agreement: float | None      # re-routed with a recorded column: rows on the recorded replica
 
     def metrics(self, include_requests: bool = True) -> MetricsOutput:
         m = metrics_output(self.outcome, include_requests=include_requests,
@@ -68,16 +70,12 @@ class ClusterOutcome(SimulatedOutputs):
             write_metrics_output(metrics, metrics_path, requests=request_metrics_columns(o, text))
         return metrics
 
-    def trace(self) -> Any:
-        """The replay re-exported (``mode: replayed``) with each row's simulated replica."""
-        from blis_sim.engine.provenance import sim_header
-        from blis_sim.formats import Trace
-        from blis_sim.formats.trace_header import ClusterInfo, ReplicaInfo
+    def _with_cluster(self, header: Any) -> Any:
+        """``header`` with the simulated cluster block: routing, each replica's geometry and hit-rates."""
         from blis_sim.formats._model import construct
         from blis_sim.formats.hitrate import KVHitRate
-        from blis_sim.formats.trace_header import KVGeometry
+        from blis_sim.formats.trace_header import ClusterInfo, KVGeometry, ReplicaInfo
 
-        header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
         replicas = [construct(ReplicaInfo, index=r, requests=len(p.table),
                               kv_geometry=construct(KVGeometry, block_size=p.block_size,
                                                     num_gpu_blocks=p.num_gpu_blocks),
@@ -85,12 +83,44 @@ class ClusterOutcome(SimulatedOutputs):
                     for r, p in enumerate(self.parts)]
         cluster = construct(ClusterInfo, num_instances=len(self.parts), routing_policy=self.routing.policy,
                             routing_scorers=self.routing.text(), replicas=replicas)
-        header = header.model_copy(update={"pytest_blis": header.pytest_blis.model_copy(
+        return header.model_copy(update={"pytest_blis": header.pytest_blis.model_copy(
             update={"cluster": cluster})})
-        return Trace.model_construct(header=header, records=trace_records(self.outcome))
 
 
-__all__ = ["ClusterOutcome", "merge_replicas", "recorded_replicas", "replay_cluster", "route_table"]
+@dataclass
+class ClusterOutcome(_ClusterOutputs):
+    outcome: SimOutcome          # every replica's rows (``outcome.replica``), cluster hit-rates
+    parts: list[SimOutcome]      # one per replica
+    header: Any
+    options: EngineOptions
+    routing: RoutingSpec
+    agreement: float | None      # re-routed with a recorded column: rows on the recorded replica
+
+    def trace(self) -> Any:
+        """The replay re-exported (``mode: replayed``) with each row's simulated replica."""
+        from blis_sim.engine.provenance import sim_header
+        from blis_sim.formats import Trace
+
+        header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
+        return Trace.model_construct(header=self._with_cluster(header), records=trace_records(self.outcome))
+
+
+@dataclass
+class ClusterRunOutcome(RunOutcome, _ClusterOutputs):
+    """``blis run`` over a cluster: :class:`~blis_sim.engine.run_spec.RunOutcome` with the replicas."""
+
+    parts: list[SimOutcome] = field(default_factory=list)
+    routing: RoutingSpec = field(default_factory=RoutingSpec)
+
+    def trace(self, workload_spec: str = "") -> Any:
+        from blis_sim.formats import Trace
+
+        base = RunOutcome.trace(self, workload_spec=workload_spec)
+        return Trace.model_construct(header=self._with_cluster(base.header), records=base.records)
+
+
+__all__ = ["ClusterOutcome", "ClusterRunOutcome", "merge_replicas", "recorded_replicas", "replay_cluster",
+           "route_table", "run_cluster"]
 
 
 def recorded_replicas(table: RequestTable) -> np.ndarray | None:
@@ -219,3 +249,57 @@ def merge_replicas(parts: list[SimOutcome]) -> SimOutcome:
                       dropped=np.concatenate([p.dropped for p in parts]), tier_io=list(io.values()),
                       replica=np.concatenate([np.full(len(p.table), r, dtype=np.int64)
                                               for r, p in enumerate(parts)]))
+
+
+def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instances: int, routing: RoutingSpec,
+                seed: int | None = None, num_requests: int | None = None,
+                horizon: int | None = None) -> ClusterRunOutcome:
+    """``blis run`` over ``num_instances`` replicas: each phase's requests routed by ``routing`` (in
+    arrival order; no load-dependent policy), each replica simulated on a cache of its own; the next
+    phase starts when every replica has drained."""
+    from blis_sim.engine.models import default_num_gpu_blocks
+    from blis_sim.engine.requests import table_from_plan
+    from blis_sim.workload import generate_workload
+
+    if routing.policy == "recorded":
+        raise UsageError("--routing-policy recorded replays a trace's replicas; blis run routes a workload "
+                         "spec with round-robin, prefix-affinity or weighted")
+    options = options or EngineOptions()
+    plan = generate_workload(spec, seed=seed, num_requests=num_requests, horizon=horizon)
+    offload = options.kv_offload
+    block_size = options.block_size or (offload.gpu_block_size if offload is not None else 16)
+    num_blocks = options.num_gpu_blocks or default_num_gpu_blocks(options.model, block_size)
+    kvs = [build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
+           for _ in range(num_instances)]
+    per: list[list[SimOutcome]] = [[] for _ in range(num_instances)]
+    starts: list[list[np.ndarray]] = [[] for _ in range(num_instances)]
+    t0 = 0.0
+    next_id = 0
+    for phase in plan.phases:
+        t0 = math.ceil(t0 + phase.gap_us)
+        requests, followups = _expand(phase)
+        if not requests:
+            continue
+        table = table_from_plan(requests, followups, plan.seed, first_id=next_id)
+        table.arrival_us = table.arrival_us + t0
+        next_id += len(requests)
+        h = options.horizon_us
+        if h is None and phase.horizon_us > 0:
+            h = t0 + phase.horizon_us
+        assign = route_table(table, routing, num_instances)
+        end = t0
+        for r in range(num_instances):
+            sub = table.take(np.flatnonzero(assign == r))
+            part = simulate_table(sub, kvs[r], replace(options, horizon_us=h), block_size=block_size,
+                                  num_gpu_blocks=num_blocks, offload=offload, content_seed=plan.seed)
+            per[r].append(part)
+            starts[r].append(np.full(len(sub), t0))
+            end = max(end, part.loop.end_us)
+        t0 = end
+    if not per[0]:
+        raise ConfigError("the workload generated no request")
+    parts = [combine_outcomes(per[r], kvs[r], offload) for r in range(num_instances)]
+    merged = merge_replicas(parts)
+    return ClusterRunOutcome(outcome=merged, options=replace(options, kv_offload=offload), plan=plan,
+                             phase_start=np.concatenate([a for r in range(num_instances) for a in starts[r]]),
+                             parts=parts, routing=routing)
