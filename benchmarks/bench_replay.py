@@ -12,6 +12,8 @@ a fresh subprocess, so peak RSS (ru_maxrss) is that replay's alone.
     python benchmarks/bench_replay.py --sizes 10000            # the start-up target
     python benchmarks/bench_replay.py --sizes 10000 --repeat 15 --floor   # and the libraries' share
     python benchmarks/bench_replay.py --sizes 1000000 --cli-only
+    python benchmarks/bench_replay.py --sizes 10000,100000,1000000,10000000 --cli-only \
+        --fs-max-bytes 2199023255552                          # the cost curve, a 2 TiB fs tier
     BLIS_PURE_PYTHON=1 python benchmarks/bench_replay.py --sizes 10000   # the pure-Python twin
 
 Targets: the whole ``blis replay`` command on 10,000 requests ≤ 0.25 s; 50,000 ≤ 3.5 s and
@@ -48,10 +50,37 @@ CACHE = ROOT / "benchmarks" / ".cache"
 KV_BYTES_PER_TOKEN = 163840  # Qwen3-14B: 40 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes
 
 
+def offload_config(fs_max_bytes: int | None = None) -> object:
+    """The sample ``offload.yaml`` resolved for Qwen3-14B; ``fs_max_bytes``: its fs tier bounded
+    to that many bytes (our ``max_bytes`` extension) instead of unbounded."""
+    from blis_sim.formats.offload import load_offload_config
+
+    if fs_max_bytes is None:
+        return load_offload_config(SAMPLES / "offload.yaml", kv_bytes_per_token=KV_BYTES_PER_TOKEN)
+    text = (SAMPLES / "offload.yaml").read_text()
+    text = text.replace("      device_class: nvme_gen4", f"      device_class: nvme_gen4\n      max_bytes: {fs_max_bytes}")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    try:
+        return load_offload_config(f.name, kv_bytes_per_token=KV_BYTES_PER_TOKEN)
+    finally:
+        os.unlink(f.name)
+
+
+def write_header(path: Path | str, fs_max_bytes: int | None = None, seed: int = 42) -> None:
+    """The trace header: sim-generated, recording the offload config (and, bounded, its extension)."""
+    from blis_sim.formats import TraceHeader, write_trace_header
+    from blis_sim.formats.trace_header import PytestBlisHeader
+
+    cfg = offload_config(fs_max_bytes)
+    ext = cfg.extensions()
+    write_trace_header(TraceHeader(mode="generated", time_unit="microseconds", workload_seed=seed,
+                                   kv_offload=cfg.to_header(),
+                                   pytest_blis=PytestBlisHeader(offload=ext) if ext else None), path)
+
+
 def make_trace(n: int, prefix: Path, seed: int = 42) -> None:
     """Write ``prefix.yaml`` + ``prefix.csv`` (columns built with numpy, no per-row objects)."""
-    from blis_sim.formats import TraceHeader, write_trace_header
-    from blis_sim.formats.offload import load_offload_config
 
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(np.maximum(1, (rng.exponential(1.0, n) * 1e6 / 8.0).astype(np.int64)))
@@ -61,9 +90,7 @@ def make_trace(n: int, prefix: Path, seed: int = 42) -> None:
     uniq_len = np.clip(np.rint(rng.normal(512, 128, n)), 32, 2048).astype(np.int64)
     inp = np.where(unique, uniq_len, suffix)
     out = np.maximum(1, np.rint(rng.exponential(64, n))).astype(np.int64)
-    cfg = load_offload_config(SAMPLES / "offload.yaml", kv_bytes_per_token=KV_BYTES_PER_TOKEN)
-    write_trace_header(TraceHeader(mode="generated", time_unit="microseconds", workload_seed=seed,
-                                   kv_offload=cfg.to_header()), f"{prefix}.yaml")
+    write_header(f"{prefix}.yaml", seed=seed)
     cols = ("request_id,client_id,tenant_id,slo_class,session_id,round_index,prefix_group,"
             "prefix_length,streaming,input_tokens,output_tokens,text_tokens,image_tokens,"
             "audio_tokens,video_tokens,reason_ratio,model,deadline_us,server_input_tokens,"
@@ -80,15 +107,24 @@ def make_trace(n: int, prefix: Path, seed: int = 42) -> None:
                     f"{a},{a},0,0,0,ok,,\n")
 
 
-def cached_trace(n: int) -> Path:
-    """The trace of ``n`` requests in the cache directory (made on first use): its path prefix."""
+def cached_trace(n: int, fs_max_bytes: int | None = None) -> Path:
+    """The trace of ``n`` requests in the cache directory (made on first use): its path prefix.
+    ``fs_max_bytes``: the same rows (a hard link) under a header whose fs tier holds that many bytes."""
     CACHE.mkdir(parents=True, exist_ok=True)
     prefix = CACHE / f"trace{n}"
     if not (Path(f"{prefix}.csv").exists() and Path(f"{prefix}.yaml").exists()):
         make_trace(n, CACHE / f"partial{n}")
         for ext in (".csv", ".yaml"):  # whole files only: an interrupted run leaves no trace behind
             os.replace(CACHE / f"partial{n}{ext}", f"{prefix}{ext}")
-    return prefix
+    if fs_max_bytes is None:
+        return prefix
+    bounded = CACHE / f"trace{n}-fs{fs_max_bytes}"
+    if not (Path(f"{bounded}.csv").exists() and Path(f"{bounded}.yaml").exists()):
+        write_header(CACHE / f"partial{n}.yaml", fs_max_bytes)
+        Path(f"{bounded}.csv").unlink(missing_ok=True)
+        os.link(f"{prefix}.csv", f"{bounded}.csv")
+        os.replace(CACHE / f"partial{n}.yaml", f"{bounded}.yaml")
+    return bounded
 
 
 def replay_once(prefix: str, out_dir: str) -> dict:
@@ -134,14 +170,23 @@ def cli_once(prefix: str, out_dir: str, tree: str | None = None) -> tuple[float,
     return _timed(cmd, env, out_dir, "blis replay")
 
 
+def per_request(seconds: float, n: int) -> str:
+    """A cost per request, for reading a curve: linear when it stays flat across sizes."""
+    return f"{seconds / n * 1e6:.1f} µs/request"
+
+
 def _timed(cmd: list[str], env: dict[str, str], cwd: str, what: str) -> tuple[float, float, float]:
-    """``cmd`` run to its end, stdout discarded: (wall seconds, its CPU seconds, its peak RSS in MB)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{what} failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
+    """``cmd`` run to its end, stdout discarded and stderr shown only if it fails (``calibrate``
+    logs its summary there): (wall seconds, its CPU seconds, its peak RSS in MB)."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            sys.stderr.write(err.read().decode(errors="replace"))
+            raise SystemExit(f"{what} failed (exit {os.waitstatus_to_exitcode(status)}): {cmd}")
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
 
 
@@ -168,9 +213,11 @@ def _print_cli(n: int, tree: str | None, runs: list[tuple[float, float, float]],
     walls, cpus = sorted(r[0] for r in runs), sorted(r[1] for r in runs)
     label = label or (f"baseline {tree}" if tree else "`blis replay`")
     # milliseconds shown: passes now differ by a few percent of a ~0.3 s command
+    rss = max(r[2] for r in runs)
     print(f"{n:>7} requests: {label} {walls[0]:.3f} s wall (median {walls[len(runs) // 2]:.3f} of "
-          f"{len(runs)}), CPU {cpus[0]:.3f} s (median {cpus[len(runs) // 2]:.3f}), peak RSS "
-          f"{max(r[2] for r in runs):.0f} MB; machine load average {os.getloadavg()[0]:.1f}"
+          f"{len(runs)}), CPU {cpus[0]:.3f} s (median {cpus[len(runs) // 2]:.3f}; "
+          f"{per_request(cpus[len(runs) // 2], n)}), peak RSS {rss:.0f} MB "
+          f"({rss * 2**20 / n:.0f} B/request); machine load average {os.getloadavg()[0]:.1f}"
           f"{' [no bytecode]' if no_compile else ''}", flush=True)
 
 
@@ -189,6 +236,10 @@ def main() -> None:
                          "import the libraries the replay is built on, step by step (argparse, "
                          "orjson, PyYAML; numpy; pydantic): what every `blis replay` pays before "
                          "its own work")
+    ap.add_argument("--fs-max-bytes", type=int, default=None, metavar="BYTES",
+                    help="bound the trace's fs tier to BYTES (default: unbounded, as the sample "
+                         "config): an unbounded tier keeps every chunk ever stored, ~17 per request, "
+                         "so the replay's memory grows with the trace by design")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -200,7 +251,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "compileall", "-q", f"{tree}/blis_sim"], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            prefix = str(cached_trace(n))
+            prefix = str(cached_trace(n, args.fs_max_bytes))
             runs: dict[str | None, list[tuple[float, float, float]]] = {args.baseline: [], None: []}
             floor: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in FLOOR_STEPS}
             for _ in range(args.repeat):

@@ -5,7 +5,7 @@ the bundled Qwen3-14B geometry; each command runs in a fresh interpreter, timed 
 own CPU time and peak RSS), so the cost curve per request can be read off the printed figures.
 
     python benchmarks/bench_run.py                       # 25k, 50k, 100k requests
-    python benchmarks/bench_run.py --sizes 50000,500000
+    python benchmarks/bench_run.py --sizes 10000,100000,1000000,10000000   # the cost curve
 
 CPU time is printed with the machine's load average: on a shared 2-core machine wall time is only
 meaningful when the load average is below ~1.
@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-from bench_replay import ROOT, SAMPLES, _timed
+from bench_replay import ROOT, SAMPLES, _timed, per_request
 
 
 def run_once(n: int, out_dir: str, trace: bool) -> tuple[float, float, float]:
@@ -38,8 +38,9 @@ def main() -> None:
             for trace in (False, True):
                 wall, cpu, rss = run_once(n, tmp, trace)
                 print(f"{n:>8} requests{' + --trace-output' if trace else '':>18}: {wall:.2f} s wall, "
-                      f"CPU {cpu:.2f} s ({cpu / n * 1e6:.0f} µs/request), peak RSS {rss:.0f} MB; "
-                      f"machine load average {os.getloadavg()[0]:.1f}", flush=True)
+                      f"CPU {cpu:.2f} s ({per_request(cpu, n)}), peak RSS {rss:.0f} MB "
+                      f"({rss * 2**20 / n:.0f} B/request); machine load average "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from blis_sim.errors import (  # noqa: E402
+from blis_sim.errors import (
     BlisError,
     ConfigError,
     FormatError,

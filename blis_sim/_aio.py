@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -38,8 +39,23 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on the loop of :func:`loop_factory`."""
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(main)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(main)
+    loop = new_event_loop()  # Python 3.10: no asyncio.Runner; what it does, by hand
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def loop_name(loop: asyncio.AbstractEventLoop) -> str:

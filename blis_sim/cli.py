@@ -1,4 +1,5 @@
-"""`blis observe | probe | replay | calibrate | run | fit | emulate | sweep | plan`: argument parsing and exit codes only.
+"""`blis observe | probe | replay | calibrate | run | fit | emulate | sweep | plan`: argument parsing and exit
+codes only.
 
 Each subcommand lives with the code it drives, in a module that exposes
 ``register(subparsers) -> None``; the parser it adds sets ``func=`` to a callable taking the parsed

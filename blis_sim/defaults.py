@@ -16,3 +16,14 @@ DEFAULT_MAX_NUM_SEQS = 256
 #: larger values there (8192 for the online server on H100/H200-class GPUs, 8192-16384 for the offline
 #: ``LLM`` class) are hardware- or mode-specific: a trace or a flag that needs them says so.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+#: tokens per GPU block: vLLM's default ``--block-size`` on CUDA (``CacheConfig.block_size``), and the
+#: reference's ``--block-size-in-tokens`` default.
+DEFAULT_BLOCK_SIZE = 16
+
+#: GPU KV blocks when neither a flag, the trace header nor a known model gives a capacity: the
+#: reference's literal ``--total-kv-blocks`` default (docs/reference-formats.md §7.3).
+DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
+
+#: the device the model's KV capacity and its roofline are computed for when ``--hardware`` is not given.
+DEFAULT_HARDWARE = "H100"

@@ -5,8 +5,8 @@ pytest plugin can print it on one line instead of a traceback.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import re
+from dataclasses import dataclass
 
 # Exit codes of the `blis` CLI (documented in README).
 EXIT_OK = 0
@@ -82,7 +82,7 @@ class ConfigErrors(ConfigError):
     holds each as its own :class:`InputError` (a :class:`FormatError` or :class:`ConfigError`, with its
     file, line and field); ``str()`` is a summary line followed by one line per problem."""
 
-    def __init__(self, problems: "list[InputError]", *, file: str | None = None) -> None:
+    def __init__(self, problems: list[InputError], *, file: str | None = None) -> None:
         self.problems = tuple(problems)
         summary = f"{file or '<input>'}: {len(self.problems)} problems"
         super().__init__(summary, file=file)

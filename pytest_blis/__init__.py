@@ -10,14 +10,15 @@ on first use, so the plugin itself stays cheap to load):
 - ``build_plan(scenario, cell_id=, capacity=target.capacity(), base_dir=, capacity_of=None)`` → the workload
   plan ``blis_observe`` dispatches (``capacity_of(spec) -> req/s`` resolves a workload phase's
   ``rate: "Nx capacity"``, e.g. ``lambda spec: blis_sim.engine.burst_capacity(spec, options)``);
-- ``engine_options(target, latency=coeffs, max_num_seqs=256, max_num_batched_tokens=2048,
-  total_kv_blocks=None)`` → the simulator's options for ``blis_replay``;
+- ``engine_options(target, latency=coeffs, max_num_seqs=None, max_num_batched_tokens=None,
+  total_kv_blocks=None)`` → the simulator's options for ``blis_replay`` (``None``: resolved on replay from
+  the trace header, else the documented default; docs/engine.md, "Settings, resolved once");
 - ``CellPaths(dir)``: where the steps write (``trace.yaml``, ``sim.json``, ``calibration.json``, ...);
 - ``CellFailure``: the exception a failed cell raises (rendered as the compact table).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
 
@@ -38,3 +39,16 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'pytest_blis' has no attribute {name!r}")
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from pytest_blis._phases import build_plan as build_plan
+    from pytest_blis._render import CellFailure as CellFailure
+    from pytest_blis._replay import engine_options as engine_options
+    from pytest_blis._scenario import (
+        Scenario as Scenario,
+        ServerSpec as ServerSpec,
+        SweepPoint as SweepPoint,
+        load_scenario_file as load_scenario_file,
+        load_scenario_text as load_scenario_text,
+    )
+    from pytest_blis._steps import CellPaths as CellPaths

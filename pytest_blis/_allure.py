@@ -12,7 +12,7 @@ import pytest
 try:
     import allure
 except ImportError:  # pragma: no cover - allure-pytest is a dependency, but stay safe without it
-    allure = None
+    allure = None  # type: ignore[assignment]
 
 
 def active(config: pytest.Config) -> bool:

@@ -7,10 +7,11 @@ sign of the cache path it is about is an error ("not elicited"), never a pass.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,11 +22,16 @@ from blis_sim.observe.run import ObserveOptions
 from pytest_blis import _allure, _html
 from pytest_blis._options import BlisOptions
 from pytest_blis._phases import build_plan, measured_phase_names
+from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg, ttft_scatter_svg
 from pytest_blis._render import CellFailure
-from pytest_blis._scenario import SweepPoint
+from pytest_blis._scenario import Expect, SweepPoint
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import SUMMARY_PROPERTY, CellSummary
+from pytest_blis._simsweep import sweep_verdicts
 from pytest_blis._steps import CellPaths, calibrate_step, observe_cluster_step, observe_step, replay_step
+
+if TYPE_CHECKING:
+    from blis_sim.engine import EngineOptions, LatencyCoefficients
 
 # vLLM's prompt_tokens_cached_by_source labels for each cache path.
 PATH_SOURCES = {"gpu": ("device",), "cpu": ("host",), "storage": ("disk",)}
@@ -38,12 +44,13 @@ class CellContext:
     point: SweepPoint
     target: ServerTarget
     options: BlisOptions
-    latency: Any  # fitted latency coefficients for this server (engine type)
+    latency: LatencyCoefficients | None  # fitted on this server's probe
     paths: CellPaths
     probe_notes: tuple[str, ...] = ()  # what the probe says about the server itself (its repeatability)
 
 
-def fit_notes(latency: Any, failed: list[VerdictRow], probe_notes: Sequence[str] = ()) -> list[str]:
+def fit_notes(latency: LatencyCoefficients | None, failed: list[VerdictRow],
+              probe_notes: Sequence[str] = ()) -> list[str]:
     """When TTFT is out of tolerance: what the latency fit said about itself (its own error,
     prior, coefficient intervals, first warnings), since an untrustworthy fit is a likely cause, and how
     well the server repeated itself in the probe, since a server that does not is the other one."""
@@ -76,7 +83,7 @@ def source_hits(trace: Trace) -> dict[str, int] | None:
     """Cached prompt tokens by source over the counter window, or None if the server does not say."""
     extra = trace.header.pytest_blis
     entries = [e for e in (extra.kv_hit_rates if extra else []) if e.definition == "by_source" and e.tier]
-    return {e.tier: e.hits for e in entries} if entries else None
+    return {e.tier: e.hits for e in entries if e.tier} if entries else None
 
 
 def _prefix_hits(trace: Trace) -> int | None:
@@ -160,8 +167,6 @@ def ttft_noise_floor(trace: Trace) -> float | None:
     requests of |first-byte delay - its median| / real TTFT. The server sends the response head
     when it accepts a request, before any engine step, so the spread of that delay is request
     delivery and scheduling on the shared machine, not the model; a MAPE near this floor is noise."""
-    import statistics
-
     ok = [r for r in trace.records if r.status == "ok" and r.first_chunk_time_us > r.send_time_us > 0
           and r.first_byte_time_us >= r.send_time_us]
     if not ok:
@@ -174,8 +179,6 @@ def ttft_noise_floor(trace: Trace) -> float | None:
 def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
                 report: CalibrationReport) -> list[tuple[Path, str]]:
     """The cell's three plots as SVG files beside its other artifacts: (path, caption) each."""
-    from pytest_blis._plots import hit_rates_svg, ttft_cdf_svg, ttft_scatter_svg
-
     real, sim = ttft_pairs(trace, sim_results)
     name = f"{point.scenario_name} / {point.name}"
     tol = report.ttft_tolerance
@@ -193,7 +196,7 @@ def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: 
             (ctx.paths.ttft_scatter_plot, "TTFT per request, real vs sim")]
 
 
-def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: Any) -> CalibrationReport:
+def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: EngineOptions) -> CalibrationReport:
     point, target, opts = ctx.point, ctx.target, ctx.options
     spec = point.spec
     item = request.node
@@ -242,7 +245,6 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     rows = verdict_rows(report, spec.expect, timing=timing)
     setting_notes: list[str] = []
     if spec.simulator_sweep:  # the same observation, replayed at every simulator setting
-        from pytest_blis._simsweep import sweep_verdicts
 
         with _allure.step("simulator sweep"):
             more, setting_notes = sweep_verdicts(point, trace, replay_options, cal_opts, ctx.paths.root,
@@ -250,7 +252,8 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
         rows += more
     _html.remember(item, rows, plots)
     problem = path_problem(spec.expect.path, trace) or saturation_problem(report, spec.expect)
-    notes = [f"artifacts: {ctx.paths.root}"] + rate_notes + setting_notes + [f"warning: {w}" for w in result.warnings[:5]]
+    notes = [f"artifacts: {ctx.paths.root}", *rate_notes, *setting_notes,
+             *(f"warning: {w}" for w in result.warnings[:5])]
     summary = summarize(cid, spec.expect.path, report, note=problem or "")
     summary.ttft_checked = spec.expect.check_ttft and timing
     summary.ttft_gated = spec.expect.check_ttft  # a report-only run's summary can still be judged later
@@ -278,19 +281,20 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: A
     return report
 
 
-def verdict_rows(report: CalibrationReport, expect: Any, *, timing: bool = True) -> list[VerdictRow]:
+def verdict_rows(report: CalibrationReport, expect: Expect, *, timing: bool = True) -> list[VerdictRow]:
     """The report's verdicts the cell judges: TTFT MAPE unless ``check_ttft`` is off, plus E2E MAPE when the
-    cell sets ``e2e_mape_threshold``. The capacity rows (unit "rate", judged by calibrate only where the window
-    is saturated) are latency verdicts too: judged with ``check_ttft`` or in a ``saturated`` cell. The tier
-    service-time rows (unit "rel") are reported in the cell's calibration report and not judged.
+    cell sets ``e2e_mape_threshold``. The capacity rows (throughputs and the E2E MAPE, judged by calibrate only
+    where the window is saturated, which then reports TTFT unjudged) are latency verdicts too: judged with
+    ``check_ttft`` or in a ``saturated`` cell. The tier service-time rows (unit "rel") are reported in the
+    cell's calibration report and not judged.
     A fault over the window that the simulator does not model is a failing row of its own (unit "faults"); a
     fault cell (``expect.faults``) is judged on its faults instead of its hit-rates (:func:`_fault_rows`).
     ``timing=False`` (``--blis-timing-report-only``): the hit-rate and fault rows only."""
     rows = [r for r in report.verdicts()
             if (not r.metric.endswith("ttft_mape") or expect.check_ttft)
-            and (r.unit != "rate" or expect.check_ttft or expect.saturated)
-            # Tier service seconds are in the report, not judged by a cell: the simulator's CPU <-> GPU
-            # link is not set from the offload config, so no cell can match a server's link yet.
+            and (not r.metric.startswith("capacity[") or expect.check_ttft or expect.saturated)
+            # Tier service seconds are in the report, not judged by a cell: its offload file gives the
+            # deployment's tiers, not the bandwidths calibrate --write-offload-config fits afterwards.
             and r.unit != "rel"]
     if expect.faults:
         return _fault_rows(report, expect.faults) + [r for r in rows if r.unit not in ("pp", "requests", "faults")
@@ -327,7 +331,7 @@ def _fault_rows(report: CalibrationReport, expected: Sequence[str]) -> list[Verd
     return rows
 
 
-def saturation_problem(report: CalibrationReport, expect: Any) -> str | None:
+def saturation_problem(report: CalibrationReport, expect: Expect) -> str | None:
     """Why a cell that must saturate the server did not (None when it did, or when the report cannot say)."""
     capacity = report.capacity
     if not expect.saturated or capacity is None or capacity.saturated:

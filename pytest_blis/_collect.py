@@ -18,6 +18,9 @@ from pytest_blis._render import CellFailure, render_failure
 if TYPE_CHECKING:  # loaded when a scenario file is collected, not with the plugin
     from pytest_blis._scenario import SweepPoint
 
+# pytest imports this module at start-up with the plugin: what a cell runs (the engine, the emulator,
+# the scenario schema) is imported inside the functions that use it.
+
 SUFFIXES = (".blis.yaml", ".blis.yml")
 
 

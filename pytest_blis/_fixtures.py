@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # the heavy modules load when a fixture is first used, not wi
     from pytest_blis._scenario import ServerSpec, SweepPoint
     from pytest_blis._server import ServerPool, ServerTarget
 
+# pytest imports this module at start-up with the plugin: what a cell runs (the engine, the emulator,
+# the scenario schema) is imported inside the functions that use it.
+
 _POOL = pytest.StashKey["ServerPool"]()
 _LATENCY = pytest.StashKey[dict]()
 

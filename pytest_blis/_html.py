@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from blis_sim.calibrate import render_table
 from pytest_blis._session import SUMMARY_PROPERTY
 
 _CELL = pytest.StashKey[tuple[str, list[tuple[str, str]]]]()  # (verdict table, [(svg base64, caption)])
@@ -25,8 +26,6 @@ COLUMNS = ("hit-rate: real / sim", "max error", "TTFT MAPE (noise)")
 
 def remember(item: pytest.Item, rows: Sequence[Any], plots: Sequence[tuple[Path, str]]) -> None:
     """Keep the cell's verdict table and plots for its report (read back in the report hook)."""
-    from blis_sim.calibrate import render_table
-
     images = [(base64.b64encode(path.read_bytes()).decode("ascii"), caption) for path, caption in plots
               if path.exists()]
     item.stash[_CELL] = (render_table(rows), images)

@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from blis_sim.engine.capacity import with_rate
 from blis_sim.errors import FormatError
 from blis_sim.formats.workload import WorkloadSpec, load_workload_spec
 from blis_sim.workload import PhasePlan, PlannedRequest, WorkloadPlan, generate_workload
@@ -74,8 +75,6 @@ def phase_spec(phase: Phase, base_dir: Path, capacity_of: CapacityOf | None = No
                notes: list[str] | None = None) -> WorkloadSpec:
     """A ``workload`` phase's spec, at the phase's ``rate`` when it sets one (``capacity_of`` resolves
     ``'Nx capacity'``; what it resolved to is appended to ``notes``)."""
-    from blis_sim.engine.capacity import with_rate
-
     assert phase.workload is not None
     spec = load_workload_spec(base_dir / phase.workload)
     if phase.rate is None:

@@ -64,7 +64,8 @@ def ttft_cdf_svg(real_us: Sequence[float], sim_us: Sequence[float], title: str) 
 
     tick = 0.0
     while tick <= hi + 1e-9:
-        body.append(f'<line x1="{px(tick):.1f}" y1="{top + ph}" x2="{px(tick):.1f}" y2="{top + ph + 4}" stroke="#999"/>')
+        tx = f"{px(tick):.1f}"
+        body.append(f'<line x1="{tx}" y1="{top + ph}" x2="{tx}" y2="{top + ph + 4}" stroke="#999"/>')
         body.append(f'<text x="{px(tick):.1f}" y="{top + ph + 17}" text-anchor="middle" {_FONT}>{tick:g}</text>')
         tick += step
     for frac in (0, 0.25, 0.5, 0.75, 1):

@@ -20,15 +20,25 @@ cells only has no other phases, and one fit serves both.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from blis_sim.probe import ProbeConfig, ServerLimits, fitted_phases, probe_plan
+from blis_sim.observe.run import ObserveOptions
+from blis_sim.probe import ProbeConfig, ServerLimits, fitted_phases, probe_plan, read_limits
+from blis_sim.probe.plan import max_in_flight, one_at_a_time
+from blis_sim.probe.repeat import describe, repeat_floor, repeat_groups
 from pytest_blis._phases import cell_seed
+from pytest_blis._replay import fit_latency_model
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import worker_id
 from pytest_blis._steps import CellPaths, observe_step
+
+if TYPE_CHECKING:
+    from blis_sim.engine import LatencyCoefficients
 
 MAX_PROMPT = 4096  # the scenarios' longest prefix
 
@@ -39,8 +49,8 @@ class ProbeFit:
     on the phases that send one request at a time (the same object when there are no others); and how well
     the server repeated itself in the probe (:mod:`blis_sim.probe.repeat`, one line; empty without repeats)."""
 
-    all: Any
-    sequential: Any
+    all: LatencyCoefficients
+    sequential: LatencyCoefficients
     repeatability: str = ""
 
     def model(self, sequential: bool) -> Any:
@@ -64,8 +74,6 @@ def server_limits(target: ServerTarget, max_model_len: int, **limits: int) -> Se
 def plan_probe(target: ServerTarget, *, max_num_seqs: int, max_num_batched_tokens: int,
                concurrency: int = 1) -> Any:
     """The probe's workload plan for ``target``, sized for cells up to ``concurrency`` in flight."""
-    from blis_sim.probe import read_limits
-
     # max_model_len from /v1/models; the geometry the target already knows (it replays with it)
     limits = read_limits(target.url, model=target.model, block_size=target.block_size,
                          num_gpu_blocks=target.num_gpu_blocks, max_num_seqs=max_num_seqs,
@@ -78,10 +86,6 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
     """Observe the probe and fit the latency models (:class:`ProbeFit`). ``concurrency``: the highest
     concurrency the cells judged with them will use; ``step_shape`` the fitted model's shape (the scenario's
     ``server.step_shape``)."""
-    from blis_sim.observe.run import ObserveOptions
-    from blis_sim.probe.plan import max_in_flight, one_at_a_time
-    from pytest_blis._replay import fit_latency_model
-
     paths = CellPaths(artifacts_dir / f"probe-{target.key}-{worker_id()}")
     plan = plan_probe(target, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       concurrency=concurrency)
@@ -89,26 +93,23 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
                              window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
     with target.exclusive():
         result = observe_step(target.url, plan, options, paths)
-    limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
-    every = fit_latency_model(result.trace, target, paths.root / "latency.json", step_shape=step_shape, **limits)
+    def fitted_on(out: Path, phases: Collection[str] | None = None) -> LatencyCoefficients:
+        return fit_latency_model(result.trace, target, out, step_shape=step_shape, phases=phases,
+                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+
+    every = fitted_on(paths.root / "latency.json")
     repeats = write_repeatability(result.trace, paths.root / "repeatability.json")
     fitted = set(fitted_phases(plan))
     alone = one_at_a_time(fitted)
     if not alone or alone == fitted:
         return ProbeFit(every, every, repeats)
-    sequential = fit_latency_model(result.trace, target, paths.root / "latency-sequential.json",
-                                   step_shape=step_shape, phases=alone, **limits)
+    sequential = fitted_on(paths.root / "latency-sequential.json", alone)
     return ProbeFit(every, sequential, repeats)
 
 
 def write_repeatability(trace: Any, out: Path) -> str:
     """The TTFT spread of the probe's identical lone requests (:mod:`blis_sim.probe.repeat`), written to
     ``out`` (JSON); returns its one-line description, empty when the probe sent no repeats."""
-    import dataclasses
-    import json
-
-    from blis_sim.probe.repeat import describe, repeat_floor, repeat_groups
-
     groups = repeat_groups(trace.records)
     if not groups:
         return ""

@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import itertools
 import re
+import textwrap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.errors import FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
+
+# pytest imports this module at start-up with the plugin: what a cell runs (the engine, the emulator,
+# the scenario schema) is imported inside the functions that use it.
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*(gpu|cpu)\s*$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*capacity\s*$")
@@ -420,8 +423,6 @@ def load_scenario_file(path: str | Path) -> list[SweepPoint]:
 def load_scenario_text(text: str, file: str = "<scenario>") -> list[SweepPoint]:
     """:func:`load_scenario_file` for YAML held in a string (user tests building their own cells);
     ``file`` names it in error messages and is the base of relative paths in it."""
-    import textwrap
-
     return expand(parse_yaml(textwrap.dedent(text), file))
 
 

@@ -77,7 +77,7 @@ class ServerTarget:
 
 def _get_json(url: str, timeout: float = 10.0) -> object:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - user-given server
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return json.loads(resp.read())
     except (OSError, ValueError) as exc:
         raise ServerError(f"cannot read {url}: {exc}") from None
@@ -88,7 +88,7 @@ def _geometry(url: str) -> tuple[int, int]:
     from blis_sim.observe.metrics import kv_geometry, parse_exposition  # heavy import, only when needed
 
     try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
             text = resp.read().decode()
     except OSError as exc:
         raise ServerError(f"cannot read /metrics: {exc}", url=url) from None

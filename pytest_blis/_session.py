@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pytest
 
 from pytest_blis._options import BlisOptions
+
+# pytest imports this module at start-up with the plugin: what a cell runs (the engine, the emulator,
+# the scenario schema) is imported inside the functions that use it.
 
 OPTIONS = pytest.StashKey[BlisOptions]()
 STATE = pytest.StashKey["SessionState"]()
@@ -99,8 +103,6 @@ class XdistHooks:
 
 def new_state(config: pytest.Config) -> SessionState:
     """This process's state; a worker takes the controller's content namespace."""
-    import secrets
-
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "blis_namespace" in workerinput:
         return SessionState(namespace=workerinput["blis_namespace"])

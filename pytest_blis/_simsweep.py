@@ -13,25 +13,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.calibrate import CalibrateOptions, VerdictRow
+from blis_sim.engine.coefficients import load_coefficients
+from blis_sim.errors import ConfigError
+from blis_sim.sweep.axes import SettingError, apply_settings, axis_kind
+from blis_sim.sweep.base import with_offload
 from pytest_blis._steps import CellPaths, calibrate_step, replay_step
+
+if TYPE_CHECKING:
+    from blis_sim.engine import EngineOptions
+    from blis_sim.formats import Trace
+    from pytest_blis._scenario import SweepPoint
 
 
 def setting_label(setting: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in setting.items())
 
 
-def sweep_verdicts(point: Any, trace: Any, options: Any, cal_opts: CalibrateOptions, root: Path,
+def sweep_verdicts(point: SweepPoint, trace: Trace, options: EngineOptions, cal_opts: CalibrateOptions, root: Path,
                    judged: Callable[[Any], list[VerdictRow]]) -> tuple[list[VerdictRow], list[str]]:
     """Every setting's verdict rows (``judged(report)``: the rows the cell judges; metric prefixed
     ``[setting]``) and one summary line per setting (its worst hit-rate error)."""
-    from blis_sim.engine.coefficients import load_coefficients
-    from blis_sim.errors import ConfigError
-    from blis_sim.sweep.axes import SettingError, apply_settings, axis_kind
-    from blis_sim.sweep.base import with_offload
-
     spec = point.spec
     kinds = {name: axis_kind(name, base_kind="trace") for name in spec.simulator_sweep}
     base_dir = Path(point.file).parent

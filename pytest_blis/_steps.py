@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, calibrate, write_report
 from blis_sim.errors import ServerError
@@ -21,6 +21,9 @@ from blis_sim.formats.results import MetricsOutput, SimResult
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions, ObserveResult, observe, write_result
 from blis_sim.workload import WorkloadPlan
+
+if TYPE_CHECKING:
+    from blis_sim.engine import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def observe_cluster_step(urls: tuple[str, ...], routing: Any, plan: WorkloadPlan
     return result
 
 
-def replay_step(trace: Trace, replay_options: Any, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
+def replay_step(trace: Trace, replay_options: EngineOptions, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
     """Replay a trace through the simulator and write SimResult + MetricsOutput (a cluster's trace, with its
     ``pytest_blis.cluster`` block, on as many replicas with the recorded routing)."""
     from blis_sim.engine import replay_outcome  # the engine is only imported when a cell replays

@@ -30,6 +30,9 @@ from pytest_blis._fixtures import (  # noqa: F401  (fixtures are discovered in t
     blis_server,
 )
 
+# pytest imports this module at start-up with the plugin: what a cell runs (the engine, the emulator,
+# the scenario schema) is imported inside the functions that use it.
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     _options.add_options(parser)

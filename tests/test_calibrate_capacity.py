@@ -146,9 +146,109 @@ def test_cli_judges_the_capacity_of_a_saturated_window(burst_trace: tuple[Path, 
     report = json.loads((tmp_path / "r.json").read_text())
     c = report["capacity"]
     assert c["saturated"] and c["backlog"] >= 20 and c["requests"] == 30
-    assert "Throughput (saturated, 30 requests" in err
+    assert "Throughput (saturated: backlog, 30 requests" in err
+    assert "E2E MAPE at saturation=" in err and "(saturated: queueing, reported, not judged)" in err
+    assert c["e2e_threshold"] == 1.0 and c["saturation"] == ["backlog"]
     if code:
         assert c["within"] is False and c["rps_error"] > 0.2
         assert {"capacity[req/s]", "capacity[output tok/s]"} <= set(report["verdict"]["failed"])
     else:
         assert c["within"] is True and c["rps_error"] < 1e-9 and report["verdict"]["passed"]
+
+
+def lagged_pairs(n: int, *, gap_us: float, service_us: float, sim_service_us: float, slots: int,
+                 prompt: int = 1000) -> list[tuple[SimpleNamespace, SimpleNamespace]]:
+    """A client with ``slots`` concurrency slots, scheduled every ``gap_us``, in front of a server
+    taking ``service_us`` per request, one at a time: past capacity the sends fall behind their
+    schedule (each waits for a slot), so the server's own queue stays short."""
+    out = []
+    done: list[float] = []
+    real_free = sim_free = 1_000_000.0
+    for i in range(n):
+        scheduled = i * gap_us
+        send = 1_000_000.0 + scheduled
+        if len(done) >= slots:
+            send = max(send, sorted(done)[-slots])  # the slot frees when an earlier request completes
+        start = max(real_free, send)
+        real_free = start + service_us
+        done.append(real_free)
+        sim_free = max(sim_free, send) + sim_service_us
+        rec = SimpleNamespace(request_id=i, status="ok", send_time_us=send, arrival_time_us=scheduled,
+                              first_content_time_us=start + 1000, first_chunk_time_us=start + 1000,
+                              last_chunk_time_us=real_free, output_tokens=10, server_input_tokens=prompt)
+        out.append((rec, SimpleNamespace(request_id=i, e2e_us=sim_free - send, output_tokens=10)))
+    return out
+
+
+def test_a_window_whose_sends_lag_their_schedule_is_saturated() -> None:
+    # scheduled at 40 req/s, served at 20: two slots hold the queue in the client, not the server
+    lagged = lagged_pairs(60, gap_us=25_000, service_us=50_000, sim_service_us=50_000, slots=2)
+    c = capacity_comparison(lagged)
+    assert c is not None and c.backlog < 5  # the backlog rule alone sees nothing
+    assert c.saturation == ["sends lag"] and c.saturated and c.within is True
+    assert 1.2 < c.send_lag_s <= 59 * 0.025  # the last sends left up to half the schedule late
+    # on schedule (arrivals the server keeps up with) the same client is not
+    easy = capacity_comparison(lagged_pairs(60, gap_us=100_000, service_us=50_000,
+                                            sim_service_us=50_000, slots=2))
+    assert easy is not None and not easy.saturated and easy.saturation == []
+    assert easy.send_lag_s < 0.01
+
+
+def test_at_saturation_throughput_and_e2e_are_judged_and_ttft_is_reported() -> None:
+    from blis_sim.calibrate.core import calibrate_detailed  # noqa: F401  (the report's producer)
+    from blis_sim.formats.report import ToleranceVerdict
+
+    c = capacity_comparison(lagged_pairs(60, gap_us=25_000, service_us=50_000, sim_service_us=50_000,
+                                         slots=2))
+    assert c is not None
+    judged = c.model_copy(update={"e2e_mape": 0.20, "e2e_threshold": 0.15})
+    report = report_with(judged).model_copy(update={
+        "ttft_tolerance": ToleranceVerdict(mape=0.9, threshold=0.15, within=False)})
+    names = [r.metric for r in report.verdicts()]
+    assert "ttft_mape" not in names  # reported (ttft_tolerance is kept), not judged
+    assert names == ["capacity[req/s]", "capacity[output tok/s]"]  # no e2e metric in this report
+    # below saturation TTFT is judged again
+    below = report.model_copy(update={"capacity": None})
+    assert [r.metric for r in below.verdicts()] == ["ttft_mape"] and not below.passed
+
+
+def test_waiting_dominates_ttft_when_requests_wait_most_of_it() -> None:
+    from blis_sim.calibrate.capacity import WAIT_SHARE, waiting_share
+
+    # two prompt classes, each with its own floor: a long prompt's long TTFT is not a wait
+    light = [100_000.0] * 10 + [1_600_000.0] * 10
+    assert waiting_share(light, [256] * 10 + [4096] * 10) == pytest.approx(0.0)
+    queued = [100_000.0 * (1 + i) for i in range(20)]  # each waits for every earlier one
+    assert waiting_share(queued, [1000] * 20) >= WAIT_SHARE
+
+
+def test_a_real_client_held_back_by_its_slots_is_judged_saturated(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """30 requests scheduled at 200 req/s through 2 concurrency slots to the real emulator (h100-14b, ~10 ms
+    steps, 8 output tokens: ~20 req/s): the sends fall ~1.4 s behind their schedule while the server never
+    holds more than two, so only the lagging sends show that it could not keep up."""
+    import json
+
+    from blis_sim.cli import main as blis_main
+    from blis_sim.emulator import EmulatorConfig, start_emulator
+    from blis_sim.formats.workload import WorkloadSpec
+    from blis_sim.observe.run import ObserveOptions, observe, write_result
+
+    client = {"id": "c", "rate_fraction": 1, "streaming": True, "arrival": {"process": "constant"},
+              "input_distribution": {"type": "constant", "params": {"value": 256}},
+              "output_distribution": {"type": "constant", "params": {"value": 8}}}
+    spec = WorkloadSpec.model_validate({"version": "2", "seed": 3, "aggregate_rate": 200, "num_requests": 30,
+                                        "clients": [client]})
+    with start_emulator(EmulatorConfig(profile="h100-14b", block_size=16, num_gpu_blocks=2048)) as emu:
+        result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=2, progress=False))
+    write_result(result, tmp_path / "t.yaml", tmp_path / "t.csv")
+    sim = _sim_file(tmp_path / "sim.json", result.trace.records, 1.0)
+    argv = ["calibrate", "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv"),
+            "--sim-results", str(sim), "--report", str(tmp_path / "r.json")]
+    assert blis_main(argv) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    c = report["capacity"]
+    assert c["backlog"] < 5 and c["saturation"] == ["sends lag"] and c["saturated"]
+    assert c["send_lag_s"] > 0.5
+    assert c["within"] is True and c["e2e_mape"] is not None and c["e2e_mape"] < 1e-9
+    assert "Throughput (saturated: sends lag" in capsys.readouterr().err

@@ -133,7 +133,39 @@ def test_the_written_offload_config_loads_with_the_fitted_bandwidths(tmp_path: P
     assert tier.read_bandwidth == pytest.approx(3000.0)  # bytes/µs, fitted
     assert tier.write_bandwidth == 5000 and tier.base_latency == 0.0  # not observed: kept; latency folded in
     assert (tier.n_read_threads, tier.n_write_threads, cfg.cpu_bytes_to_use) == (4, 2, 1 << 20)
-    assert "0:primary write" in path.read_text() and "not configurable here" in path.read_text()
+    assert "0:primary write" in path.read_text() and cfg.cpu_link is None  # one direction fitted: no link
+    # both of the link's directions fitted: the config carries them as cpu_link, and replay's KV uses them
+    fits = derive_tier_service([[_io("0:primary", read_bytes=8_000_000, read_time_s=1e-2, write_bytes=1_000_000,
+                                     write_time_s=1e-2)]])
+    path.write_text(offload_config_text(block, fits))
+    cfg = load_offload_config(path, kv_bytes_per_token=512, gpu_block_size=16)
+    assert cfg.cpu_link is not None
+    assert (cfg.cpu_link.read_bandwidth, cfg.cpu_link.write_bandwidth) == (pytest.approx(800.0), pytest.approx(100.0))
+    from blis_sim.engine.simulate import build_kv
+    link = build_kv(64, 16, cfg, 0).config.cpu.link
+    assert (link.read_bandwidth, link.write_bandwidth, link.base_latency) == (pytest.approx(800.0),
+                                                                             pytest.approx(100.0), 0.0)
+    # and the trace header keeps it (pytest_blis.offload.cpu_link), so a replay of a replay uses it too
+    from blis_sim.formats.offload import OffloadConfig
+    again = OffloadConfig.from_header(cfg.to_header(), cfg.extensions())
+    assert again.cpu_link == cfg.cpu_link and again.equivalent(cfg)
+
+
+def test_a_bad_cpu_link_is_reported_with_its_line(tmp_path: Path) -> None:
+    from blis_sim.errors import ConfigErrors
+    from blis_sim.formats.offload import load_offload_config
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("kv_offload:\n  cpu_bytes_to_use: 1048576\n  cpu_link:\n    read_bandwidth: 0\n"
+                    "    write_bandwidth: .nan\n    base_latency: -1\n")
+    with pytest.raises(ConfigErrors) as exc:
+        load_offload_config(path, kv_bytes_per_token=512, gpu_block_size=16)
+    text = str(exc.value)
+    assert "3 problems" in text
+    assert "bad.yaml:4: field 'kv_offload.cpu_link.read_bandwidth': kv_offload: cpu_link.read_bandwidth must be a " \
+           "finite number > 0 (bytes/us), got 0.0" in text
+    assert "bad.yaml:5: field 'kv_offload.cpu_link.write_bandwidth'" in text and "got nan" in text
+    assert "bad.yaml:6: field 'kv_offload.cpu_link.base_latency'" in text
 
 
 def test_calibrate_compares_tier_service_and_writes_a_config_replay_accepts(tmp_path: Path) -> None:

@@ -147,3 +147,11 @@ def test_objects_written_as_columns_equal_the_general_rules() -> None:
         for m in (metrics, *metrics.kv_hit_rates):
             assert go_json(m, indent) == go_json(to_go(m), indent)
     assert sim_results_text(rows[::-1]) == go_json(to_go(rows))  # sorted by request id
+
+
+def test_metrics_output_read_without_its_request_rows() -> None:
+    whole = load_metrics_output(BLIS / "simagg.json")
+    assert whole.requests  # the sample has per-request rows
+    aggregates = load_metrics_output(BLIS / "simagg.json", requests=False)
+    assert aggregates.requests == []
+    assert aggregates == whole.model_copy(update={"requests": []})

@@ -196,9 +196,9 @@ def test_every_broken_response_is_an_error_row_and_the_window_survives(
     # one more request than rows: without /tokenize, observe calibrates tokens per word on one request first
     extra = [server.by_request_id[i] for i in set(server.by_request_id) - {r.x_request_id for r in rows}]
     assert len(rows) == n and extra == ["ok"]
-    assert {server.by_request_id[r.x_request_id] for r in rows} == set(MODES) | {"ok"}
     unseen = [(r.status, r.error_message) for r in rows if r.x_request_id not in server.by_request_id]
     assert not unseen
+    assert {server.by_request_id[r.x_request_id] for r in rows} == set(MODES) | {"ok"}
     for row in rows:
         mode = server.by_request_id[row.x_request_id]
         if mode == "ok" or (client == "aiohttp" and mode == "unasked-gzip"):

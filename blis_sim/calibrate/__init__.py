@@ -18,8 +18,7 @@ The report model lives in ``blis_sim.formats.report``. See docs/calibrate.md.
 """
 from __future__ import annotations
 
-from blis_sim.calibrate.core import (CalibrateOptions, CalibrationOutcome, InputPaths, calibrate,
-                                     calibrate_detailed)
+from blis_sim.calibrate.core import CalibrateOptions, CalibrationOutcome, InputPaths, calibrate, calibrate_detailed
 from blis_sim.calibrate.verdict import exit_code, raise_if_failed, render_table
 from blis_sim.formats.report import CalibrationReport, VerdictRow, load_report, write_report
 

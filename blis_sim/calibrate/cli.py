@@ -13,15 +13,23 @@ import argparse
 import math
 from typing import Any
 
-from blis_sim.calibrate.core import (DEFAULT_HIT_RATE_TOLERANCE_PP, DEFAULT_TTFT_MAPE_THRESHOLD, CalibrateOptions,
-                                     InputPaths, calibrate_detailed)
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE
-from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE
+from blis_sim.calibrate.core import (
+    DEFAULT_HIT_RATE_TOLERANCE_PP,
+    DEFAULT_TTFT_MAPE_THRESHOLD,
+    CalibrateOptions,
+    InputPaths,
+    calibrate_detailed,
+)
 from blis_sim.calibrate.goodput import parse_slo_flag
 from blis_sim.calibrate.summary import print_summary
+from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE
 from blis_sim.calibrate.verdict import exit_code
 from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import write_report
+
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
 
 _REQUIRED = ("trace_header", "trace_data", "sim_results", "report")
 
@@ -103,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     sim_results = load_sim_results(args.sim_results)
     if not sim_results:
         raise InputError("No sim results found — cannot calibrate with empty data", file=args.sim_results)
-    sim_metrics = load_metrics_output(args.sim_metrics) if args.sim_metrics else None
+    # the aggregates only: calibrate pairs requests from the SimResult file
+    sim_metrics = load_metrics_output(args.sim_metrics, requests=False) if args.sim_metrics else None
     itl = read_itl(args.itl_data) if args.itl_data else None
     outcome = calibrate_detailed(trace, sim_results, sim_metrics, options=options, itl_records=itl, inputs=inputs)
     if args.write_offload_config:  # before the report: an unusable request writes neither (exit 2)

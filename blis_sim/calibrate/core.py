@@ -18,25 +18,45 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
 from blis_sim.calibrate.cluster import calibrate_replicas
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
 from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
-from blis_sim.calibrate.hitrate import (SIM_SOURCE_CACHE_HIT_RATE, HitRateEntry, compare_definitions,
-                                        compare_hit_rate, request_hit_agreement, simulated_primary)
+from blis_sim.calibrate.hitrate import (
+    SIM_SOURCE_CACHE_HIT_RATE,
+    HitRateEntry,
+    compare_definitions,
+    compare_hit_rate,
+    request_hit_agreement,
+    simulated_primary,
+)
 from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
-from blis_sim.calibrate.tier_service import (DEFAULT_TIER_SERVICE_TOLERANCE, compare_tier_service,
-                                            derive_tier_service)
+from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE, compare_tier_service, derive_tier_service
 from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
-from blis_sim.formats.report import (CalibrationReport, ConfigMatch, GoodputComparison, HitRateComparison,
-                                     HitRateDefinitionComparison, MetricComparison, Provenance,
-                                     TierServiceComparison, TierServiceFit, ToleranceVerdict, TraceInfo,
-                                     UnpairedHitRate, WindowFault)
+from blis_sim.formats.report import (
+    CalibrationReport,
+    CapacityComparison,
+    ConfigMatch,
+    GoodputComparison,
+    HitRateComparison,
+    HitRateDefinitionComparison,
+    MetricComparison,
+    Provenance,
+    TierServiceComparison,
+    TierServiceFit,
+    ToleranceVerdict,
+    TraceInfo,
+    UnpairedHitRate,
+    WindowFault,
+)
 from blis_sim.formats.trace_header import MODELLED_FAULT_KINDS
+
+if TYPE_CHECKING:
+    from blis_sim.formats import KVHitRate, MetricsOutput, SimResult, Trace, TraceHeader, TraceRecord
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -96,7 +116,7 @@ class CalibrationOutcome:
     warnings: list[str] = field(default_factory=list)  # the reference's warning log lines
 
 
-def calibrate(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = None, *,
+def calibrate(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: MetricsOutput | None = None, *,
               options: CalibrateOptions = CalibrateOptions(), itl_records: Iterable[ItlRecord] | None = None,
               inputs: InputPaths | None = None) -> CalibrationReport:
     """The calibration report; see the module docstring."""
@@ -104,7 +124,8 @@ def calibrate(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = 
                               inputs=inputs).report
 
 
-def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None = None, *,
+def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: MetricsOutput | None = None,
+                       *,
                        options: CalibrateOptions = CalibrateOptions(),
                        itl_records: Iterable[ItlRecord] | None = None,
                        inputs: InputPaths | None = None) -> CalibrationOutcome:
@@ -160,7 +181,7 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
         metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit.primary,
         ttft_tolerance=ttft_tolerance, kv_hit_rates=hit.definitions or None,
         kv_hit_rates_unpaired=hit.unpaired or None,
-        capacity=capacity_comparison(pairs.matched_records, options.capacity_tolerance),
+        capacity=_capacity(pairs, metrics, options),
         request_hit_agreement=request_hit_agreement(pairs.matched_records),
         tier_service=tier_rows or None, tier_service_fits=tier_fits or None, window_faults=faults or None,
         replicas=replicas or None, routing_agreement=agreement, notes=notes or None,
@@ -175,7 +196,18 @@ def calibrate_detailed(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
 
 
-def tier_service(header: Any, sim_metrics: Any | None, options: CalibrateOptions
+def _capacity(pairs: CalibrationPairs, metrics: dict[str, MetricComparison],
+              options: CalibrateOptions) -> CapacityComparison | None:
+    """The throughput comparison; at saturation with the E2E MAPE it judges (design D9: TTFT is
+    then queueing, reported but not judged), against the TTFT threshold."""
+    c = capacity_comparison(pairs.matched_records, options.capacity_tolerance)
+    if c is None or not c.saturated or "e2e" not in metrics:
+        return c
+    return c.model_copy(update={"e2e_mape": metrics["e2e"].request_level.mape,
+                                "e2e_threshold": options.ttft_mape_threshold})
+
+
+def tier_service(header: TraceHeader, sim_metrics: MetricsOutput | None, options: CalibrateOptions
                  ) -> tuple[list[TierServiceComparison], list[TierServiceFit], list[str]]:
     """Each offload tier's simulated against real service seconds, and the fits of the server's
     counters over this trace's window and any ``options.tier_windows`` (blis_sim.calibrate.tier_service)."""
@@ -191,14 +223,14 @@ def tier_service(header: Any, sim_metrics: Any | None, options: CalibrateOptions
     return [TierServiceComparison(**vars(r)) for r in rows], fits, notes
 
 
-def window_faults(header: Any) -> list[WindowFault]:
+def window_faults(header: TraceHeader) -> list[WindowFault]:
     """The header's faults that happened (a zero count is left out), marked modelled or not."""
     extra = getattr(header, "pytest_blis", None)
     return [WindowFault(kind=f.kind, tier=f.tier, count=f.count, modelled=f.kind in MODELLED_FAULT_KINDS)
             for f in (extra.faults if extra is not None else ()) if f.count]
 
 
-def _header_defaults(header: Any, options: CalibrateOptions) -> tuple[int, int]:
+def _header_defaults(header: TraceHeader, options: CalibrateOptions) -> tuple[int, int]:
     """Effective warm-up count and RTT (µs): the option, else the trace header (the reference's -1)."""
     warmup = options.warmup_requests
     if warmup is None or warmup == -1:
@@ -230,7 +262,8 @@ class _HitRates:
     notes: list[str] = field(default_factory=list)
 
 
-def _hit_rates(trace: Any, sim_metrics: Any | None, options: CalibrateOptions, inputs: InputPaths) -> _HitRates:
+def _hit_rates(trace: Trace, sim_metrics: MetricsOutput | None, options: CalibrateOptions,
+               inputs: InputPaths) -> _HitRates:
     """The guide's primary block, every like-for-like definition, and the caveats that go with them."""
     header = trace.header
     out = _HitRates()
@@ -250,7 +283,7 @@ def _hit_rates(trace: Any, sim_metrics: Any | None, options: CalibrateOptions, i
     return out
 
 
-def _goodput(trace: Any, sim_results: Sequence[Any], pairs: CalibrationPairs, options: CalibrateOptions,
+def _goodput(trace: Trace, sim_results: Sequence[SimResult], pairs: CalibrationPairs, options: CalibrateOptions,
              itl: list[Any] | None) -> GoodputComparison | None:
     targets = merge_targets(options.slo_ttft_ms, options.slo_itl_ms, options.slo_e2e_ms,
                             getattr(trace.header, "goodput_slo_targets", None))
@@ -262,12 +295,12 @@ def _goodput(trace: Any, sim_results: Sequence[Any], pairs: CalibrationPairs, op
                               runtime_seconds(trace.records, matched))
 
 
-def _observed_entries(header: Any) -> list[Any]:
+def _observed_entries(header: TraceHeader) -> list[KVHitRate]:
     ours = getattr(header, "pytest_blis", None)
     return list(getattr(ours, "kv_hit_rates", None) or ())
 
 
-def _window_notes(header: Any, records: Sequence[Any]) -> list[str]:
+def _window_notes(header: TraceHeader, records: Sequence[TraceRecord]) -> list[str]:
     """The guide's caveat: warm-up traffic and the counter window (phases say which side of it they ran)."""
     phases = list(getattr(getattr(header, "pytest_blis", None), "phases", None) or ())
     warm = [p for p in phases if getattr(p, "warmup", False)]
@@ -299,7 +332,7 @@ def _names(phases: Sequence[Any]) -> str:
     return ", ".join(repr(p.name) for p in phases)
 
 
-def _primary_hit_rate(header: Any, sim_metrics: Any | None, options: CalibrateOptions,
+def _primary_hit_rate(header: TraceHeader, sim_metrics: MetricsOutput | None, options: CalibrateOptions,
                       inputs: InputPaths) -> tuple[HitRateComparison | None, list[str], list[str]]:
     """The guide's hit_rate block (or None), with the reference's warnings and our notes."""
     obs = getattr(header, "observed_kv_metrics", None)

@@ -14,6 +14,7 @@ ITL data on a side marks ``skipped_itl`` and makes that request not good. Goodpu
 """
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ def _itl_mean_ms(chunks: list[Any] | None) -> float | None:
     if not chunks or len(chunks) < 2:
         return None
     ordered = sorted(chunks, key=lambda c: c.chunk_index)
-    deltas = [b.timestamp_us - a.timestamp_us for a, b in zip(ordered, ordered[1:])]
+    deltas = [b.timestamp_us - a.timestamp_us for a, b in itertools.pairwise(ordered)]
     positive = [d for d in deltas if d > 0]
     return sum(positive) / len(positive) / 1000.0 if positive else None
 

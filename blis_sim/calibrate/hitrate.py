@@ -24,8 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from blis_sim.formats.report import (HitRateComparison, HitRateDefinitionComparison, RequestHitAgreement,
-                                     UnpairedHitRate)
+from blis_sim.formats.report import HitRateComparison, HitRateDefinitionComparison, RequestHitAgreement, UnpairedHitRate
 
 BOUNDARY_EPS = 1e-9  # keeps |0.75 − 0.70| × 100 = 5.000000000000004 inside a 5 pp band
 SOURCE_TIERED = "tiered"
@@ -180,7 +179,7 @@ def request_hit_agreement(matched_records: Iterable[tuple[Any, Any]]) -> Request
         real_ok = real is not None and real >= 0  # -1: the server did not report it
         any_real |= real_ok
         any_sim |= sim is not None
-        if not real_ok or sim is None:
+        if real is None or not real_ok or sim is None:
             not_reported += 1
             continue
         compared += 1

@@ -21,33 +21,67 @@ named in :class:`RealRecord` / :class:`SimRecord`, so any trace/sim model (or a 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
 class RealRecord(Protocol):
-    request_id: int
-    input_tokens: int
-    output_tokens: int
-    server_input_tokens: int
-    send_time_us: int
-    first_chunk_time_us: int
-    last_chunk_time_us: int
+    """What pairing reads of a trace row (a ``TraceRecord``, read-only)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+    @property
+    def server_input_tokens(self) -> int: ...
+
+    @property
+    def send_time_us(self) -> int: ...
+
+    @property
+    def first_chunk_time_us(self) -> int: ...
+
+    @property
+    def last_chunk_time_us(self) -> int: ...
 
 
 class SimRecord(Protocol):
-    request_id: int
-    ttft_us: float
-    e2e_us: float
-    input_tokens: int
-    output_tokens: int
+    """What pairing reads of a simulated request (a ``SimResult``, read-only)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def ttft_us(self) -> float: ...
+
+    @property
+    def e2e_us(self) -> float: ...
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
 
 
 class ItlRecord(Protocol):
-    request_id: int
-    chunk_index: int
-    timestamp_us: int
+    """One SSE chunk's time (an ``ITLRecord`` of the ITL CSV, read-only)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+    @property
+    def chunk_index(self) -> int: ...
+
+    @property
+    def timestamp_us(self) -> int: ...
 
 
 @dataclass
@@ -122,10 +156,11 @@ def prepare_pairs(records: Iterable[RealRecord], sim_results: Sequence[SimRecord
         if is_warmup(rec, warmup_requests, honour_warmup_column):
             pairs.excluded_warmup += 1
             continue
-        sr = sim_by_id.get(rec.request_id)
-        if sr is None:
+        found = sim_by_id.get(rec.request_id)
+        if found is None:
             pairs.unmatched_real += 1
             continue
+        sr = found
         matched_ids.add(rec.request_id)
         pairs.matched += 1
         pairs.matched_records.append((rec, sr))
@@ -175,7 +210,7 @@ def _pair_itl(pairs: CalibrationPairs, records: Sequence[RealRecord], sim_by_id:
             continue
         chunks = sorted(chunks, key=lambda c: c.chunk_index)  # stable, like the reference's insertion sort
         total, count = 0.0, 0
-        for prev, cur in zip(chunks, chunks[1:]):
+        for prev, cur in itertools.pairwise(chunks):
             delta = float(cur.timestamp_us - prev.timestamp_us)
             if delta < 0:
                 continue  # clock skew: skip this delta only

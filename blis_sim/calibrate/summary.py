@@ -68,9 +68,12 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
         lines.append(_judged(h.within, f"KV hit-rate (source={h.source}): Real={h.real_hit_rate:.4f} "
                                        f"Sim={h.sim_hit_rate:.4f} AbsErr={h.abs_error_pp:.2f}pp (tolerance "
                                        f"{h.tolerance_pp:.2f}pp)"))
+    saturated = r.capacity is not None and r.capacity.within is not None
     if r.ttft_tolerance is not None:
         t = r.ttft_tolerance
-        lines.append(_judged(t.within, f"TTFT MAPE={t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%)"))
+        text = f"TTFT MAPE={t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%)"
+        lines.append(("info", text + " (saturated: queueing, reported, not judged)") if saturated
+                     else _judged(t.within, text))
     for d in r.kv_hit_rates or ():
         name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
         lines.append(_judged(d.within, f"KV hit-rate [{name}] ({d.unit}): Real={d.real_hit_rate:.4f} "
@@ -78,18 +81,23 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                                        f"{d.tolerance_pp:.2f}pp)"))
     if r.capacity is not None:
         c = r.capacity
-        state = "saturated" if c.saturated else "not saturated: reported, not judged"
+        state = (f"saturated: {', '.join(c.saturation)}" if c.saturated
+                 else "not saturated: reported, not judged")
         lines.append(_judged(c.within, f"Throughput ({state}, {c.requests} requests over {c.window_s:.2f}s): "
                                        f"Real={c.real_rps:.2f} req/s {c.real_output_tps:.1f} tok/s, "
                                        f"Sim={c.sim_rps:.2f} req/s {c.sim_output_tps:.1f} tok/s, error "
                                        f"{c.rps_error * 100:.1f}% / {c.output_tps_error * 100:.1f}% (tolerance "
                                        f"{c.tolerance * 100:.1f}%)"))
-    for t in r.tier_service or ():
-        sim_bw = "n/a" if t.sim_bandwidth_Bps is None else f"{t.sim_bandwidth_Bps / 1e9:.3f} GB/s"
-        lines.append(_judged(t.within, f"Tier service [{t.tier}/{t.direction}]: Real={t.real_seconds * 1e3:.3f}ms "
-                                       f"Sim={t.sim_seconds * 1e3:.3f}ms error {t.rel_error * 100:.1f}% (tolerance "
-                                       f"{t.tolerance * 100:.1f}%); bandwidth real "
-                                       f"{t.real_bandwidth_Bps / 1e9:.3f} GB/s, sim {sim_bw}"))
+        if c.e2e_mape is not None and c.e2e_threshold is not None:
+            lines.append(_judged(c.e2e_mape <= c.e2e_threshold,
+                                 f"E2E MAPE at saturation={c.e2e_mape * 100:.1f}% (threshold "
+                                 f"{c.e2e_threshold * 100:.1f}%)"))
+    for ts in r.tier_service or ():
+        sim_bw = "n/a" if ts.sim_bandwidth_Bps is None else f"{ts.sim_bandwidth_Bps / 1e9:.3f} GB/s"
+        lines.append(_judged(ts.within, f"Tier service [{ts.tier}/{ts.direction}]: Real={ts.real_seconds * 1e3:.3f}ms "
+                                       f"Sim={ts.sim_seconds * 1e3:.3f}ms error {ts.rel_error * 100:.1f}% (tolerance "
+                                       f"{ts.tolerance * 100:.1f}%); bandwidth real "
+                                       f"{ts.real_bandwidth_Bps / 1e9:.3f} GB/s, sim {sim_bw}"))
     for f in r.tier_service_fits or ():
         cost = "" if f.fixed_cost_s is None else f" + {f.fixed_cost_s * 1e6:.2f}us per transfer"
         lines.append(("info", f"Tier fit [{f.tier}/{f.direction}]: {f.bandwidth_Bps / 1e9:.3f} GB/s{cost} "

@@ -29,6 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import yaml
+
 DEFAULT_TIER_SERVICE_TOLERANCE = 0.10
 #: Smallest ratio between the largest and smallest mean transfer size over the windows for a fit.
 MIN_SIZE_SPREAD = 1.10
@@ -77,12 +80,12 @@ def fit_windows(tier: str, direction: str, windows: Sequence[TierWindow]) -> Tie
     total_b = sum(w.bytes for w in windows)
     total_s = sum(w.seconds for w in windows)
     counted = [w for w in windows if w.jobs]
-    jobs = sum(w.jobs for w in counted) if len(counted) == len(windows) else None
-    base = dict(tier=tier, direction=direction, windows=len(windows), bytes=total_b, seconds=total_s, jobs=jobs)
+    jobs = sum(w.jobs or 0 for w in counted) if len(counted) == len(windows) else None
+    base: dict[str, Any] = dict(tier=tier, direction=direction, windows=len(windows), bytes=total_b,
+                                seconds=total_s, jobs=jobs)
     if jobs is not None and len(windows) >= 2:
         sizes = [w.bytes / w.jobs for w in counted]  # type: ignore[operator]
         if max(sizes) >= MIN_SIZE_SPREAD * min(sizes):
-            import numpy as np
             from scipy.optimize import nnls
 
             a = np.array([[1.0, s] for s in sizes])
@@ -180,17 +183,32 @@ def fitted_tiers(block: Any, fits: Mapping[tuple[str, str], TierFit]) -> list[di
     return tiers
 
 
+PRIMARY = "0:primary"  # the CPU <-> GPU link's tier label (vLLM's connector counters)
+
+
+def fitted_link(fits: Mapping[tuple[str, str], TierFit]) -> dict[str, float] | None:
+    """The offload config's ``cpu_link`` from the primary tier's fits (read = CPU -> GPU loads, write = GPU ->
+    CPU stores), bytes/µs and µs; None unless both directions were fitted."""
+    read, write = fits.get((PRIMARY, "read")), fits.get((PRIMARY, "write"))
+    if read is None or write is None:
+        return None
+    costs = [f.fixed_cost_s * 1e6 for f in (read, write) if f.fixed_cost_s is not None]
+    return {"read_bandwidth": read.bandwidth_Bps / 1e6, "write_bandwidth": write.bandwidth_Bps / 1e6,
+            "base_latency": sum(costs) / len(costs) if costs else 0.0}
+
+
 def offload_config_text(block: Any, fits: Mapping[tuple[str, str], TierFit], *, source: str = "") -> str:
     """A ``kv_offload:`` YAML (the ``--kv-offload-config`` format) of ``block`` (the resolved config a
-    replay recorded) with the fitted secondary-tier bandwidths. The CPU <-> GPU link has no field in the
-    offload config: its fit is reported, not written. Explicit bandwidths replace the tier's device class
+    replay recorded) with the fitted bandwidths: each secondary tier's, and the CPU <-> GPU link's as
+    ``cpu_link`` when both its directions were fitted. Explicit bandwidths replace the tier's device class
     (its queue-depth ramp and jitter are not carried over); ``max_bytes`` and ``store_threshold``, which
-    the recorded block does not hold, are not written either."""
-    import yaml
-
+    the recorded block does not hold, are not written."""
     data: dict[str, Any] = {"cpu_bytes_to_use": block.cpu_bytes_to_use, "blocks_per_chunk": block.blocks_per_chunk,
                             "eviction_policy": block.eviction_policy or "lru",
                             "offload_prompt_only": block.offload_prompt_only}
+    link = fitted_link(fits)
+    if link is not None:
+        data["cpu_link"] = link
     tiers = fitted_tiers(block, fits)
     if tiers:
         data["secondary_tiers"] = tiers
@@ -200,6 +218,5 @@ def offload_config_text(block: Any, fits: Mapping[tuple[str, str], TierFit], *, 
     for (tier, d), f in sorted(fits.items()):
         cost = "" if f.fixed_cost_s is None else f", {f.fixed_cost_s * 1e6:.3f} us per transfer"
         head.append(f"# {tier} {d}: {f.bandwidth_Bps / 1e6:.3f} bytes/us{cost} ({f.method}, {f.windows} "
-                    f"window(s))" + ("; not configurable here" if tier == "0:primary" else ""))
+                    f"window(s))")
     return "\n".join(head) + "\n" + yaml.safe_dump({"kv_offload": data}, sort_keys=False)
-

@@ -20,6 +20,9 @@ from blis_sim.emulator.config import METRICS_FAULTS, METRICS_PROFILES, EmulatorC
 from blis_sim.emulator.profiles import PROFILES
 from blis_sim.errors import EXIT_OK, UsageError
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 # (flag, EmulatorConfig field, type) for the plain value flags.
 _VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--host", "host", str),
@@ -90,8 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int)
     g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
-    g.add_argument("--kv-offload-config", help="offload config: the simulator's YAML, or vllm serve's "
-                                               "--kv-transfer-config (a JSON or YAML file, or the JSON): CPU + fs tiers")
+    g.add_argument("--kv-offload-config",
+                   help="offload config: the simulator's YAML, or vllm serve's --kv-transfer-config "
+                        "(a JSON or YAML file, or the JSON): CPU + fs tiers")
     g.add_argument("--eos-probability", type=float, default=d.eos_probability,
                    help="chance per token of EOS (finish_reason stop), default %(default)s")
     g.add_argument("--step-noise", type=float, help="relative step-time noise (profile default)")
@@ -181,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        watcher = None  # held: the loop keeps only a weak reference to a task
         if getattr(args, "exit_with_parent", False):
-            loop.create_task(_watch_parent(os.getppid(), stop))
+            watcher = loop.create_task(_watch_parent(os.getppid(), stop))
         # What start-up made (modules, the block pool, the engine) lives as long as the server: keep it
         # out of the cycle collector's scans, as vLLM freezes its heap after start-up, so that full
         # collections stay short while requests are served.
@@ -192,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             await stop.wait()
         finally:
+            if watcher is not None:
+                watcher.cancel()
             for runner, _, _ in served:
                 await runner.cleanup()
 

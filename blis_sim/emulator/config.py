@@ -235,7 +235,7 @@ def load_offload_spec(path: str | Path, *, block_size: int, kv_bytes_per_token: 
     the one place the emulator turns it into its own spec, so the emulator shares no KV logic with the
     simulator, only the file reader.
     """
-    from blis_sim.emulator import _offload_file
+    from blis_sim.emulator import _offload_file  # the shared file reader, only when a config is given
 
     # a str stays one: it may be vllm serve's --kv-transfer-config JSON itself, which Path() would alter
     return _offload_file.read(path, block_size=block_size, kv_bytes_per_token=kv_bytes_per_token)

@@ -26,9 +26,8 @@ import logging
 import random
 
 from blis_sim.emulator.config import EmulatorConfig
-from blis_sim.emulator.loop import now as _now
-from blis_sim.emulator.loop import sleep_until
 from blis_sim.emulator.gpu_cache import BlockPool
+from blis_sim.emulator.loop import now as _now, sleep_until
 from blis_sim.emulator.metrics import Published
 from blis_sim.emulator.offload import OffloadTiers
 from blis_sim.emulator.scheduler import FINISHED, LOADING, Request, Scheduler, StepPlan
@@ -177,7 +176,7 @@ class Engine:
             for req in list(sched.running) + list(sched.waiting):
                 try:
                     sched.abort(req, now)
-                except Exception:  # noqa: BLE001 - keep failing the others
+                except Exception:
                     pass
                 req.finish_reason = "error"
 

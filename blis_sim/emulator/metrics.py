@@ -35,7 +35,7 @@ Metric profiles (``--metrics-profile``) choose the KV-cache families:
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -130,7 +130,7 @@ class VllmCollector(Collector):
                        created=created if self.created_series else None)
         return fam
 
-    def _labelled_counter(self, name: str, doc: str, label: str, values: dict[str, float],
+    def _labelled_counter(self, name: str, doc: str, label: str, values: Mapping[str, float],
                           created: float) -> CounterMetricFamily:
         fam = CounterMetricFamily(name, doc, labels=list(BASE) + [label])
         for key, value in values.items():
@@ -233,12 +233,12 @@ class VllmCollector(Collector):
                             s.generation_tokens, c)
         yield self._labelled_counter("vllm:request_success", "Count of successfully processed requests.",
                                      "finished_reason", s.request_success, c)
-        fam = CounterMetricFamily("vllm:admission_rejections",
-                                  "Number of admission attempts rejected by a queue limit, by reason.",
-                                  labels=["model_name", "reason"])
+        rejections = CounterMetricFamily("vllm:admission_rejections",
+                                         "Number of admission attempts rejected by a queue limit, by reason.",
+                                         labels=["model_name", "reason"])
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
-            fam.add_metric([self.model, reason], 0, created=c if self.created_series else None)
-        yield fam
+            rejections.add_metric([self.model, reason], 0, created=c if self.created_series else None)
+        yield rejections
         for attr, name, doc in _HIST_DOCS:
             yield self._histogram(name, doc, getattr(s, attr), c)
         if kv and self.offload_on and profile in ("vllm-0.33", "vllm-pr48798"):

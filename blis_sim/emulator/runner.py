@@ -217,7 +217,7 @@ def spawn_emulator(config: EmulatorConfig | Sequence[str] | None = None, *,
                    startup_timeout_s: float = 30.0, replicas: int = 1) -> SpawnedEmulator:
     """Start ``blis emulate`` in a subprocess on a free port (config or argv); ready on return.
     ``replicas``: serve that many independent replicas (a cluster; ``.urls``, one free port each)."""
-    from blis_sim.emulator.cli import config_to_argv
+    from blis_sim.emulator.cli import config_to_argv  # cli.py imports this module
 
     if config is None:
         config = EmulatorConfig()

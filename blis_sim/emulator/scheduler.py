@@ -268,16 +268,17 @@ class Scheduler:
                     req.num_stored_chunks = max(req.num_stored_chunks, -(-computed // ct))
                     req.state = LOADING
                     req.load_tokens = ext_tokens
-                    req.load_until = self.tiers.start_load(req, ext, now)  # type: ignore[union-attr]
+                    assert self.tiers is not None and ext is not None  # ext_tokens > 0 comes from a lookup
+                    req.load_until = self.tiers.start_load(req, ext, now)
                     skipped.append(req)
                     continue
             else:
                 n = min(req.num_tokens - req.num_computed, budget)
                 need = self._blocks_needed(req, req.num_computed + n)
-                new_blocks = self.pool.allocate(need) if need > 0 else []
-                if new_blocks is None:
+                more = self.pool.allocate(need) if need > 0 else []
+                if more is None:
                     break
-                req.blocks.extend(new_blocks)
+                req.blocks.extend(more)
                 waiting.popleft()
             req.state = RUNNING
             self.running.append(req)

@@ -37,12 +37,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from blis_sim.emulator import http as web
 from blis_sim.emulator.config import FaultConfig
 from blis_sim.emulator.engine import Engine, EngineFailed
-from blis_sim.emulator.loop import now as _now
-from blis_sim.emulator.loop import sleep_until
+from blis_sim.emulator.loop import now as _now, sleep_until
 from blis_sim.emulator.metrics import build_registry, render
 from blis_sim.emulator.scheduler import FINISHED, Request
 from blis_sim.errors import ConfigError
-
 
 
 def _dumps(obj: Any) -> str:

@@ -22,6 +22,8 @@ columns), :mod:`.content` (token content as block hashes), :mod:`.kvport`, :mod:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blis_sim._lazy import lazy_exports
 from blis_sim.engine.latency import roofline
 from blis_sim.engine.replay_trace import PreparedTrace, prepare_trace, replay, replay_outcome
@@ -37,6 +39,22 @@ __getattr__, __dir__, _ = lazy_exports(__name__, {
     "blis_sim.engine.prior": ("PhysicsPrior", "physics_prior", "resolve_prior"),
     "blis_sim.engine.run_spec": ("run", "run_outcome"),
 })
-__all__ = ["EngineOptions", "burst_capacity", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior", "PreparedTrace", "SchedulerConfig",
+__all__ = ["EngineOptions", "burst_capacity", "LatencyCoefficients", "MemoryCoefficients", "PhysicsPrior",
+           "PreparedTrace", "SchedulerConfig",
            "evaluate", "fit", "load_coefficients", "physics_prior", "prepare_trace", "replay",
            "replay_outcome", "resolve_prior", "roofline", "run", "run_outcome"]
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.engine.capacity import burst_capacity as burst_capacity
+    from blis_sim.engine.coefficients import (
+        LatencyCoefficients as LatencyCoefficients,
+        MemoryCoefficients as MemoryCoefficients,
+        load_coefficients as load_coefficients,
+    )
+    from blis_sim.engine.fitting import evaluate as evaluate, fit as fit
+    from blis_sim.engine.prior import (
+        PhysicsPrior as PhysicsPrior,
+        physics_prior as physics_prior,
+        resolve_prior as resolve_prior,
+    )
+    from blis_sim.engine.run_spec import run as run, run_outcome as run_outcome

@@ -27,8 +27,15 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from blis_sim.errors import SimulationError
+
+if TYPE_CHECKING:
+    from blis_sim.engine.kvport import LoopPort
 
 # Request status codes (shared with _loop.pyx and scheduler.py).
 NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
@@ -37,8 +44,8 @@ NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
 def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
              next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
-             horizon_us: float, port, block_size: int, store_chunk_tokens: int,
-             store_prompt_only: bool, log_steps: bool) -> dict:
+             horizon_us: float, port: LoopPort, block_size: int, store_chunk_tokens: int,
+             store_prompt_only: bool, log_steps: bool) -> dict[str, Any]:
     n = arrival.shape[0]
     arr = arrival.astype(np.float64).copy()
     plen = prompt_len.astype(np.int64)
@@ -348,9 +355,7 @@ def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,
     return nxt
 
 
-def raise_stuck(waiting, plen: np.ndarray, num_out: np.ndarray) -> None:
-    from blis_sim.errors import SimulationError
-
+def raise_stuck(waiting: Sequence[int], plen: np.ndarray, num_out: np.ndarray) -> None:
     i = waiting[0] if waiting else -1
     size = int(plen[i] + num_out[i]) if i >= 0 else 0
     raise SimulationError(

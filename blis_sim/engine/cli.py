@@ -19,27 +19,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import limits
-from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+from blis_sim.defaults import DEFAULT_HARDWARE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.engine.coefficients import dump_coefficients, load_coefficients
-from blis_sim.engine.fitting import evaluate, fit
-from blis_sim.engine.latency import default_step_model, get_hardware, roofline
-from blis_sim.engine.models import DEFAULT_TOTAL_KV_BLOCKS, default_num_gpu_blocks, geometry_for
+from blis_sim.engine.fitting import SEARCH_EVALUATIONS, evaluate, fit
+from blis_sim.engine.latency import StepModel, get_hardware, roofline
+from blis_sim.engine.models import geometry_for
 from blis_sim.engine.prior import resolve_prior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.run_spec import run_outcome
+from blis_sim.engine.settings import OffloadFlags, resolve_settings, with_flags
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import ConfigError, InputError, UsageError
 from blis_sim.formats import metrics_output_text, write_trace
-from blis_sim.formats.offload import load_device_classes, load_offload_config
-from blis_sim.formats.trace_columns import load_trace_columns
+from blis_sim.formats.trace_columns import ColumnarTrace, load_trace_columns
 from blis_sim.formats.workload import load_workload_spec
 
-DEFAULT_HARDWARE = "H100"
+if TYPE_CHECKING:
+    from blis_sim.engine.outputs import SimulatedOutputs
+    from blis_sim.formats import Trace, TraceHeader
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def add_sim_flags(p: argparse.ArgumentParser) -> None:
                    help=f"default: the trace header's server.max_num_seqs, else {DEFAULT_MAX_NUM_SEQS}")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help=f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS}")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    g.add_argument("--long-prefill-token-threshold", type=int, default=None, help="default 0 (off)")
     g.add_argument("--latency-model", choices=("linear", "roofline"), default="linear",
                    help="linear (coefficients from --latency-coefficients, else the bundled "
                         "default) or roofline (--model-config/--model, --hardware, --tp)")
@@ -135,8 +136,11 @@ def register(subparsers: Any) -> None:
         "fit", help="fit the latency model (linear, or two-row roofline-fit) to a trace",
         description="Least-squares fit of the step-time model (--step-shape) and the frontend term to a "
                     "trace's per-request TTFT and ITL; prints the fit's own error.")
-    p.add_argument("--trace-header", default=None, help="TraceV2 header YAML (required)")
-    p.add_argument("--trace-data", default=None, help="TraceV2 data CSV (required)")
+    p.add_argument("--trace-header", action="append", default=None,
+                   help="TraceV2 header YAML (required; repeat with --trace-data to fit one model "
+                        "to several traces)")
+    p.add_argument("--trace-data", action="append", default=None,
+                   help="TraceV2 data CSV (required; one per --trace-header, in the same order)")
     p.add_argument("--output", default=None, help="write the coefficients here (YAML, or .json)")
     p.add_argument("--validate-header", default=None,
                    help="also report the fitted model's error on this trace (header)")
@@ -153,6 +157,10 @@ def register(subparsers: Any) -> None:
                    help="weight λ/√rows of the prior rows λ·(w−prior)/prior (default 0.01)")
     p.add_argument("--bootstrap-resamples", type=int, default=100,
                    help="resamples of the requests for the coefficients' intervals (default 100)")
+    p.add_argument("--search-evaluations", type=int, default=SEARCH_EVALUATIONS,
+                   help="replays the search stage may make after the regression (scipy "
+                        "least_squares on the replayed per-request errors; default %(default)s, "
+                        "0: none)")
     p.add_argument("--step-shape", choices=("linear", "roofline"), default="linear",
                    help="linear (default): one row; roofline: model roofline-fit, each step "
                         "base + max(compute row, memory row), for servers with a compute/memory knee")
@@ -174,16 +182,8 @@ def require_files(args: argparse.Namespace, *names: str) -> None:
             raise UsageError(f"--{name.replace('_', '-')} file not found: {path}")
 
 
-def _kv_bytes_per_token(args: argparse.Namespace, header: Any = None) -> float | None:
-    geom = geometry_for(args.model, args.model_config)
-    if geom is not None:
-        return geom.kv_bytes_per_token(args.tp)
-    if header is not None and header.kv_offload is not None and header.kv_offload.per_block_bytes:
-        return header.kv_offload.per_block_bytes / header.kv_offload.block_size
-    return None
-
-
-def _latency(args: argparse.Namespace) -> tuple[Any, str]:
+def _latency(args: argparse.Namespace) -> tuple[StepModel | None, str]:
+    """The latency model the flags give (None: the bundled default, resolved with the rest)."""
     if args.latency_model == "roofline":
         if args.latency_coefficients:
             raise UsageError("--latency-coefficients applies to --latency-model linear only (the "
@@ -195,34 +195,9 @@ def _latency(args: argparse.Namespace) -> tuple[Any, str]:
         return roofline(geom, get_hardware(args.hardware or DEFAULT_HARDWARE), args.tp), \
             f"roofline:{args.model_config or args.model}"
     if args.latency_coefficients:
-
         return load_coefficients(args.latency_coefficients).to_step_model(), \
             str(args.latency_coefficients)
-    return default_step_model(), "default"
-
-
-def _offload(args: argparse.Namespace, header: Any = None) -> Any:
-    size = getattr(args, "kv_offloading_size", None)
-    if not args.kv_offload_config and size is None:
-        return None
-
-    kvb = _kv_bytes_per_token(args, header)
-    if kvb is None:
-        raise UsageError("kv_offload: cannot derive per_block_bytes from the model: pass "
-                         "--model-config config.json or a bundled --model "
-                         "(qwen/qwen3-14b, meta-llama/llama-3.1-8b-instruct, tiny-llama)")
-    classes = load_device_classes(args.defaults_filepath) if args.defaults_filepath else None
-    block = args.block_size_in_tokens
-    if block is None and header is not None and header.pytest_blis is not None \
-            and header.pytest_blis.kv_geometry is not None:
-        block = header.pytest_blis.kv_geometry.block_size
-    kwargs: dict[str, Any] = {"kv_bytes_per_token": kvb, "gpu_block_size": block or 16}
-    if classes is not None:
-        kwargs["device_classes"] = classes
-    command = getattr(args, "command", None) or "run"
-    return load_offload_config(args.kv_offload_config or None, kv_offloading_size=size,
-                               kv_offloading_backend=getattr(args, "kv_offloading_backend", None),
-                               warn=lambda m: print(f"blis {command}: warning: {m}", file=sys.stderr), **kwargs)
+    return None, "default"
 
 
 def _validate_sim_flags(args: argparse.Namespace) -> None:
@@ -246,61 +221,44 @@ def _validate_sim_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} {limits.over(v, maximum)}")
 
 
-def _scheduler_limits(args: argparse.Namespace, header: Any) -> tuple[int, int, list[str]]:
-    """(max_num_seqs, max_num_batched_tokens, defaults used): flags, else the header, else ours."""
-    defaulted = []
-    seqs = args.max_num_seqs
-    if seqs is None and header is not None and header.server is not None \
-            and header.server.max_num_seqs:
-        seqs = header.server.max_num_seqs
-    if seqs is None:
-        seqs = DEFAULT_MAX_NUM_SEQS
-        defaulted.append(f"--max-num-seqs {seqs}")
-    tokens = args.max_num_batched_tokens
-    if tokens is None:
-        tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
-        defaulted.append(f"--max-num-batched-tokens {tokens}")
-    return seqs, tokens, defaulted
+def offload_flags(args: argparse.Namespace) -> OffloadFlags:
+    """The offload flags, loaded by :func:`resolve_settings` once the block size and KV size are known."""
+    return OffloadFlags(config=args.kv_offload_config or None,
+                        offloading_size=getattr(args, "kv_offloading_size", None),
+                        offloading_backend=getattr(args, "kv_offloading_backend", None),
+                        defaults_filepath=args.defaults_filepath,
+                        command=getattr(args, "command", None) or "run")
 
 
-def options_from_args(args: argparse.Namespace, header: Any = None) -> EngineOptions:
-    """The engine's options from the flags and the trace header. Replaying (or fitting) an
-    observed trace (``mode: real``) on a KV size or batch limit that neither the header nor a
-    flag gave warns on stderr: the real server's limits are unknown, and they set its capacity."""
+def options_from_args(args: argparse.Namespace, header: TraceHeader | None = None, *,
+                      trace_name: str | None = None) -> EngineOptions:
+    """The engine's options from the flags and the trace header (:func:`resolve_settings`: flag,
+    header, model, default). Replaying (or fitting) an observed trace (``mode: real``) on a KV size
+    or batch limit that neither the header nor a flag gave warns on stderr: the real server's limits
+    are unknown, and they set its capacity."""
     _validate_sim_flags(args)
     latency, source = _latency(args)
-    seqs, tokens, defaulted = _scheduler_limits(args, header)
-    num_blocks = args.total_kv_blocks
-    if num_blocks is None and (header is None or header.pytest_blis is None
-                               or header.pytest_blis.kv_geometry is None
-                               or not header.pytest_blis.kv_geometry.num_gpu_blocks):
-        geom = geometry_for(args.model, args.model_config)
-        hardware = args.hardware or DEFAULT_HARDWARE
-        if geom is not None:
-            num_blocks = default_num_gpu_blocks(args.model, args.block_size_in_tokens or 16,
-                                                hardware=hardware, tp=args.tp, geometry=geom)
-            defaulted.append(f"--total-kv-blocks {num_blocks} (the model's capacity on {hardware})")
-        else:
-            defaulted.append(f"--total-kv-blocks {DEFAULT_TOTAL_KV_BLOCKS}")
-    if defaulted and header is not None and header.mode == "real":
-        command = getattr(args, "command", "replay")
-        print(f"blis {command}: warning: the trace header does not give the server's limits and "
-              f"no flag did; running on defaults {', '.join(defaulted)}", file=sys.stderr)
+    command = getattr(args, "command", None) or "replay"
+    given = EngineOptions(
+        model=args.model, model_config=args.model_config, hardware=args.hardware, tp=args.tp,
+        num_gpu_blocks=args.total_kv_blocks, block_size=args.block_size_in_tokens,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold, seed=args.seed,
+        horizon_us=args.horizon, latency=latency, latency_source=source,
+        sequential=getattr(args, "sequential", False),
+        # the roofline is the model's (its config and the hardware), not a file the user gave
+        sources={"latency_model": "model"} if args.latency_model == "roofline" else {})
     try:
-        return EngineOptions(
-            model=args.model, num_gpu_blocks=num_blocks, block_size=args.block_size_in_tokens,
-            max_num_seqs=seqs, max_num_batched_tokens=tokens,
-            long_prefill_token_threshold=args.long_prefill_token_threshold, seed=args.seed,
-            horizon_us=args.horizon, latency=latency, latency_source=source,
-            kv_offload=_offload(args, header), kv_bytes_per_token=_kv_bytes_per_token(args, header),
-            sequential=getattr(args, "sequential", False))
+        return resolve_settings(given, header, offload_flags=offload_flags(args), trace_name=trace_name,
+                                warn=lambda m: print(f"blis {command}: warning: {m}", file=sys.stderr))
     except ConfigError:
         raise
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _write_outputs(args: argparse.Namespace, outcome: Any, trace: Any = None) -> None:
+def _write_outputs(args: argparse.Namespace, outcome: SimulatedOutputs,
+                   trace: Trace | ColumnarTrace | None = None) -> None:
     """Write the requested files (from the outcome's columns: no object per request)."""
     metrics = outcome.write_outputs(results_path=args.results_path or None,
                                     metrics_path=args.metrics_path or None)
@@ -329,12 +287,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                                num_requests=args.num_requests)
     else:
         out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
-    trace = out.trace(workload_spec=str(args.workload_spec)) if args.trace_output else None
+    trace = out.trace_columns(workload_spec=str(args.workload_spec)) if args.trace_output else None
     _write_outputs(args, out, trace)
     return 0
 
 
-def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> Any:
+def _load(args: argparse.Namespace, header_flag: str, data_flag: str) -> ColumnarTrace:
     """The trace, its rows as columns (``.records`` made on first use)."""
     require_files(args, header_flag, data_flag)
     return load_trace_columns(getattr(args, header_flag), getattr(args, data_flag))
@@ -345,24 +303,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = _load(args, "trace_header", "trace_data")
     if not args.model:
         raise UsageError("LLM name not provided (--model). Exiting simulation.")
-    options = options_from_args(args, trace.header)
+    name = f"{args.trace_header} / {args.trace_data}"
+    options = options_from_args(args, trace.header, trace_name=name)
     n, routing = cluster_of(args, trace)
     try:
         if n > 1:
             from blis_sim.engine.cluster import replay_cluster
 
-            out = replay_cluster(trace, options, num_instances=n, routing=routing)
+            out: Any = replay_cluster(trace, options, num_instances=n, routing=routing)
             if out.agreement is not None:
                 print(f"blis replay: routing agreement with the recorded replicas: "
                       f"{out.agreement:.4f} ({routing.policy})", file=sys.stderr)
         else:
             out = replay_outcome(trace, options)
-    except InputError as exc:  # what the trace holds (INV-13, BC-10, no usable row): name the trace
+    except InputError as exc:  # what the trace holds (BC-10, no usable row): name the trace
         if exc.location.file is not None:
             raise
-        raise type(exc)(exc.reason, file=f"{args.trace_header} / {args.trace_data}", line=exc.location.line,
-                        field=exc.location.field) from None
-    _write_outputs(args, out, out.trace() if args.trace_output else None)
+        raise type(exc)(exc.reason, file=name, line=exc.location.line, field=exc.location.field) from None
+    _write_outputs(args, out, out.trace_columns() if args.trace_output else None)
     return 0
 
 
@@ -387,9 +345,23 @@ def cluster_of(args: argparse.Namespace, trace: Any) -> tuple[int, Any]:
     return n, routing
 
 
+def _fit_traces(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """(data path, trace) of each --trace-header / --trace-data pair, in order."""
+    headers, data = args.trace_header or [], args.trace_data or []
+    if len(headers) != len(data):
+        raise UsageError(f"blis fit: {len(headers)} --trace-header but {len(data)} --trace-data: "
+                         "give one of each per trace")
+    out = []
+    for h, d in zip(headers, data) if headers else [(None, None)]:
+        pair = argparse.Namespace(trace_header=h, trace_data=d)
+        out.append((str(d), _load(pair, "trace_header", "trace_data")))
+    return out
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
 
-    trace = _load(args, "trace_header", "trace_data")
+    loaded = _fit_traces(args)
+    trace = loaded[0][1]
     if args.latency_model != "linear":
         raise UsageError("blis fit fits a fitted-shape model (--step-shape); drop --latency-model "
                          "roofline")
@@ -402,16 +374,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-iterations must be ≥ 1, got {args.max_iterations}")
     start_args = argparse.Namespace(**{**vars(args),
                                        "latency_coefficients": args.initial_coefficients})
-    options = options_from_args(start_args, trace.header)
+    options = [options_from_args(start_args, t.header) for _, t in loaded]
     start = str(args.initial_coefficients) if args.initial_coefficients else "default"
     print(f"blis fit: starting from {start} coefficients", file=sys.stderr)
     prior, label = (None, "none: --no-prior") if args.no_prior else resolve_prior(
         model=args.model, model_config=args.model_config, hardware=args.hardware, tp=args.tp,
         header=trace.header, shape=args.step_shape)
-    coeffs = fit(trace, options, max_iterations=args.max_iterations, name=str(args.trace_data),
-                 prior=prior, prior_label=label, prior_strength=args.prior_strength,
-                 bootstrap_resamples=args.bootstrap_resamples, seed=args.seed, start=start,
-                 shape=args.step_shape)
+    if args.search_evaluations < 0:
+        raise UsageError(f"--search-evaluations must be ≥ 0, got {args.search_evaluations}")
+    coeffs = fit([t for _, t in loaded], options, max_iterations=args.max_iterations,
+                 name=[n for n, _ in loaded], prior=prior, prior_label=label,
+                 prior_strength=args.prior_strength, bootstrap_resamples=args.bootstrap_resamples,
+                 seed=args.seed, start=start, shape=args.step_shape,
+                 search_evaluations=args.search_evaluations)
     if coeffs.fit is not None:
         sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:
@@ -422,7 +397,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.validate_header or args.validate_data:
         other = _load(args, "validate_header", "validate_data")
 
-        opts = replace(options_from_args(args, other.header), latency=coeffs.to_step_model(),
+        opts = with_flags(options_from_args(args, other.header), latency=coeffs.to_step_model(),
                        latency_source=str(args.output or "fit"))
         report["validation"] = evaluate(other, opts, name=str(args.validate_data)).model_dump()
     sys.stdout.write(json.dumps(report, indent=2) + "\n")

@@ -27,10 +27,10 @@ import numpy as np
 
 from blis_sim.engine.outputs import SimulatedOutputs, metrics_output, trace_records
 from blis_sim.engine.provenance import sim_provenance
-from blis_sim.engine.replay_trace import (BC10_MESSAGE, geometry, observed_from_tiers, prepare_trace,
-                                          resolve_offload, simulate_replica)
+from blis_sim.engine.replay_trace import BC10_MESSAGE, observed_from_tiers, prepare_trace, simulate_replica
 from blis_sim.engine.requests import RequestTable
 from blis_sim.engine.run_spec import RunOutcome, _expand
+from blis_sim.engine.settings import resolve_settings
 from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes, concat_parts,
                                       simulate_table)
 from blis_sim.errors import ConfigError, UsageError
@@ -98,11 +98,18 @@ class ClusterOutcome(_ClusterOutputs):
 
     def trace(self) -> Any:
         """The replay re-exported (``mode: replayed``) with each row's simulated replica."""
-        from blis_sim.engine.provenance import sim_header
         from blis_sim.formats import Trace
 
+        columnar = self.trace_columns()
+        return Trace.model_construct(header=columnar.header, records=columnar.records)
+
+    def trace_columns(self) -> Any:
+        """:meth:`trace` as a ``ColumnarTrace`` (what ``--trace-output`` writes)."""
+        from blis_sim.engine.provenance import sim_header
+        from blis_sim.formats.trace_columns import ColumnarTrace
+
         header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
-        return Trace.model_construct(header=self._with_cluster(header), records=trace_records(self.outcome))
+        return ColumnarTrace(header=self._with_cluster(header), data=trace_records(self.outcome))
 
 
 @dataclass
@@ -112,11 +119,11 @@ class ClusterRunOutcome(RunOutcome, _ClusterOutputs):
     parts: list[SimOutcome] = field(default_factory=list)
     routing: RoutingSpec = field(default_factory=RoutingSpec)
 
-    def trace(self, workload_spec: str = "") -> Any:
-        from blis_sim.formats import Trace
+    def trace_columns(self, workload_spec: str = "") -> Any:
+        from blis_sim.formats.trace_columns import ColumnarTrace
 
-        base = RunOutcome.trace(self, workload_spec=workload_spec)
-        return Trace.model_construct(header=self._with_cluster(base.header), records=base.records)
+        base = RunOutcome.trace_columns(self, workload_spec=workload_spec)
+        return ColumnarTrace(header=self._with_cluster(base.header), data=base.data)
 
 
 __all__ = ["ClusterOutcome", "ClusterRunOutcome", "merge_replicas", "recorded_replicas", "replay_cluster",
@@ -179,10 +186,11 @@ def replay_cluster(trace: Any, options: EngineOptions | None = None, *, num_inst
                    routing: RoutingSpec | None = None) -> ClusterOutcome:
     """Replay ``trace`` over ``num_instances`` replicas (default: the header's cluster block, else
     one more than the largest recorded replica, else 1); see the module docstring."""
-    options = options or EngineOptions()
+    given = options or EngineOptions()
     routing = routing or RoutingSpec("recorded")
     header = trace.header
-    offload = resolve_offload(header, options.kv_offload, kv_bytes_per_token=options.kv_bytes_per_token)
+    options = resolve_settings(given, header)
+    offload = options.kv_offload
     if offload is None and observed_from_tiers(header):
         raise ConfigError(BC10_MESSAGE)
     table = prepare_trace(trace).table
@@ -193,13 +201,13 @@ def replay_cluster(trace: Any, options: EngineOptions | None = None, *, num_inst
         n = info.num_instances if info is not None else (
             int(recorded.max()) + 1 if recorded is not None and recorded.size else 1)
     assign = route_table(table, routing, n)
-    block_size, num_blocks = geometry(header, options, offload)
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     parts: list[SimOutcome] = []
     idxs: list[np.ndarray] = []
     for r in range(n):
         idx = np.flatnonzero(assign == r)
         blocks = num_blocks
-        if options.num_gpu_blocks is None and info is not None and r < len(info.replicas):
+        if given.num_gpu_blocks is None and info is not None and r < len(info.replicas):
             geom = info.replicas[r].kv_geometry
             if geom is not None and geom.num_gpu_blocks:
                 blocks = int(geom.num_gpu_blocks)
@@ -213,8 +221,7 @@ def replay_cluster(trace: Any, options: EngineOptions | None = None, *, num_inst
     if routing.policy != "recorded" and recorded is not None and len(table):
         agreement = float((assign == recorded).mean())
     merged = merge_replicas(parts)
-    return ClusterOutcome(outcome=merged, parts=parts, header=header,
-                          options=replace(options, kv_offload=offload), routing=routing,
+    return ClusterOutcome(outcome=merged, parts=parts, header=header, options=options, routing=routing,
                           agreement=agreement)
 
 
@@ -257,18 +264,16 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
     """``blis run`` over ``num_instances`` replicas: each phase's requests routed by ``routing`` (in
     arrival order; no load-dependent policy), each replica simulated on a cache of its own; the next
     phase starts when every replica has drained."""
-    from blis_sim.engine.models import default_num_gpu_blocks
     from blis_sim.engine.requests import table_from_plan
     from blis_sim.workload import generate_workload
 
     if routing.policy == "recorded":
         raise UsageError("--routing-policy recorded replays a trace's replicas; blis run routes a workload "
                          "spec with round-robin, prefix-affinity or weighted")
-    options = options or EngineOptions()
+    options = resolve_settings(options or EngineOptions())
     plan = generate_workload(spec, seed=seed, num_requests=num_requests, horizon=horizon)
     offload = options.kv_offload
-    block_size = options.block_size or (offload.gpu_block_size if offload is not None else 16)
-    num_blocks = options.num_gpu_blocks or default_num_gpu_blocks(options.model, block_size)
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kvs = [build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
            for _ in range(num_instances)]
     per: list[list[SimOutcome]] = [[] for _ in range(num_instances)]
@@ -300,6 +305,6 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
         raise ConfigError("the workload generated no request")
     parts = [combine_outcomes(per[r], kvs[r], offload) for r in range(num_instances)]
     merged = merge_replicas(parts)
-    return ClusterRunOutcome(outcome=merged, options=replace(options, kv_offload=offload), plan=plan,
+    return ClusterRunOutcome(outcome=merged, options=options, plan=plan,
                              phase_start=np.concatenate([a for r in range(num_instances) for a in starts[r]]),
                              parts=parts, routing=routing)

@@ -77,11 +77,21 @@ class FitIteration(BaseModel):
 
     model_config = _PLAIN
     iteration: int
-    kind: Literal["start", "iterate", "median"] = "iterate"
+    kind: Literal["start", "prior", "iterate", "median", "search"] = "iterate"
     ttft_mape: float
     itl_mape: float
     objective: float
     values: list[float] = Field(default_factory=list)   # the coefficients, in fit-report order
+
+
+class TraceError(BaseModel):
+    """One trace's in-sample error in a fit over several traces."""
+
+    model_config = _PLAIN
+    trace: str
+    requests: int
+    ttft_mape: float
+    itl_mape: float
 
 
 class FitReport(BaseModel):
@@ -103,6 +113,7 @@ class FitReport(BaseModel):
     condition_number: float | None = None   # of the column-scaled weighted design matrix
     coefficients: list[CoefficientEstimate] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    traces: list[TraceError] | None = None   # each trace's error, when fitted on several
 
     def intervals(self) -> str:
         """``name value [low, high]`` of every coefficient, ``?`` marking the unidentified."""
@@ -126,6 +137,9 @@ class FitReport(BaseModel):
         """The report as ``blis fit`` prints it on stderr."""
         lines = [(f"blis fit: {self.trace}: {self.requests} requests, start {self.start or '?'}, "
                   f"prior {self.prior or 'none'}")]
+        for t in self.traces or ():
+            lines.append(f"  trace {t.trace}: {t.requests} requests, TTFT MAPE {t.ttft_mape:.2%}, "
+                         f"ITL MAPE {t.itl_mape:.2%}")
         for it in self.convergence:
             mark = "  <- returned" if it.iteration == self.best_iteration else ""
             lines.append(f"  {it.kind:7s} {it.iteration:2d}: objective {it.objective:.4f} (TTFT "

@@ -67,7 +67,7 @@ class ContentPlan:
     session: np.ndarray
     prev_round: np.ndarray
     new_input: np.ndarray
-    keys: list[str]
+    keys: Sequence[str]
     group_names: list[str]
     session_names: list[str]
     generated_differs: bool = False  # observe traces: the next round carries the planned output
@@ -86,7 +86,7 @@ class ContentPlan:
 
     def __post_init__(self) -> None:
         if self.core is None:
-            from blis_sim.kv import core
+            from blis_sim.kv import core  # the backend chosen at run time (BLIS_PURE_PYTHON)
 
             self.core = core
         # One 64-bit seed per request for its unique blocks: splitmix64 of (seed-derived base +

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.coefficients import CoefficientEstimate
+from blis_sim.engine.fit_solve import Design
 from blis_sim.engine.prior import COEFFICIENT_NAMES, PhysicsPrior
 
 #: A column the other columns explain to R² > 1 − 1/VIF_LIMIT is not identified.
@@ -73,13 +73,16 @@ def _hints(design: Design, table: Any, steps: np.ndarray | None, load: np.ndarra
 def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np.ndarray,
               design: Design, prior: PhysicsPrior | None, table: Any, steps: np.ndarray | None,
               load: np.ndarray, names: tuple[str, ...] = COEFFICIENT_NAMES,
-              zero_when_unused: frozenset[str] = frozenset()
+              zero_when_unused: frozenset[str] = frozenset(),
+              bounds: tuple[np.ndarray, np.ndarray] | None = None
               ) -> tuple[list[CoefficientEstimate], list[str]]:
     """Each coefficient with its 90 % bootstrap interval, prior and plausible range, and the
     warnings: every coefficient the data cannot pin down (with what would), every implausible one.
     ``zero_when_unused``: coefficients whose column is empty only because their value is 0 (the
     admission time: at 0 no request queues, though the sends come in bursts that would at 1 ms),
-    which the data put at 0 rather than never exercise."""
+    which the data put at 0 rather than never exercise. ``bounds``: the fit's (low, high); a
+    value on a bound other than 0 is warned: the data pull it past what the prior allows, so the
+    model is missing something or the trace is not what the prior's device does."""
     # the bootstrap's spread around the solve at this schedule (``center``), carried over to the
     # value returned (an iterate, or the median of iterates, solved at a neighbouring schedule)
     if samples.shape[0]:
@@ -117,6 +120,13 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
         if plo is not None and phi is not None and not plo <= coef[j] <= phi:
             warnings.append(f"{short} = {coef[j]:.4g} is implausible: the prior "
                             f"({prior.source if prior else ''}) allows {plo:.4g}-{phi:.4g}")
+        if bounds is not None and used[j]:
+            for side, edge in (("lower", bounds[0][j]), ("upper", bounds[1][j])):
+                if edge and np.isfinite(edge) and abs(coef[j] - edge) <= 1e-9 * abs(edge):
+                    warnings.append(f"{short} = {coef[j]:.4g} is held at the {side} bound of its "
+                                    f"plausible range ({bounds[0][j]:.4g}-{bounds[1][j]:.4g}): the "
+                                    "data pull it further, so the model lacks a term this trace "
+                                    "needs, or the prior is not this server's")
         out.append(CoefficientEstimate(name=name, value=float(coef[j]), ci_low=float(low[j]),
                                        ci_high=float(high[j]), identified=not why, prior=p,
                                        plausible_low=plo, plausible_high=phi))

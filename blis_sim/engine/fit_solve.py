@@ -1,6 +1,7 @@
 """The linear solve of ``blis fit`` at one schedule, and what it says about itself.
 
-* :func:`solve`: bounded (every coefficient ≥ 0), robust least squares with scipy. The data
+* :func:`solve`: bounded (every coefficient within ``bounds``: the prior's plausible range, else
+  ≥ 0; :func:`blis_sim.engine.prior.fit_bounds`), robust least squares with scipy. The data
   alone are solved by ``least_squares`` with a soft-L1 loss (started from ``lsq_linear``'s L2
   answer); its loss weights set each row's weight (outliers count little), normalised to mean 1;
   the weighted rows plus the prior rows ``λ·(w_i − prior_i)/prior_i``, ``λ = strength·√rows``,
@@ -50,12 +51,25 @@ class Solution:
     row_weight: np.ndarray   # the robust loss's final weight of each data row (1 = inlier)
 
 
-def _fixed_values(design: Design, prior: PhysicsPrior | None) -> np.ndarray:
-    """Values of the columns the data never touch: the prior's, else 0."""
+#: (low, high) per coefficient; None: every coefficient ≥ 0
+Bounds = tuple[np.ndarray, np.ndarray]
+
+
+def _bounds(design: Design, bounds: Bounds | None) -> Bounds:
+    n = design.x.shape[1]
+    if bounds is None:
+        return np.zeros(n), np.full(n, np.inf)
+    return np.asarray(bounds[0], dtype=np.float64), np.asarray(bounds[1], dtype=np.float64)
+
+
+def _fixed_values(design: Design, prior: PhysicsPrior | None, bounds: Bounds | None = None
+                  ) -> np.ndarray:
+    """Values of the columns the data never touch: the prior's, else 0 (within the bounds)."""
     out = np.zeros(design.x.shape[1])
     if prior is not None:
         out = np.array([v or 0.0 for v in prior.values])
-    return np.where(design.used, 0.0, out)
+    lo, hi = _bounds(design, bounds)
+    return np.where(design.used, 0.0, np.clip(out, lo, hi))
 
 
 def _prior_rows(prior: PhysicsPrior | None, free: np.ndarray, scale: np.ndarray, lam: float
@@ -85,16 +99,17 @@ def _scaled(design: Design, free: np.ndarray, sel: np.ndarray | None = None
     return a / scale, y * w, scale
 
 
-def _robust_row_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _robust_row_weights(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray
+                        ) -> np.ndarray:
     """Each data row's weight (√ of the soft-L1 loss's IRLS weight, normalised to mean-square 1)
     at scipy's robust solution of the data alone. Normalised, the weighted rows weigh as much in
     total as the unweighted ones, so the prior's λ means the same whatever the residual scale."""
     from scipy.optimize import least_squares, lsq_linear
 
     # bvls may land a hair below a bound (-1e-17), which least_squares refuses as a start
-    z0 = np.maximum(lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls").x, 0.0)
+    z0 = np.clip(lsq_linear(a, b, bounds=(lo, hi), method="bvls").x, lo, hi)
     f = float(np.clip(1.4826 * np.median(np.abs(a @ z0 - b)), *SCALE_BOUNDS))
-    res = least_squares(lambda z: a @ z - b, z0, jac=lambda z: a, bounds=(0.0, np.inf),
+    res = least_squares(lambda z: a @ z - b, z0, jac=lambda z: a, bounds=(lo, hi),
                         loss="soft_l1", f_scale=f, method="trf", x_scale=1.0, ftol=1e-12,
                         xtol=1e-12, gtol=1e-12, max_nfev=500)
     r = (a @ res.x - b) / f
@@ -102,33 +117,43 @@ def _robust_row_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sqrt(omega / np.mean(omega))
 
 
-def solve(design: Design, prior: PhysicsPrior | None, strength: float) -> Solution:
+def _scaled_bounds(design: Design, bounds: Bounds | None, free: np.ndarray, scale: np.ndarray
+                   ) -> Bounds:
+    lo, hi = _bounds(design, bounds)
+    return lo[free] * scale, hi[free] * scale
+
+
+def solve(design: Design, prior: PhysicsPrior | None, strength: float,
+          bounds: Bounds | None = None) -> Solution:
     from scipy.optimize import lsq_linear
 
     free = design.used
-    coef = _fixed_values(design, prior)
+    coef = _fixed_values(design, prior, bounds)
     if not free.any():
         return Solution(coef, np.ones(design.y.size))
     a, b, scale = _scaled(design, free)
-    weight = _robust_row_weights(a, b)
+    lo, hi = _scaled_bounds(design, bounds, free, scale)
+    weight = _robust_row_weights(a, b, lo, hi)
     pa, pb = _prior_rows(prior, free, scale, strength * np.sqrt(a.shape[0]))
     z = lsq_linear(np.vstack([a * weight[:, None], pa]), np.concatenate([b * weight, pb]),
-                   bounds=(0.0, np.inf), method="bvls").x
-    coef[free] = np.maximum(z, 0.0) / scale
+                   bounds=(lo, hi), method="bvls").x
+    coef[free] = np.clip(z, lo, hi) / scale
     return Solution(coef, weight)
 
 
 def bootstrap(design: Design, prior: PhysicsPrior | None, strength: float,
-              row_weight: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+              row_weight: np.ndarray, resamples: int, seed: int,
+              bounds: Bounds | None = None) -> np.ndarray:
     """(resamples, n_coef) coefficients, each solved on requests drawn with replacement."""
     from scipy.optimize import lsq_linear
 
     free = design.used
-    base = _fixed_values(design, prior)
+    base = _fixed_values(design, prior, bounds)
     out = np.tile(base, (resamples, 1))
     if not free.any() or resamples <= 0:
         return out
     a, b, scale = _scaled(design, free)
+    lo, hi = _scaled_bounds(design, bounds, free, scale)
     a, b = a * row_weight[:, None], b * row_weight
     lam = strength * np.sqrt(a.shape[0])
     pa, pb = _prior_rows(prior, free, scale, lam)
@@ -142,8 +167,8 @@ def bootstrap(design: Design, prior: PhysicsPrior | None, strength: float,
         mult = np.repeat(counts, np.diff(starts))  # rows in `order`, each request's count
         sel = order[np.repeat(np.arange(order.size), mult)]
         sa, sb = np.vstack([a[sel], pa]), np.concatenate([b[sel], pb])
-        out[k, free] = np.maximum(lsq_linear(sa, sb, bounds=(0.0, np.inf), method="bvls").x,
-                                  0.0) / scale
+        out[k, free] = np.clip(lsq_linear(sa, sb, bounds=(lo, hi), method="bvls").x,
+                               lo, hi) / scale
     return out
 
 

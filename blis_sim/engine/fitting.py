@@ -15,7 +15,8 @@ part of each step it waited through (a fraction for the step in progress when it
 ``w · F``, plus idle time (e.g. a load with nothing running), plus the frontend term
 ``base + per_inflight · load + admission wait`` (load: requests in flight at its send, from the trace's send and
 last-chunk times, as the simulator counts them; the wait: ``place · admission − since`` in the
-admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current iterate); its mean ITL is the same sum between its first and last token over
+admission queue of :func:`~blis_sim.engine.simulate.admission_queue`, grouped at the current
+iterate); its mean ITL is the same sum between its first and last token over
 (outputs − 1). Rows are weighted by 1/observed (relative errors, like the MAPE verdict), solved
 by :func:`fit_solve.solve` (bounded, robust, toward an optional physics prior), and the replay is
 redone with the new coefficients (the schedule depends on them); the best iterate by the
@@ -30,17 +31,25 @@ rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says
 """
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from blis_sim.engine.coefficients import (
+    FitIteration,
+    FitReport,
+    FrontendCoefficients,
+    LatencyCoefficients,
+    MemoryCoefficients,
+    StepCoefficients,
+    TraceError,
+)
 from blis_sim.engine.fit_solve import Design
-from blis_sim.engine.coefficients import (FitIteration, FitReport, FrontendCoefficients,
-                                          LatencyCoefficients, MemoryCoefficients, StepCoefficients)
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
+from blis_sim.engine.settings import resolve_settings
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
 from blis_sim.errors import ConfigError
 
@@ -256,24 +265,77 @@ def _report(outcome: SimOutcome, obs: Observed, name: str, iterations: int) -> F
                      itl_mape=i_mape, ttft_rmse_us=t_rmse, itl_rmse_us=i_rmse)
 
 
+@dataclass
+class _Case:
+    """One trace of a fit (prepared once: every replay reads the same table), with the scheduler
+    and KV settings it is replayed on, and its observed latencies (the trace's alone, whatever
+    the coefficients: built on the first replay, read by every later one)."""
+
+    trace: Any
+    options: EngineOptions
+    name: str
+    obs: Observed | None = None
+
+
 @dataclass(eq=False)
 class _Iterate:
-    """One coefficient vector the fit tried, replayed: its objective, and its schedule's rows."""
+    """One coefficient vector the fit tried, replayed on every trace: its objective, and each
+    schedule's rows."""
 
-    kind: str                   # "start" | "iterate" | "median"
+    kind: str                   # "start" | "prior" | "iterate" | "median" | "search"
     coef: np.ndarray
-    report: FitReport
-    outcome: SimOutcome
-    obs: Observed
-    design: Design
+    reports: list[FitReport]
+    outcomes: list[SimOutcome]
+    obs: list[Observed]
+    designs: list[Design]
 
     @property
     def objective(self) -> float:
-        return self.report.ttft_mape + self.report.itl_mape
+        """The mean over the traces of each trace's TTFT MAPE + ITL MAPE (every trace counts
+        alike, whatever its length: a light probe beside a long production trace)."""
+        return float(np.mean([r.ttft_mape + r.itl_mape for r in self.reports]))
+
+    @property
+    def report(self) -> FitReport:
+        return _combined_report(self.reports)
+
+    @property
+    def design(self) -> Design:
+        return _stacked(self.designs, [len(o.table) for o in self.outcomes])
 
     def release(self) -> None:
-        """Drop the schedule (a replay's columns and rows): only the best and the last are kept."""
-        self.outcome = self.obs = self.design = None  # type: ignore[assignment]
+        """Drop the schedules (a replay's columns and rows): only the best and the last are kept."""
+        self.outcomes = self.obs = self.designs = None  # type: ignore[assignment]
+
+
+def _stacked(designs: list[Design], rows: list[int]) -> Design:
+    """The traces' rows as one least squares, each trace's rows weighted to count alike (as in
+    the objective), their requests numbered as the traces' tables stacked (``rows`` each)."""
+    if len(designs) == 1:
+        return designs[0]
+    total = sum(d.y.size for d in designs)
+    offset, request, w = 0, [], []
+    for d, n in zip(designs, rows):
+        w.append(d.w * np.sqrt(total / (len(designs) * d.y.size)))
+        request.append(d.request + offset)
+        offset += n
+    return Design(np.vstack([d.x for d in designs]), np.concatenate([d.y for d in designs]),
+                  np.concatenate(w), np.concatenate(request))
+
+
+def _combined_report(reports: list[FitReport]) -> FitReport:
+    """One trace's report, or the traces' together: their mean errors (the objective's terms),
+    every request, and each trace's own error in ``traces``."""
+    if len(reports) == 1:
+        return reports[0]
+    return FitReport(
+        trace=", ".join(r.trace for r in reports), requests=sum(r.requests for r in reports),
+        iterations=0, ttft_mape=float(np.mean([r.ttft_mape for r in reports])),
+        itl_mape=float(np.mean([r.itl_mape for r in reports])),
+        ttft_rmse_us=float(np.sqrt(np.mean([r.ttft_rmse_us ** 2 for r in reports]))),
+        itl_rmse_us=float(np.sqrt(np.mean([r.itl_rmse_us ** 2 for r in reports]))),
+        traces=[TraceError(trace=r.trace, requests=r.requests, ttft_mape=r.ttft_mape,
+                           itl_mape=r.itl_mape) for r in reports])
 
 
 #: How far past ``max_iterations`` a fit goes while each iterate still improves on every earlier one
@@ -282,66 +344,157 @@ class _Iterate:
 #: then 0.029, where the truth scores 0.00001) on a CPU whose rounding took it on a longer path.
 EXTENDED = 3
 IMPROVING = 0.01  # a relative gain of the objective that counts as still improving
+#: replays the search stage may make (:mod:`fit_search`), Jacobian included: ~4 trust-region steps
+#: over nine coefficients
+SEARCH_EVALUATIONS = 40
 
 
 def _still_improving(tried: list[_Iterate]) -> bool:
-    """Whether the last iterate beats every earlier one (the start included) by ``IMPROVING``."""
+    """Whether the last iterate beats every earlier one (the starts included) by ``IMPROVING``."""
     *earlier, last = tried
     best = min((t.objective for t in earlier), default=np.inf)
     return last.objective < (1 - IMPROVING) * best
 
 
 def _keep_best_and_last(tried: list[_Iterate]) -> None:
-    best = min((t for t in tried if t.kind != "start"), key=lambda t: t.objective, default=None)
+    best = min(tried, key=lambda t: t.objective)
     for t in tried[:-1]:
         if t is not best:
             t.release()
 
 
-def _replayed(trace: Any, options: EngineOptions, coef: np.ndarray, kind: str, name: str,
-              shape: str, phases: Collection[str] | None = None) -> _Iterate:
+def _replayed(cases: list[_Case], coef: np.ndarray, kind: str, shape: str,
+              phases: Collection[str] | None = None) -> _Iterate:
     model = _to_coefficients(coef).to_step_model()
-    out = replay_outcome(trace, replace(options, latency=model, latency_source="fit"),
-                         log_steps=True).outcome
-    obs = observed(out, trace.header.mode, phases)
-    return _Iterate(kind, coef, _report(out, obs, name, 0), out, obs, _design(out, obs, coef, shape))
+    reports, outcomes, obs_all, designs = [], [], [], []
+    for case in cases:
+        out = replay_outcome(case.trace, replace(case.options, latency=model, latency_source="fit"),
+                             log_steps=True).outcome
+        if case.obs is None:
+            case.obs = observed(out, case.trace.header.mode, phases)
+        obs = case.obs
+        reports.append(_report(out, obs, case.name, 0))
+        outcomes.append(out)
+        obs_all.append(obs)
+        designs.append(_design(out, obs, coef, shape))
+    return _Iterate(kind, coef, reports, outcomes, obs_all, designs)
 
 
-def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int = 10,
-        burn_in: int = 3, tolerance: float = 1e-6, name: str = "",
-        prior: PhysicsPrior | None = None, prior_label: str = "", prior_strength: float = 0.01,
-        bootstrap_resamples: int = 100, seed: int = 0, start: str = "",
-        shape: str = "linear", phases: Collection[str] | None = None) -> LatencyCoefficients:
-    """Fit the linear model to ``trace`` (see the module docstring); ``options`` sets the KV and
-    scheduler knobs of the replay, and the starting coefficients if linear (``start`` names
-    where they came from, for the report).
+#: the fractions of an overshooting regression step tried, toward the best candidate so far
+BACKTRACK = (0.5, 0.25)
+#: an iterate this many times the best objective so far overshot (on an emulator trace at 0.8x
+#: capacity the iterates alternated between 1.9 and 61, and the fit returned 72 % TTFT MAPE)
+OVERSHOOT = 1.5
 
-    Each iteration replays the trace with the current coefficients (which also scores them: the
-    objective is the in-sample TTFT MAPE + ITL MAPE) and solves the rows of that schedule for the
-    next ones (:func:`fit_solve.solve`, toward ``prior`` if given). A replay is chaotic in the
-    small, so the iterates jitter, alternate, or drift away from a good point on hard traces:
-    the answer is the best by the objective of all iterates and of the coordinate-wise median of
-    those after ``burn_in`` — never worse than any of them. Its report carries every iterate's
-    objective, each coefficient's bootstrap interval (``bootstrap_resamples`` resamples of the
-    requests at its schedule, seeded by ``seed``), identifiability and plausibility warnings.
+
+def _backtrack(cases: list[_Case], leader: _Iterate, step_to: np.ndarray, tried: list[_Iterate],
+               shape: str, phases: Collection[str] | None) -> _Iterate:
+    """The first shorter step from ``leader`` toward ``step_to`` that beats it, else ``leader``."""
+    for frac in BACKTRACK:
+        cand = _replayed(cases, leader.coef + frac * (step_to - leader.coef), "iterate", shape,
+                         phases)
+        tried.append(cand)
+        _keep_best_and_last(tried)
+        if cand.objective < leader.objective:
+            return cand
+    return leader
+
+
+def _residuals(it: _Iterate) -> np.ndarray:
+    """Every fitted request's relative TTFT and ITL error at ``it`` (the terms of the objective,
+    in a fixed order: the same requests whatever the coefficients), each trace's and each kind's
+    scaled by 1/√(its count) so that the sum of squares weighs them as the objective does. A
+    request the replay did not finish counts as 100 % off."""
+    parts = []
+    k = len(it.outcomes)
+    for out, obs in zip(it.outcomes, it.obs):
+        lp = out.loop
+        itl_sim = np.where(lp.num_out >= 2, (lp.finish_us - lp.first_token_us)
+                           / np.maximum(lp.num_out - 1, 1), np.nan)
+        for sim, ref in ((out.ttft_us, obs.ttft_us), (itl_sim, obs.itl_us)):
+            ok = ~np.isnan(ref) & (ref > 0)
+            if not ok.any():
+                continue
+            r = (sim[ok] - ref[ok]) / ref[ok]
+            r = np.where(np.isfinite(r), r, 1.0)
+            parts.append(r / np.sqrt(ok.sum() * k))
+    return np.concatenate(parts) if parts else np.zeros(1)
+
+
+def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
+           name: str | Sequence[str]) -> list[_Case]:
+    traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
+    if not traces:
+        raise ConfigError("no trace to fit", field="trace")
+    if options is None or isinstance(options, EngineOptions):
+        opts = [options or EngineOptions()] * len(traces)
+    else:
+        opts = list(options)
+    names = [name] * len(traces) if isinstance(name, str) else list(name)
+    if len(opts) != len(traces) or len(names) != len(traces):
+        raise ConfigError(f"{len(traces)} traces need as many options and names, got "
+                          f"{len(opts)} and {len(names)}", field="trace")
+    if len(traces) > 1 and isinstance(name, str):
+        names = [f"{name or 'trace'} {i + 1}" for i in range(len(traces))]
+    from blis_sim.engine.replay_trace import prepare_trace
+
+    # each trace's settings resolved once, against its own header (blis_sim/engine/settings.py)
+    return [_Case(prepare_trace(t), resolve_settings(o, t.header), n) for t, o, n in zip(traces, opts, names)]
+
+
+def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = None, *,
+        max_iterations: int = 10, burn_in: int = 3, tolerance: float = 1e-6,
+        name: str | Sequence[str] = "", prior: PhysicsPrior | None = None, prior_label: str = "",
+        prior_strength: float = 0.01, bootstrap_resamples: int = 100, seed: int = 0,
+        start: str = "", shape: str = "linear", phases: Collection[str] | None = None,
+        search_evaluations: int = SEARCH_EVALUATIONS) -> LatencyCoefficients:
+    """Fit the model to ``trace`` — or to several traces at once (a list; ``options`` and ``name``
+    then one per trace, or one for all): one model, each trace's error in the report's
+    ``traces``. ``options`` sets the KV and scheduler knobs of each replay, and the starting
+    coefficients if fitted-shaped (``start`` names where they came from, for the report).
+
+    The objective is what the report says: the in-sample TTFT MAPE + ITL MAPE of replaying the
+    trace(s) with the candidate coefficients (the mean over traces). Every candidate is within
+    the bounds of :func:`~blis_sim.engine.prior.fit_bounds` (the prior's plausible range, else
+    ≥ 0 and the frontend's heuristic range): implausible values are not returned. Stages:
+
+    1. **Starts**, each replayed and scored: ``options.latency`` (the user's, else the bundled
+       default) and, with a prior, the prior's values (its frontend from the first start).
+    2. **Regression** from the better start: replay, solve the rows of that schedule
+       (:func:`fit_solve.solve`, toward ``prior``), repeat; plus the coordinate-wise median of
+       the iterates after ``burn_in``. A replay is chaotic in the small, so the iterates jitter,
+       alternate or drift; each is scored.
+    3. **Search** (:mod:`fit_search`): scipy's bounded ``least_squares`` on the replayed
+       per-request residuals, from the best so far, for at most ``search_evaluations`` replays;
+       it sees what the regression cannot, that a slower step lengthens a queue.
+
+    The answer is the best by the objective of every candidate scored, the starts included: never
+    worse than any start (tested). Its report carries every candidate's objective, each
+    coefficient's bootstrap interval (``bootstrap_resamples`` resamples of the requests at its
+    schedule, seeded by ``seed``), identifiability, bound and saturation warnings.
 
     ``shape``: ``linear`` (the default), or ``roofline``: the two-row ``roofline-fit`` model, each
-    step ``base + max(compute, memory)``; each iteration's solve puts every step of the schedule
+    step ``base + max(compute, memory)``; each regression solve puts every step of the schedule
     on the side its current estimate binds (:func:`_step_columns`), so the same fixed point fits
     both rows (``prior`` must then be ``physics_prior(..., shape="roofline")``).
 
-    ``max_iterations``: the iterates to make, or up to ``EXTENDED`` times as many while each new one still
-    improves on every earlier one by 1 % (:func:`_still_improving`): a fit stopped mid-descent is not an answer.
+    ``max_iterations``: the regression's iterates, or up to ``EXTENDED`` times as many while each
+    new one still improves on every earlier one by 1 % (:func:`_still_improving`).
 
     ``phases``: fit only the rows of these phases; the rest of the trace is replayed (it shapes the
     schedule and the cache) but not fitted, e.g. a probe's one-at-a-time phases for cells that send
     one request at a time (:func:`blis_sim.probe.plan.one_at_a_time`).
     """
     from blis_sim.engine import fit_checks
+    from blis_sim.engine.fit_search import search
     from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
+    from blis_sim.engine.prior import fit_bounds
 
     if max_iterations < 1:
         raise ConfigError(f"max_iterations must be ≥ 1, got {max_iterations}", field="max_iterations")
+    if search_evaluations < 0:
+        raise ConfigError(f"search_evaluations must be ≥ 0, got {search_evaluations}",
+                          field="search_evaluations")
     if shape not in STEP_SHAPES:
         raise ConfigError(f"unknown step shape {shape!r} (known: {', '.join(STEP_SHAPES)})",
                           field="step_shape")
@@ -349,61 +502,126 @@ def fit(trace: Any, options: EngineOptions | None = None, *, max_iterations: int
     if prior is not None and prior.names != names:
         raise ConfigError(f"the prior ({prior.source}) is for another step shape than {shape!r}",
                           field="step_shape")
-    options = options or EngineOptions()
-    start_coeffs, start_label = _start(options)
-    tried = [_replayed(trace, options, _start_vector(start_coeffs, shape, prior), "start", name,
-                       shape, phases)]
+    cases = _cases(trace, options, name)
+    low, high = (np.array(b, dtype=np.float64) for b in fit_bounds(names, prior))
+    bounds = (low, high)
+    start_coeffs, start_label = _start(cases[0].options)
+    user = _start_vector(start_coeffs, shape, prior)
+    tried = [_replayed(cases, np.clip(user, low, high), "start", shape, phases)]
+    if prior is not None:
+        physical = np.array([user[j] if v is None else v for j, v in enumerate(prior.values)])
+        tried.append(_replayed(cases, np.clip(physical, low, high), "prior", shape, phases))
+    starts = list(tried)
     fitted: list[np.ndarray] = []
+    current = min(starts, key=lambda t: t.objective)
     while len(fitted) < EXTENDED * max_iterations:
-        c = solve(tried[-1].design, prior, prior_strength).coef
+        c = solve(current.design, prior, prior_strength, bounds).coef
         converged = bool(fitted) and bool(np.all(
             np.abs(c - fitted[-1]) <= tolerance * np.maximum(np.abs(fitted[-1]), 1.0)))
         fitted.append(c)
-        tried.append(_replayed(trace, options, c, "iterate", name, shape, phases))
+        leader = min(tried, key=lambda t: t.objective)
+        current = _replayed(cases, c, "iterate", shape, phases)
+        tried.append(current)
         _keep_best_and_last(tried)
+        if current.objective > OVERSHOOT * leader.objective:
+            # overshot (a fixed point of replay-and-solve can cycle between two schedules, one of
+            # them far off): step back toward the best so far, and stop if no shorter step helps;
+            # a smaller setback is the jitter of a chaotic replay, which the median evens out
+            current = _backtrack(cases, leader, c, tried, shape, phases)
+            if current is leader:
+                break
         if converged or (len(fitted) >= max_iterations and not _still_improving(tried)):
             break
     settled = fitted[min(burn_in, len(fitted) - 1):]
     if len(settled) > 1:
-        tried.append(_replayed(trace, options, np.median(np.array(settled), axis=0), "median", name,
-                               shape, phases))
-    best_index = min((i for i, t in enumerate(tried) if t.kind != "start"),
-                     key=lambda i: tried[i].objective)
-    best = tried[best_index]
+        tried.append(_replayed(cases, np.median(np.array(settled), axis=0), "median", shape,
+                               phases))
+        _keep_best_and_last(tried)
 
-    sol = solve(best.design, prior, prior_strength)
-    samples = bootstrap(best.design, prior, prior_strength, sol.row_weight,
-                        bootstrap_resamples, seed)
-    cond, vif = collinearity(best.design)
-    ests, warnings = fit_checks.estimates(best.coef, sol.coef, samples, vif, best.design, prior,
-                                          best.outcome.table, best.outcome.loop.step_features,
-                                          best.obs.load, names,
-                                          zero_when_unused=_zero_when_unused(best.obs))
-    phases = [r.phase for r in best.outcome.table.source]
-    sat = fit_checks.saturation(best.obs.ttft_us, best.outcome.loop.arrival_us, best.obs.load,
-                                phases)
-    if sat:
-        warnings.insert(0, sat)
-    poor = [f"{name} MAPE {v:.1%}" for name, v in (("TTFT", best.report.ttft_mape),
-                                                    ("ITL", best.report.itl_mape)) if v > POOR_FIT]
+    # the search keeps only each candidate's score; the best is replayed again for its rows
+    lead = min(tried, key=lambda t: t.objective)
+    used = lead.design.used if lead.designs is not None else np.ones(len(names), bool)
+    typical = np.array([abs(v) if v else 1.0 for v in (prior.values if prior is not None
+                                                       else [None] * len(names))])
+
+    # the prior's rows, as the regression's solve has them (λ·(w − p)/p against residuals scaled
+    # to a mean square): what the data cannot see stays physical here too
+    has_prior = np.array([v is not None and v > 0 for v in prior.values]) if prior is not None \
+        else np.zeros(len(names), bool)
+    pvals = np.array([v if v else 1.0 for v in prior.values]) if prior is not None else None
+
+    def penalty(coef: np.ndarray) -> np.ndarray:
+        if pvals is None:
+            return np.zeros(0)
+        return prior_strength * (coef[has_prior] - pvals[has_prior]) / pvals[has_prior]
+
+    def scored(coef: np.ndarray) -> np.ndarray:
+        if np.array_equal(coef, lead.coef) and lead.outcomes is not None:
+            # scipy's first call is its start: scored already
+            return np.concatenate([_residuals(lead), penalty(coef)])
+        it = _replayed(cases, coef, "search", shape, phases)
+        res = _residuals(it)
+        tried.append(it)
+        _keep_best_and_last(tried)
+        return np.concatenate([res, penalty(coef)])
+
+    search(scored, lead.coef, low, high, used, search_evaluations, typical)
+    best_index = min(range(len(tried)), key=lambda i: tried[i].objective)
+    best = tried[best_index]
+    if best.designs is None:
+        best = _replayed(cases, best.coef, best.kind, shape, phases)
+
+    design = best.design
+    sol = solve(design, prior, prior_strength, bounds)
+    samples = bootstrap(design, prior, prior_strength, sol.row_weight, bootstrap_resamples, seed,
+                        bounds)
+    cond, vif = collinearity(design)
+    features = [o.loop.step_features for o in best.outcomes]
+    ests, warnings = fit_checks.estimates(
+        best.coef, sol.coef, samples, vif, design, prior, _stacked_tables(best.outcomes),
+        None if any(f is None for f in features) else np.vstack([f for f in features if f is not None]),
+        np.concatenate([o.load for o in best.obs]), names,
+        zero_when_unused=_zero_when_unused(best.obs[0]), bounds=bounds)
+    for case, out, obs in zip(cases, best.outcomes, best.obs):
+        sat = fit_checks.saturation(obs.ttft_us, out.loop.arrival_us, obs.load,
+                                    [r.phase for r in out.table.source])
+        if sat:
+            warnings.insert(0, sat if len(cases) == 1 else f"{case.name}: {sat}")
+    report = best.report
+    poor = [f"{name} MAPE {v:.1%}" for name, v in (("TTFT", report.ttft_mape),
+                                                    ("ITL", report.itl_mape)) if v > POOR_FIT]
     if poor:
         warnings.append(f"the fit reproduces its own trace poorly ({', '.join(poor)}): the {shape} "
                         "model does not describe this server at these settings, or the replay's "
                         "scheduler limits and KV size are not the server's")
-    if tried[0].objective < best.objective:
-        warnings.append(f"no iterate beat the starting point ({start_label}: objective "
-                        f"{tried[0].objective:.3g} vs {best.objective:.3g})")
+    if best.kind in ("start", "prior"):
+        warnings.append(f"no regression or search candidate beat the {best.kind} "
+                        f"({start_label if best.kind == 'start' else 'prior'}: objective "
+                        f"{best.objective:.3g})")
     history = [FitIteration(iteration=i, kind=t.kind, ttft_mape=t.report.ttft_mape,
                             itl_mape=t.report.itl_mape, objective=t.objective,
                             values=[float(v) for v in t.coef]) for i, t in enumerate(tried)]
-    report = best.report.model_copy(update={
+    report = report.model_copy(update={
         "iterations": len(fitted), "start": start or start_label,
         "prior": prior_label or (prior.source if prior else "none"),
         "best_iteration": best_index, "convergence": history,
         "condition_number": cond if np.isfinite(cond) else None, "coefficients": ests,
         "warnings": warnings})
-    shared = not best.design.used[PREFILL_CONTEXT]
+    shared = not design.used[PREFILL_CONTEXT]
     return _to_coefficients(best.coef, shared_context=shared).model_copy(update={"fit": report})
+
+
+class _StackedTable:
+    """The traces' prompt lengths as one table, for the identifiability hints."""
+
+    def __init__(self, prompt_len: np.ndarray) -> None:
+        self.prompt_len = prompt_len
+
+
+def _stacked_tables(outcomes: list[SimOutcome]) -> Any:
+    if len(outcomes) == 1:
+        return outcomes[0].table
+    return _StackedTable(np.concatenate([o.table.prompt_len for o in outcomes]))
 
 
 def _zero_when_unused(obs: Observed) -> frozenset[str]:
@@ -426,7 +644,7 @@ def _start(options: EngineOptions) -> tuple[LatencyCoefficients, str]:
     from blis_sim.engine.coefficients import DEFAULT_COEFFICIENTS
 
     lat = options.latency
-    if lat.kind in ("linear", "roofline-fit"):
+    if lat is not None and lat.kind in ("linear", "roofline-fit"):
         s, m = lat.details.get("step"), lat.details.get("memory")
         if s:
             return LatencyCoefficients(

@@ -34,6 +34,9 @@ Models:
   peak bandwidth).
 
 ``StepModel.describe()`` is the provenance record written into every output (design D7).
+:class:`LatencyModel` is what the simulator needs of a model (the step loop its weights, the outputs
+its frontend term and description); :class:`StepModel` is the one implementation, and
+:class:`StepModelSource` a model in another form that compiles to one (the coefficient file's).
 """
 from __future__ import annotations
 
@@ -41,13 +44,16 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from blis_sim._lazy import lazy_exports
 from blis_sim.errors import ConfigError, FormatError
 from blis_sim.formats._strict import read_text
+
+if TYPE_CHECKING:  # coefficients.py imports this module
+    from blis_sim.engine.coefficients import FrontendCoefficients
 
 #: Per-step features, in the order of the weight vectors. Tp: prompt tokens computed this step;
 #: Td: decode sequences; Cd: context tokens the decodes attend to; Cp: context already computed
@@ -76,6 +82,41 @@ _COEFFICIENT_NAMES = frozenset({"CoefficientEstimate", "FitIteration", "FitRepor
 
 
 __getattr__ = lazy_exports(__name__, {"blis_sim.engine.coefficients": tuple(sorted(_COEFFICIENT_NAMES))})[0]
+
+
+@runtime_checkable  # tests check each implementation against it
+class LatencyModel(Protocol):
+    """A latency model as the simulator uses it: the step loop reads :meth:`weights` (a step takes
+    ``max(1, max(compute · F, memory · F))`` µs over the features ``F``, ``FEATURES``); the frontend
+    term adds ``frontend_base_us + frontend_per_inflight_us · in-flight + admission wait`` to each
+    request's TTFT and E2E; :meth:`describe` is the provenance record (design D7)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def frontend_base_us(self) -> float: ...
+
+    @property
+    def frontend_per_inflight_us(self) -> float: ...
+
+    @property
+    def frontend_admission_us(self) -> float: ...
+
+    def weights(self) -> np.ndarray:
+        """(2, N_FEATURES) float64: the compute row, then the memory row."""
+        ...
+
+    def step_time(self, features: np.ndarray) -> float: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable  # tests check each implementation against it
+class StepModelSource(Protocol):
+    """A model in another form (a fitted coefficient file) that compiles to a :class:`StepModel`."""
+
+    def to_step_model(self) -> StepModel: ...
 
 
 @dataclass(frozen=True)
@@ -253,7 +294,7 @@ def roofline(geom: ModelGeometry, hw: Hardware, tp: int = 1,
     kv = t.kv_token_us
     memory = (t.weights_us, kv, kv, kv, kv, 0.0)
     if frontend is None:
-        from blis_sim.engine.coefficients import FrontendCoefficients
+        from blis_sim.engine.coefficients import FrontendCoefficients  # it imports this module
 
         frontend = FrontendCoefficients()
     fe = frontend
@@ -296,3 +337,17 @@ def roofline_terms(geom: ModelGeometry, hw: Hardware, tp: int = 1) -> RooflineTe
                          prefill_token_us=lin_flops / gemm_per_us,
                          decode_seq_us=(lin_flops + head_flops) / gemm_per_us,
                          attention_pair_us=attn_flops / gemm_per_us)
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.engine.coefficients import (
+        DEFAULT_COEFFICIENTS as DEFAULT_COEFFICIENTS,
+        CoefficientEstimate as CoefficientEstimate,
+        FitIteration as FitIteration,
+        FitReport as FitReport,
+        FrontendCoefficients as FrontendCoefficients,
+        LatencyCoefficients as LatencyCoefficients,
+        MemoryCoefficients as MemoryCoefficients,
+        StepCoefficients as StepCoefficients,
+        dump_coefficients as dump_coefficients,
+        load_coefficients as load_coefficients,
+    )

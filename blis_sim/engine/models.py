@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from blis_sim.defaults import DEFAULT_TOTAL_KV_BLOCKS
 from blis_sim.engine.latency import ModelGeometry, get_hardware, load_model_config
 
 KNOWN_MODELS: dict[str, ModelGeometry] = {
@@ -24,7 +25,6 @@ KNOWN_MODELS: dict[str, ModelGeometry] = {
                                 intermediate=256, vocab=8000, bytes_per_param=2.0,
                                 weight_bytes_per_param=2.0),
 }
-DEFAULT_TOTAL_KV_BLOCKS = 1_000_000
 
 
 def geometry_for(model: str, config_path: str | Path | None = None) -> ModelGeometry | None:

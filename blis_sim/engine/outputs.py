@@ -15,28 +15,32 @@
 * :class:`SimulatedOutputs` — ``results`` / ``metrics()`` / ``write_outputs()`` of an outcome
   and its options (MetricsOutput with its ``provenance``), shared by ``ReplayOutcome`` and
   ``RunOutcome``.
-* :func:`trace_records` — the simulated requests as TraceV2 rows (``--trace-output``): integer µs
+* :func:`trace_records` — the simulated requests as TraceV2 rows, column by column (``--trace-output``,
+  written a chunk of rows at a time; nothing made per request): integer µs
   times, ``first_chunk = arrival + TTFT``, ``last_chunk = arrival + E2E``, status ``ok`` or
   ``incomplete`` (did not finish before the horizon).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.requests import TraceRows
-from blis_sim.engine.simulate import SOURCES, SimOutcome
 from blis_sim.engine.scheduler import LOADING, NOT_ARRIVED, RUNNING, WAITING
+from blis_sim.engine.simulate import SOURCES, EngineOptions, SimOutcome
 from blis_sim.formats import KVHitRate, MetricsOutput, RequestMetrics, SimProvenance, SimResult, _go
 from blis_sim.formats._model import construct
-from blis_sim.formats.results import Columns, IntMapColumn, write_metrics_output, write_sim_results
+from blis_sim.formats.results import ColumnChunks, Columns, IntMapColumn, write_metrics_output, write_sim_results
 from blis_sim.formats.trace_header import TierIO  # not via blis_sim.formats: that serves it from .trace
+
+if TYPE_CHECKING:
+    pass
 
 
 def percentile(values: np.ndarray, p: float) -> float:
@@ -92,9 +96,155 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, ps: Sequence[f
     return out
 
 
-def _itl_mean(o: SimOutcome) -> np.ndarray:
-    n_out = o.loop.num_out
-    return np.where(n_out > 1, o.loop.itl_sum_us / np.maximum(n_out - 1, 1), 0.0)
+# Gaps read this many at a time by :func:`itl_summary` (16 MB of a spilled log resident at once).
+# At least numpy's pairwise block (128): below it numpy sums a part whole, so cutting it would differ.
+ITL_CHUNK = 1 << 20
+
+
+def _spans(n: int) -> Iterator[tuple[int, int]]:
+    """``[0, n)`` cut where numpy's pairwise summation cuts it (halves, rounded down to a multiple
+    of 8, until a part is at most :data:`ITL_CHUNK`): summing each span with numpy and adding the
+    partial sums up the same tree gives ``np.sum`` of the whole, bit for bit."""
+    def cut(lo: int, m: int) -> Iterator[tuple[int, int]]:
+        if m <= ITL_CHUNK:
+            yield lo, m
+            return
+        half = m // 2
+        half -= half % 8
+        yield from cut(lo, half)
+        yield from cut(lo + half, m - half)
+    return cut(0, n)
+
+
+def _pairwise_total(n: int, part_sums: Iterator[float]) -> float:
+    """The partial sums of :func:`_spans` (in order) added up the same tree as numpy's."""
+    sums = iter(part_sums)
+
+    def add(m: int) -> float:
+        if m <= ITL_CHUNK:
+            return next(sums)
+        half = m // 2
+        half -= half % 8
+        return add(half) + add(m - half)
+    return add(n)
+
+
+def _release(a: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped log read so far from this process (they stay in the
+    page cache): read through once, a 10M-request replay's log would otherwise count whole."""
+    mm = getattr(a, "_mmap", None)
+    if mm is not None:
+        import mmap
+
+        mm.madvise(mmap.MADV_DONTNEED)
+
+
+def itl_summary(values: np.ndarray, weights: np.ndarray, ps: Sequence[float]) -> tuple[float, list[float]]:
+    """The inter-token gaps' mean and weighted percentiles in ms (``values`` in µs, ``values[k]``
+    counted ``weights[k]`` times): ``((v/1e3 · w).sum() / Σw, weighted_percentiles(v/1e3, w, ps))``
+    bit for bit, read a chunk at a time (the log of a 10M-request replay is ~1.5 GB, spilled to a
+    file). The percentiles select each rank's gap by its float bits (non-negative float64 bits
+    order as the values), 16 bits a pass, then sort the few candidates left."""
+    n = int(values.shape[0])
+    total = 0
+    for lo, m in _spans(n):
+        total += int(weights[lo:lo + m].sum())
+        _release(weights)
+    if total == 0:
+        return 0.0, [0.0 for _ in ps]
+
+    def part_sums() -> Iterator[float]:
+        for lo, m in _spans(n):
+            yield np.add.reduce((values[lo:lo + m] / 1e3) * weights[lo:lo + m])
+            _release(values)
+            _release(weights)
+    mean = float(_pairwise_total(n, part_sums()) / total)
+    ranks = []
+    for p in ps:
+        rank = p / 100.0 * (total - 1)
+        lo = int(np.floor(rank))
+        ranks.append((rank, lo, min(lo + 1, total - 1)))
+    picked = _select_ranks(values, weights, sorted({k for _, lo, hi in ranks for k in (lo, hi)}))
+    out = []
+    for rank, lo, hi in ranks:
+        vlo, vhi = picked[lo] / 1e3, picked[hi] / 1e3
+        out.append(float(vlo + (vhi - vlo) * (rank - lo)))
+    return mean, out
+
+
+def _select_ranks(values: np.ndarray, weights: np.ndarray, ks: list[int]) -> dict[int, np.float64]:
+    """The gap at each 0-based rank of ``ks``: a log of one chunk is sorted once for all of them,
+    a longer one is searched rank by rank (:func:`_select`)."""
+    if values.shape[0] <= ITL_CHUNK:
+        order = np.argsort(values)
+        cum = np.cumsum(weights[order])
+        return {k: values[order[np.searchsorted(cum, k, side="right")]] for k in ks}
+    return {k: _select(values, weights, k) for k in ks}
+
+
+def _select(values: np.ndarray, weights: np.ndarray, k: int) -> np.float64:
+    """The gap at 0-based rank ``k`` of the multiset (``values[j]`` ``weights[j]`` times)."""
+    n = int(values.shape[0])
+    prefix, known, below = np.uint64(0), 0, 0  # the top ``known`` bits of the answer; rows under them
+    while True:
+        shift = np.uint64(64 - known - 16) if known < 48 else np.uint64(0)
+        width = 64 - known - int(shift)
+        hist = np.zeros(1 << width)
+        candidates = 0
+        for lo, m in _spans(n):
+            bits = values[lo:lo + m].view(np.uint64)
+            w = weights[lo:lo + m]
+            if known:
+                sel = (bits >> np.uint64(64 - known)) == prefix
+                bits, w = bits[sel], w[sel]
+            digit = (bits >> shift) & np.uint64((1 << width) - 1)
+            hist += np.bincount(digit.astype(np.int64), weights=w, minlength=1 << width)
+            candidates += int(bits.size)
+            _release(values)
+            _release(weights)
+        if known and candidates <= ITL_CHUNK:  # few enough: gather and sort them
+            return _select_small(values, weights, prefix, known, k - below)
+        cum = np.cumsum(hist)
+        d = int(np.searchsorted(cum, k - below, side="right"))
+        below += int(cum[d - 1]) if d else 0
+        prefix = (prefix << np.uint64(width)) | np.uint64(d)
+        known += width
+        if known == 64:
+            return np.array([prefix], dtype=np.uint64).view(np.float64)[0]
+
+
+def _select_small(values: np.ndarray, weights: np.ndarray, prefix: np.uint64, known: int,
+                  k: int) -> np.float64:
+    """Rank ``k`` among the gaps whose top ``known`` bits are ``prefix`` (gathered, then sorted)."""
+    vs, ws = [], []
+    n = int(values.shape[0])
+    for lo, m in _spans(n):
+        v = values[lo:lo + m]
+        sel = (v.view(np.uint64) >> np.uint64(64 - known)) == prefix
+        vs.append(np.asarray(v[sel]))
+        ws.append(np.asarray(weights[lo:lo + m][sel]))
+        _release(values)
+        _release(weights)
+    v, w = np.concatenate(vs), np.concatenate(ws)
+    order = np.argsort(v)
+    cum = np.cumsum(w[order])
+    return v[order[np.searchsorted(cum, k, side="right")]]
+
+
+def _itl_mean(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
+    n_out = o.loop.num_out[idx]
+    return np.where(n_out > 1, o.loop.itl_sum_us[idx] / np.maximum(n_out - 1, 1), 0.0)
+
+
+def _ttft(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
+    """``o.ttft_us[idx]`` without the whole-table array (the same arithmetic per element)."""
+    lp = o.loop
+    return lp.first_token_us[idx] - lp.arrival_us[idx] + o.frontend_us[idx]
+
+
+def _e2e(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
+    lp = o.loop
+    return lp.finish_us[idx] - lp.arrival_us[idx] + o.frontend_us[idx]
 
 
 class _SourceText:
@@ -114,8 +264,8 @@ class _SourceText:
                 if const:
                     self._cache[name] = [value] * len(src) if value else None
                 else:
-                    vals = value.tolist() if isinstance(value, np.ndarray) else value
-                    self._cache[name] = vals if any(vals) else None
+                    listed = value.tolist() if isinstance(value, np.ndarray) else value
+                    self._cache[name] = listed if any(listed) else None
                 return self._cache[name]
             try:
                 vals: list[Any] | None = list(map(attrgetter(name), src))
@@ -142,23 +292,28 @@ class _SourceText:
         return np.array([int(every[i] or 0) for i in idx.tolist()], dtype=np.int64)
 
 
-def sim_result_columns(o: SimOutcome, text: _SourceText | None = None) -> Columns:
-    """The completed requests as SimResult columns, sorted by request id."""
+def sim_result_columns(o: SimOutcome, text: _SourceText | None = None) -> ColumnChunks:
+    """The completed requests as SimResult columns, sorted by request id, made a chunk at a time."""
     text = text or _SourceText(o)
     done = np.flatnonzero(o.completed)
-    idx = done[np.argsort(o.table.request_id[done], kind="stable")]
-    cached = o.cached[idx]
-    return Columns(SimResult, int(idx.size), {
-        "request_id": o.table.request_id[idx], "ttft_us": o.ttft_us[idx], "e2e_us": o.e2e_us[idx],
-        "input_tokens": o.table.prompt_len[idx], "output_tokens": o.loop.num_out[idx],
-        "slo_class": text.strings("slo_class", idx), "model": text.strings("model", idx),
-        "itl_mean_us": _itl_mean(o)[idx], "cached_tokens": cached.sum(axis=1),
-        "cached_tokens_by_source": IntMapColumn(SOURCES, cached),
-        "instance_id": instance_names(o, idx) if o.replica is not None else ""})
+    order = done[np.argsort(o.table.request_id[done], kind="stable")]
+
+    def make(start: int, stop: int) -> Columns:
+        idx = order[start:stop]
+        cached = o.cached[idx]
+        return Columns(SimResult, int(idx.size), {
+            "request_id": o.table.request_id[idx], "ttft_us": _ttft(o, idx), "e2e_us": _e2e(o, idx),
+            "input_tokens": o.table.prompt_len[idx], "output_tokens": o.loop.num_out[idx],
+            "slo_class": text.strings("slo_class", idx), "model": text.strings("model", idx),
+            "itl_mean_us": _itl_mean(o, idx), "cached_tokens": cached.sum(axis=1),
+            "cached_tokens_by_source": IntMapColumn(SOURCES, cached),
+            "instance_id": instance_names(o, idx) if o.replica is not None else ""})
+    return ColumnChunks(SimResult, int(order.size), make)
 
 
 def instance_names(o: SimOutcome, idx: np.ndarray) -> list[str]:
     """``instance_<r>`` of rows ``idx``: the reference's names for the replicas of a cluster."""
+    assert o.replica is not None
     names = [f"instance_{r}" for r in range(int(o.replica.max()) + 1 if o.replica.size else 0)]
     return [names[r] for r in o.replica[idx].tolist()]
 
@@ -167,22 +322,29 @@ def sim_results(o: SimOutcome) -> list[SimResult]:
     return sim_result_columns(o).records()
 
 
-def request_metrics_columns(o: SimOutcome, text: _SourceText | None = None) -> Columns:
-    """``MetricsOutput.requests`` as columns: completed requests in arrival order (ms and s)."""
+def request_metrics_columns(o: SimOutcome, text: _SourceText | None = None) -> ColumnChunks:
+    """``MetricsOutput.requests`` as columns: completed requests in arrival order (ms and s), made
+    a chunk at a time."""
     text = text or _SourceText(o)
     lp = o.loop
-    idx = np.flatnonzero(o.completed)
-    idx = idx[np.lexsort((o.table.request_id[idx], lp.arrival_us[idx]))]
-    rid = _go.json_ints(o.table.request_id[idx])
-    return Columns(RequestMetrics, int(idx.size), {
-        "arrived_at": lp.arrival_us[idx] / 1e6, "request_id": ["request_" + r for r in rid],
-        "num_prefill_tokens": o.table.prompt_len[idx], "num_decode_tokens": lp.num_out[idx],
-        "ttft_ms": o.ttft_us[idx] / 1e3, "itl_ms": _itl_mean(o)[idx] / 1e3, "e2e_ms": o.e2e_us[idx] / 1e3,
-        "scheduling_delay_ms": (lp.first_sched_us[idx] - lp.arrival_us[idx]) / 1e3,
-        "slo_class": text.strings("slo_class", idx), "tenant_id": text.strings("tenant_id", idx),
-        "handled_by": instance_names(o, idx) if o.replica is not None else "instance_0", "model": text.strings("model", idx),
-        "adapter": text.strings("adapter", idx), "length_capped": False, "gateway_queue_delay_ms": 0.0,
-        "session_id": text.strings("session_id", idx), "round_index": text.ints("round_index", idx)})
+    done = np.flatnonzero(o.completed)
+    order = done[np.lexsort((o.table.request_id[done], lp.arrival_us[done]))]
+
+    def make(start: int, stop: int) -> Columns:
+        idx = order[start:stop]
+        rid = _go.json_ints(o.table.request_id[idx])
+        return Columns(RequestMetrics, int(idx.size), {
+            "arrived_at": lp.arrival_us[idx] / 1e6, "request_id": ["request_" + r for r in rid],
+            "num_prefill_tokens": o.table.prompt_len[idx], "num_decode_tokens": lp.num_out[idx],
+            "ttft_ms": _ttft(o, idx) / 1e3, "itl_ms": _itl_mean(o, idx) / 1e3,
+            "e2e_ms": _e2e(o, idx) / 1e3,
+            "scheduling_delay_ms": (lp.first_sched_us[idx] - lp.arrival_us[idx]) / 1e3,
+            "slo_class": text.strings("slo_class", idx), "tenant_id": text.strings("tenant_id", idx),
+            "handled_by": instance_names(o, idx) if o.replica is not None else "instance_0", "model": text.strings("model", idx),
+            "adapter": text.strings("adapter", idx), "length_capped": False,
+            "gateway_queue_delay_ms": 0.0, "session_id": text.strings("session_id", idx),
+            "round_index": text.ints("round_index", idx)})
+    return ColumnChunks(RequestMetrics, int(order.size), make)
 
 
 def write_outputs(o: SimOutcome, *, results_path: str | Path | None = None,
@@ -211,11 +373,9 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
     # order) sum in the same order: byte-identical means (INV-13)
     order = np.flatnonzero(done)
     order = order[np.argsort(o.table.request_id[order], kind="stable")]
-    ttft_ms = o.ttft_us[order] / 1e3
-    e2e_ms = o.e2e_us[order] / 1e3
+    ttft_ms = _ttft(o, order) / 1e3
+    e2e_ms = _e2e(o, order) / 1e3
     sched_ms = (lp.first_sched_us[order] - lp.arrival_us[order]) / 1e3
-    itl_v, itl_w = lp.itl_values / 1e3, lp.itl_weights
-    n_itl = int(itl_w.sum())
     duration_s = lp.end_us / 1e6
     total_in = int(o.table.prompt_len[done].sum())
     total_out = int(lp.num_out[done].sum())
@@ -224,7 +384,7 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
     dropped = int(o.dropped.sum())
     not_arrived = int((status == NOT_ARRIVED).sum())
     requests = request_metrics_columns(o).records() if include_requests else []
-    itl_p = weighted_percentiles(itl_v, itl_w, (90, 95, 99))
+    itl_mean, itl_p = itl_summary(lp.itl_values, lp.itl_weights, (90, 95, 99))
     e2e_p, ttft_p = percentiles(e2e_ms, (90, 95, 99)), percentiles(ttft_ms, (90, 95, 99))
     return construct(
         MetricsOutput, completed_requests=n_done, still_queued=queued, still_running=running,
@@ -237,7 +397,7 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
         e2e_p90_ms=e2e_p[0], e2e_p95_ms=e2e_p[1], e2e_p99_ms=e2e_p[2],
         ttft_mean_ms=float(ttft_ms.mean()) if n_done else 0.0,
         ttft_p90_ms=ttft_p[0], ttft_p95_ms=ttft_p[1], ttft_p99_ms=ttft_p[2],
-        itl_mean_ms=float((itl_v * itl_w).sum() / n_itl) if n_itl else 0.0,
+        itl_mean_ms=itl_mean,
         itl_p90_ms=itl_p[0], itl_p95_ms=itl_p[1], itl_p99_ms=itl_p[2],
         scheduling_delay_p99_ms=percentile(sched_ms, 99),
         preemption_count=int(lp.preemption_count),
@@ -254,7 +414,7 @@ class SimulatedOutputs:
     (``ReplayOutcome``, ``RunOutcome``)."""
 
     outcome: SimOutcome
-    options: Any
+    options: EngineOptions
 
     @property
     def results(self) -> list[SimResult]:
@@ -273,44 +433,65 @@ class SimulatedOutputs:
                              provenance=sim_provenance(self.outcome, self.options))
 
 
-def _int_us(x: float) -> int:
-    return int(np.floor(x + 0.5))
-
-
-def trace_records(o: SimOutcome, base: list[Any] | None = None) -> list[Any]:
-    """TraceV2 rows for the simulated requests (``base``: one dict of the non-timing columns per
-    table row; default: taken from the table's source records)."""
-    from blis_sim.formats import TraceRecord
+def trace_records(o: SimOutcome, base: dict[str, Any] | None = None) -> Any:
+    """The simulated requests as TraceV2 rows (``TraceColumns``; nothing made per row): every row
+    the loop saw arrive and did not drop, in table order. ``base``: the non-timing columns, one
+    array, ``StrColumn`` or list per field in table order (default: the table's source rows' own)."""
+    from blis_sim.formats.trace_columns import TraceColumns
 
     lp = o.loop
-    ttft_us, e2e_us = o.ttft_us, o.e2e_us  # computed once: each is a whole-table array
-    defaults = _default_fields()
-    out = []
-    for i in range(len(o.table)):
-        if lp.status[i] == NOT_ARRIVED or o.dropped[i]:
-            continue
-        fields = dict(base[i]) if base is not None else _fields_of(o.table.source[i])
-        arrival = _int_us(lp.arrival_us[i])
-        done = not np.isnan(lp.finish_us[i])
-        first = _int_us(lp.arrival_us[i] + ttft_us[i]) if not np.isnan(lp.first_token_us[i]) else 0
-        last = _int_us(lp.arrival_us[i] + e2e_us[i]) if done else 0
-        fields.update(request_id=int(o.table.request_id[i]), arrival_time_us=arrival,
-                      send_time_us=arrival, first_chunk_time_us=first, last_chunk_time_us=last,
-                      num_chunks=0, status="ok" if done else "incomplete", error_message="",
-                      finish_reason="", server_input_tokens=0,
-                      cached_tokens=int(o.cached[i].sum()) if o.admitted[i] else -1,
-                      first_byte_time_us=0, first_content_time_us=0)
-        if o.replica is not None:
-            fields["replica"] = int(o.replica[i])
-        out.append(TraceRecord.model_construct(**{**defaults, **fields}))
-    return out
+    keep = np.flatnonzero((lp.status != NOT_ARRIVED) & ~o.dropped)
+    if base is None:
+        data = _source_columns(o.table.source, keep)
+    else:
+        data = {name: _take(col, keep) for name, col in base.items()}
+    arrival = _int_us(lp.arrival_us[keep])
+    ttft, e2e = _ttft(o, keep), _e2e(o, keep)
+    first = np.where(np.isnan(lp.first_token_us[keep]), 0, _int_us(lp.arrival_us[keep] + ttft))
+    done = ~np.isnan(lp.finish_us[keep])
+    last = np.where(done, _int_us(lp.arrival_us[keep] + e2e), 0)
+    cached = np.where(o.admitted[keep], o.cached[keep].sum(axis=1), -1)
+    data.update(request_id=o.table.request_id[keep], arrival_time_us=arrival, send_time_us=arrival,
+                first_chunk_time_us=first, last_chunk_time_us=last, num_chunks=0,
+                status=_str_column(np.where(done, 0, 1), ["ok", "incomplete"]), error_message="",
+                finish_reason="", server_input_tokens=0, cached_tokens=cached.astype(np.int64),
+                first_byte_time_us=0, first_content_time_us=0)
+    if o.replica is not None:
+        data["replica"] = o.replica[keep]
+    return TraceColumns.from_columns(int(keep.size), data)
 
 
-def _default_fields() -> dict[str, Any]:
-    from blis_sim.formats import TraceRecord
+def _take(col: Any, keep: np.ndarray) -> Any:
+    """Rows ``keep`` of a column (an array, string codes or a list)."""
+    if isinstance(col, np.ndarray):
+        return col[keep]
+    if hasattr(col, "codes"):  # a StrColumn
+        return type(col)(col.codes[keep], col.names)
+    return [col[i] for i in keep.tolist()]
 
-    return {name: f.get_default(call_default_factory=True)
-            for name, f in TraceRecord.model_fields.items() if name != "request_id"}
+
+def _int_us(x: np.ndarray) -> np.ndarray:
+    """µs rounded half up, as integers (NaN stays to be masked by the caller)."""
+    with np.errstate(invalid="ignore"):
+        return np.floor(np.nan_to_num(x, nan=0.0) + 0.5).astype(np.int64)
+
+
+def _str_column(codes: np.ndarray, names: list[str]) -> Any:
+    from blis_sim.formats.trace_columns import StrColumn
+
+    return StrColumn(codes.astype(np.int32), names)
+
+
+def _source_columns(src: Any, keep: np.ndarray) -> dict[str, Any]:
+    """The kept non-timing columns of the table's source rows ``keep``: a trace's columns taken
+    as they are; other records (a Trace's) converted first."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    if isinstance(src, TraceRows):
+        data = src.data.take(src.idx[keep])
+    else:
+        data = TraceColumns.from_records([src[i] for i in keep.tolist()])
+    return {k: data.data[k] for k in _KEEP}
 
 
 _KEEP = ("client_id", "tenant_id", "slo_class", "vllm_priority", "session_id", "round_index",
@@ -318,7 +499,3 @@ _KEEP = ("client_id", "tenant_id", "slo_class", "vllm_priority", "session_id", "
          "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "reason_ratio", "model",
          "deadline_us", "slo_target_us", "adapter", "think_time_us", "phase", "warmup",
          "x_request_id")
-
-
-def _fields_of(record: Any) -> dict[str, Any]:
-    return {k: getattr(record, k) for k in _KEEP if hasattr(record, k)}

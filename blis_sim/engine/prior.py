@@ -102,3 +102,16 @@ def resolve_prior(*, model: str = "", model_config: str | Path | None = None,
     hw = get_hardware(hardware)
     source = f"roofline {label} on {hw.name} tp{tp}"
     return physics_prior(geom, hw, tp, source, shape), source
+
+
+def fit_bounds(names: tuple[str, ...], prior: PhysicsPrior | None) -> tuple[tuple[float, ...],
+                                                                             tuple[float, ...]]:
+    """(low, high) of each coefficient the fit may return: the prior's plausible range, else ≥ 0
+    for a step coefficient and the frontend's heuristic range. A value outside is not an answer to
+    report with a warning (a 106 ms admission time fitted to a saturated trace predicted the next
+    one at 64,000 %): the optimizer is bounded by it."""
+    if prior is not None:
+        return prior.low, prior.high
+    low = tuple(FRONTEND_RANGE.get(n, (0.0, 0.0))[0] for n in names)
+    high = tuple(FRONTEND_RANGE.get(n, (0.0, float("inf")))[1] for n in names)
+    return low, high

@@ -4,20 +4,26 @@ and into the MetricsOutput it writes (``sim_provenance``).
 ``sim_header(outcome, options, mode, base=None)`` → :class:`~blis_sim.formats.TraceHeader` with
 the resolved ``kv_offload`` block (INV-13), and in ``pytest_blis``: tool version, KV geometry,
 the simulated per-definition hit-rates, offload extensions, and the latency model with its
-coefficients (flattened to ``"step.base_us"``-style keys), and the simulator's seed (``sim_seed``). ``base`` (replay) keeps the
-original header's observation blocks verbatim.
+coefficients (flattened to ``"step.base_us"``-style keys), and the simulator's seed (``sim_seed``).
+``base`` (replay) keeps the original header's observation blocks verbatim. ``sim_provenance`` adds
+where each setting came from (``settings``: flag, header, model or default).
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from blis_sim import __version__
+
+# from the header's own module, not ``blis_sim.formats`` (which re-exports TraceHeader from
+# ``formats.trace``): a replay then does not import the trace reader's ITL and Trace models
+from blis_sim.engine.settings import SETTINGS
 from blis_sim.formats._model import construct
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.results import SimProvenance
-# from the header's own module, not ``blis_sim.formats`` (which re-exports TraceHeader from
-# ``formats.trace``): a replay then does not import the trace reader's ITL and Trace models
-from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, PytestBlisHeader, TraceHeader
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, PytestBlisHeader, SettingSource, TraceHeader
+
+if TYPE_CHECKING:
+    from blis_sim.engine.simulate import EngineOptions, SimOutcome
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -34,7 +40,8 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def latency_info(options: Any) -> LatencyModelInfo:
+def latency_info(options: EngineOptions) -> LatencyModelInfo:
+    assert options.latency is not None, "resolve_settings first"
     desc = options.latency.describe()
     name = desc.get("model", "linear")
     if name == "roofline":
@@ -44,17 +51,33 @@ def latency_info(options: Any) -> LatencyModelInfo:
     return construct(LatencyModelInfo, name=name, coefficients=coeffs, source=options.latency_source)
 
 
-def sim_provenance(outcome: Any, options: Any) -> SimProvenance:
-    """The MetricsOutput's ``provenance`` block: the same facts as the trace header's."""
+def settings_info(options: EngineOptions, latency: LatencyModelInfo) -> dict[str, SettingSource]:
+    """Each resolved setting with where it came from (``options.sources``, filled by
+    :func:`~blis_sim.engine.settings.resolve_settings`); the offload tiers' values are the
+    provenance's ``kv_offload`` block."""
+    values: dict[str, int | float | str | None] = {
+        "block_size": options.block_size, "num_gpu_blocks": options.num_gpu_blocks,
+        "max_num_seqs": options.max_num_seqs, "max_num_batched_tokens": options.max_num_batched_tokens,
+        "long_prefill_token_threshold": options.long_prefill_token_threshold,
+        "latency_model": latency.name, "kv_bytes_per_token": options.kv_bytes_per_token, "kv_offload": None}
+    return {name: construct(SettingSource, value=values[name], source=options.sources[name])
+            for name in SETTINGS if name in options.sources}
+
+
+def sim_provenance(outcome: SimOutcome, options: EngineOptions) -> SimProvenance:
+    """The MetricsOutput's ``provenance`` block: the same facts as the trace header's, and where
+    each setting came from."""
+    latency = latency_info(options)
     return construct(
         SimProvenance,
-        tool_version=__version__, latency_model=latency_info(options), seed=int(options.seed),
+        tool_version=__version__, latency_model=latency, seed=int(options.seed),
         kv_geometry=construct(KVGeometry, block_size=outcome.block_size, num_gpu_blocks=outcome.num_gpu_blocks),
-        kv_offload=outcome.offload.to_header() if outcome.offload is not None else None)
+        kv_offload=outcome.offload.to_header() if outcome.offload is not None else None,
+        settings=settings_info(options, latency))
 
 
-def sim_header(outcome: Any, options: Any, *, mode: Literal["generated", "replayed"],
-               base: Any = None,
+def sim_header(outcome: SimOutcome, options: EngineOptions, *, mode: Literal["generated", "replayed"],
+               base: TraceHeader | None = None,
                workload_seed: int | None = None, workload_spec: str = "",
                accumulate: bool = False) -> TraceHeader:
     ext = construct(

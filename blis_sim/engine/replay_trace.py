@@ -5,6 +5,7 @@ API::
     results, metrics = replay(trace, options)          # list[SimResult], MetricsOutput
     outcome = replay_outcome(trace, options)            # ReplayOutcome: + SimOutcome, resolved config
     records = outcome.trace()                           # the re-export (--trace-output), mode "replayed"
+    columnar = outcome.trace_columns()                  # the same as columns (what the CLI writes)
     prepared = prepare_trace(trace)                     # once per trace; then per options:
     outcome = replay_outcome(prepared, options)         # (a sweep: no re-reading, no table rebuild)
     outcome.write_outputs("sim.json", "simagg.json")     # the files, written from the columns (fast)
@@ -17,9 +18,9 @@ Rules (issue 4 item 5; docs/reference-formats.md §4.3–§4.4 with the referenc
 * **The hard error (BC-10):** a trace whose observation came from the offload tiers
   (``observed_kv_metrics.source: tiered``, or non-zero ``external`` / ``tiered`` / host / disk
   entries in ``pytest_blis.kv_hit_rates``) replayed without an offload config.
-* **Geometry:** block size and GPU blocks from the options, else the header's recorded server
-  geometry (``pytest_blis.kv_geometry``, ``server.block_size``, the offload block), else 16 tokens
-  and the model's capacity on its hardware (:mod:`blis_sim.engine.models`) or 1,000,000 blocks.
+* **Settings** (geometry, scheduler limits, latency model, offload tiers): the options', else the
+  header's recorded server (``pytest_blis.kv_geometry``, ``server.*``, the offload block), else the
+  model's, else the documented defaults: :func:`blis_sim.engine.settings.resolve_settings`.
 * **Phases** (the ``phase`` column, two or more names) are replayed one after the other, each
   starting at its recorded first send or when the simulated previous phase has drained, whichever
   is later — on the server each phase started once the previous had drained.
@@ -37,14 +38,25 @@ Rules (issue 4 item 5; docs/reference-formats.md §4.3–§4.4 with the referenc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
 
 from blis_sim.engine.outputs import SimulatedOutputs, trace_records
+from blis_sim.engine.provenance import sim_header
 from blis_sim.engine.requests import table_from_trace, trace_window
-from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
-                                      simulate_table)
-from blis_sim.errors import ConfigError, UsageError
+from blis_sim.engine.settings import resolve_settings
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
+from blis_sim.errors import ConfigError
+from blis_sim.formats.trace_columns import ColumnarTrace, TraceColumns
+from blis_sim.formats.trace_header import TraceHeader
+
+if TYPE_CHECKING:
+    from blis_sim.engine.kvport import CacheOps
+    from blis_sim.engine.requests import RequestTable
+    from blis_sim.formats import MetricsOutput, SimResult, Trace
+    from blis_sim.formats.offload import OffloadConfig
 
 BC10_MESSAGE = (
     "the trace's observed_kv_metrics were captured from the tiered KV-offload counters "
@@ -56,50 +68,26 @@ BC10_MESSAGE = (
 @dataclass
 class ReplayOutcome(SimulatedOutputs):
     outcome: SimOutcome
-    header: Any
+    header: TraceHeader
     options: EngineOptions
 
-    def trace(self) -> Any:
-        """The replay re-exported as a TraceV2 (``mode: replayed``; observations kept verbatim)."""
-        from blis_sim.engine.provenance import sim_header
+    def trace(self) -> Trace:
+        """The replay re-exported as a :class:`~blis_sim.formats.Trace` (``mode: replayed``;
+        observations kept verbatim): :meth:`trace_columns`' rows as records."""
         from blis_sim.formats import Trace
 
+        columnar = self.trace_columns()
+        return Trace.model_construct(header=columnar.header, records=columnar.records)
+
+    def trace_columns(self) -> ColumnarTrace:
+        """The re-export as a ``ColumnarTrace`` (what ``--trace-output`` writes: no object per row)."""
+        from blis_sim.formats.trace_columns import ColumnarTrace
+
         header = sim_header(self.outcome, self.options, mode="replayed", base=self.header)
-        return Trace.model_construct(header=header, records=trace_records(self.outcome))
+        return ColumnarTrace(header=header, data=trace_records(self.outcome))
 
 
-def resolve_offload(header: Any, flag_cfg: Any, *, kv_bytes_per_token: float | None) -> Any:
-    """The offload config this replay uses (docs/reference-formats.md §4.3), or None."""
-    from blis_sim.formats.offload import OffloadConfig
-
-    recorded = None
-    if header.kv_offload is not None:
-        ext = header.pytest_blis.offload if header.pytest_blis is not None else None
-        try:
-            recorded = OffloadConfig.from_header(header.kv_offload, ext,
-                                                 kv_bytes_per_token=kv_bytes_per_token)
-        except ConfigError as exc:
-            raise ConfigError(f"blis replay cannot reproduce the trace's kv_offload config: "
-                              f"{exc.reason} (INV-13: never silent degradation)",
-                              field=exc.location.field) from None
-    if recorded is not None:
-        if flag_cfg is not None and not flag_cfg.equivalent(recorded):
-            raise UsageError("--kv-offload-config conflicts with the kv_offload config recorded in "
-                             "the trace header; on replay the header is authoritative — omit the "
-                             "flag or pass the identical config")
-        return recorded
-    if flag_cfg is not None:
-        if header.mode != "real":
-            raise UsageError(
-                "the trace was captured without a kv_offload config; --kv-offload-config cannot "
-                "add one on replay of a sim-generated trace (INV-13). Only observe traces (mode "
-                '"real") may have an offload config supplied on replay to model the observed '
-                "deployment")
-        return flag_cfg
-    return None
-
-
-def observed_from_tiers(header: Any) -> bool:
+def observed_from_tiers(header: TraceHeader) -> bool:
     """Whether the trace's observed hit-rate came from the offload tiers (BC-10 and ours)."""
     obs = header.observed_kv_metrics
     if obs is not None and obs.source == "tiered":
@@ -115,40 +103,21 @@ def observed_from_tiers(header: Any) -> bool:
     return False
 
 
-def geometry(header: Any, options: EngineOptions, offload: Any) -> tuple[int, int]:
-    """(block_size, num_gpu_blocks): options, else the header's server geometry, else defaults."""
-    from blis_sim.engine.models import default_num_gpu_blocks
-
-    ext = header.pytest_blis.kv_geometry if header.pytest_blis is not None else None
-    bs = options.block_size
-    if bs is None and ext is not None and ext.block_size:
-        bs = ext.block_size
-    if bs is None and header.server is not None and header.server.block_size:
-        bs = header.server.block_size
-    if bs is None and offload is not None:
-        bs = offload.gpu_block_size
-    bs = bs or 16
-    blocks = options.num_gpu_blocks
-    if blocks is None and ext is not None and ext.num_gpu_blocks:
-        blocks = ext.num_gpu_blocks
-    if blocks is None:
-        blocks = default_num_gpu_blocks(options.model, bs)
-    return int(bs), int(blocks)
-
-
-
-
 @dataclass(frozen=True)
 class PreparedTrace:
     """A trace made ready to replay: its header and the request table of its replayable rows
     (what every replay of it builds first, whatever the options). Replaying one trace under many
     options (a sweep) prepares it once: ``replay_outcome(prepared, options)`` per point."""
 
-    header: Any
-    table: Any  # RequestTable (read-only to the engine: phases and the loop work on copies)
+    header: TraceHeader
+    table: RequestTable  # read-only to the engine: phases and the loop work on copies
 
 
-def prepare_trace(trace: Any) -> PreparedTrace:
+#: what a replay takes: the records, the columns ``blis replay`` reads, or a prepared table
+ReplayableTrace = Union["Trace", ColumnarTrace, PreparedTrace]
+
+
+def prepare_trace(trace: ReplayableTrace) -> PreparedTrace:
     """``trace`` (a Trace, a ColumnarTrace or a PreparedTrace) as a :class:`PreparedTrace`."""
     if isinstance(trace, PreparedTrace):
         return trace
@@ -161,35 +130,32 @@ def prepare_trace(trace: Any) -> PreparedTrace:
     return PreparedTrace(header=trace.header, table=table)
 
 
-def trace_columns(trace: Any) -> Any:
+def trace_columns(trace: Trace | ColumnarTrace) -> TraceColumns:
     """A trace's rows as ``TraceColumns``: a ``ColumnarTrace``'s as they are (nothing per row is
     built), a :class:`~blis_sim.formats.Trace`'s records converted."""
-    from blis_sim.formats.trace_columns import TraceColumns
-
     data = getattr(trace, "data", None)
     if isinstance(data, TraceColumns):
         return data
     return TraceColumns.from_records(trace.records)
 
 
-def replay_outcome(trace: Any, options: EngineOptions | None = None, *,
+def replay_outcome(trace: ReplayableTrace, options: EngineOptions | None = None, *,
                    log_steps: bool = False) -> ReplayOutcome:
     """Replay ``trace`` (a :class:`~blis_sim.formats.Trace`, the ``ColumnarTrace`` of
     :func:`~blis_sim.formats.trace_columns.load_trace_columns`, or a :class:`PreparedTrace`);
     see the module docstring."""
-    options = options or EngineOptions()
     header = trace.header
-    offload = resolve_offload(header, options.kv_offload,
-                              kv_bytes_per_token=options.kv_bytes_per_token)
+    options = resolve_settings(options or EngineOptions(), header)
+    offload = options.kv_offload
     if offload is None and observed_from_tiers(header):
         raise ConfigError(BC10_MESSAGE)
     table = prepare_trace(trace).table
-    block_size, num_blocks = geometry(header, options, offload)
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     outcome = simulate_replica(table, options, block_size, num_blocks, offload, log_steps)
-    return ReplayOutcome(outcome=outcome, header=header, options=replace(options, kv_offload=offload))
+    return ReplayOutcome(outcome=outcome, header=header, options=options)
 
 
-def simulate_replica(table: Any, options: EngineOptions, block_size: int, num_blocks: int,
+def simulate_replica(table: RequestTable, options: EngineOptions, block_size: int, num_blocks: int,
                      offload: Any, log_steps: bool = False) -> SimOutcome:
     """``table`` through one server with its own KV cache: phases and sequential clients as the
     module docstring says (a cluster replays each replica's rows through this)."""
@@ -207,12 +173,10 @@ def simulate_replica(table: Any, options: EngineOptions, block_size: int, num_bl
     return outcome
 
 
-def sequential_groups(table: Any, phases: list[Any]) -> list[Any]:
+def sequential_groups(table: RequestTable, phases: list[np.ndarray]) -> list[np.ndarray]:
     """Each phase split into its requests, in arrival order; a phase with session rounds stays
     whole (a round's content is built from the round before, and the rounds are already chained)."""
-    import numpy as np
-
-    groups: list[Any] = []
+    groups: list[np.ndarray] = []
     for idx in phases:
         linked = (table.session[idx] >= 0) | (table.prev_round[idx] >= 0) | (table.next_round[idx] >= 0)
         if linked.any():
@@ -222,8 +186,8 @@ def sequential_groups(table: Any, phases: list[Any]) -> list[Any]:
     return groups
 
 
-def _replay_phases(table: Any, phases: list[Any], kv: Any, options: EngineOptions,
-                   block_size: int, num_blocks: int, offload: Any, log_steps: bool) -> SimOutcome:
+def _replay_phases(table: RequestTable, phases: list[np.ndarray], kv: CacheOps, options: EngineOptions,
+                   block_size: int, num_blocks: int, offload: OffloadConfig | None, log_steps: bool) -> SimOutcome:
     """Phases one after the other, closed-loop at their boundaries: on the server each phase
     started once the previous one had drained, so a phase starts at its recorded first send or
     when the simulated previous phase has drained, whichever is later (its rows keep their
@@ -246,7 +210,7 @@ def _replay_phases(table: Any, phases: list[Any], kv: Any, options: EngineOption
     return combine_outcomes(parts, kv, offload, window_start if len(parts) > 1 else None)
 
 
-def replay(trace: Any, options: EngineOptions | None = None) -> tuple[list[Any], Any]:
+def replay(trace: ReplayableTrace, options: EngineOptions | None = None) -> tuple[list[SimResult], MetricsOutput]:
     """Replay a trace: ``(SimResult list, MetricsOutput)`` (what ``--results-path`` /
     ``--metrics-path`` hold)."""
     out = replay_outcome(trace, options)

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim.engine.content import ContentPlan
+from blis_sim.formats.trace_columns import TraceColumns
 from blis_sim.workload.tokens import new_input_lengths
+
+if TYPE_CHECKING:
+    from blis_sim.formats import TraceHeader, TraceRecord
 
 
 @dataclass
@@ -169,14 +173,16 @@ def take_rows(seq: Sequence[Any], idx: np.ndarray) -> Sequence[Any]:
 
 def concat_rows(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
     """The parts one after the other, kept lazy when they are all rows of one trace (or ids)."""
-    if parts and all(isinstance(p, TraceRows) and p.data is parts[0].data for p in parts):
-        return TraceRows(parts[0].data, np.concatenate([p.idx for p in parts]))
-    if parts and all(isinstance(p, IdKeys) for p in parts):
-        return IdKeys(np.concatenate([p.ids for p in parts]))
+    rows = [p for p in parts if isinstance(p, TraceRows)]
+    if parts and len(rows) == len(parts) and all(p.data is rows[0].data for p in rows):
+        return TraceRows(rows[0].data, np.concatenate([p.idx for p in rows]))
+    ids = [p for p in parts if isinstance(p, IdKeys)]
+    if parts and len(ids) == len(parts):
+        return IdKeys(np.concatenate([p.ids for p in ids]))
     return [x for p in parts for x in p]
 
 
-def _replayable(data: Any) -> np.ndarray:
+def _replayable(data: TraceColumns) -> np.ndarray:
     """Row numbers of the rows the engine saw (every status but ``error``)."""
     status = data.strings("status")
     bad = [c for c, name in enumerate(status.names) if name == "error"]
@@ -185,14 +191,13 @@ def _replayable(data: Any) -> np.ndarray:
     return np.flatnonzero(status.codes != bad[0]).astype(np.int64)
 
 
-def _columns_of(records: Any) -> Any:
+def _columns_of(records: TraceColumns | Sequence[TraceRecord]) -> TraceColumns:
     """A trace's data as columns (``TraceColumns`` as is; a record list converted)."""
-    from blis_sim.formats.trace_columns import TraceColumns
-
     return records if isinstance(records, TraceColumns) else TraceColumns.from_records(records)
 
 
-def table_from_trace(header: Any, records: Any, in_window: np.ndarray | None = None) -> RequestTable:
+def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[TraceRecord],
+                     in_window: np.ndarray | None = None) -> RequestTable:
     """The replayable rows of a trace (``TraceColumns`` or a record list) as a
     :class:`RequestTable` (see the module docstring)."""
     data = _columns_of(records)
@@ -291,7 +296,7 @@ def _group_codes(groups: Any, rows: np.ndarray, plen: np.ndarray) -> tuple[np.nd
     return renum[raw], [names[c] for c in order.tolist()]
 
 
-def trace_window(header: Any, records: Any) -> np.ndarray:
+def trace_window(header: TraceHeader, records: TraceColumns | Sequence[TraceRecord]) -> np.ndarray:
     """Which replayable rows were inside the server's counter window.
 
     A row is inside unless its phase is recorded (``pytest_blis.phases``) as outside the window

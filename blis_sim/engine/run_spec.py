@@ -5,6 +5,7 @@ API::
     outcome = run_outcome(spec, options, seed=None, num_requests=None, horizon=None)   # RunOutcome
     results, metrics = run(spec, options)              # list[SimResult], MetricsOutput
     trace = outcome.trace(workload_spec="spec.yaml")   # TraceV2, mode "generated", kv_offload recorded
+    columnar = outcome.trace_columns("spec.yaml")      # the same as columns (what the CLI writes)
     outcome.write_outputs("sim.json", "simagg.json")    # the files, written from the columns (fast)
 
 Phases run one after the other on the same KV cache (the next starts when the previous has
@@ -18,15 +19,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim.engine.outputs import SimulatedOutputs, trace_records
+from blis_sim.engine.provenance import sim_header
 from blis_sim.engine.requests import table_from_plan
-from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes,
-                                      simulate_table)
-from blis_sim.engine.models import default_num_gpu_blocks
+from blis_sim.engine.settings import resolve_settings
+from blis_sim.workload.generate import generate_workload
+from blis_sim.workload.plan import PhasePlan, PlannedRequest, WorkloadPlan
+
+if TYPE_CHECKING:
+    from blis_sim.formats import MetricsOutput, SimResult, Trace
+    from blis_sim.formats.workload import WorkloadSpec
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 
 MAX_FOLLOWUPS = 100_000
 
@@ -35,40 +42,60 @@ MAX_FOLLOWUPS = 100_000
 class RunOutcome(SimulatedOutputs):
     outcome: SimOutcome
     options: EngineOptions
-    plan: Any
+    plan: WorkloadPlan
     phase_start: np.ndarray  # µs: start of each request's phase (deadlines are phase-relative)
 
-    def trace(self, workload_spec: str = "") -> Any:
-        from blis_sim.engine.provenance import sim_header
+    def trace(self, workload_spec: str = "") -> Trace:
+        """The run as a :class:`~blis_sim.formats.Trace`: :meth:`trace_columns`' rows as records."""
         from blis_sim.formats import Trace
+
+        columnar = self.trace_columns(workload_spec)
+        return Trace.model_construct(header=columnar.header, records=columnar.records)
+
+    def trace_columns(self, workload_spec: str = "") -> Any:
+        """The run as a ``ColumnarTrace`` (what ``--trace-output`` writes: no object per row)."""
+        from blis_sim.formats.trace_columns import ColumnarTrace
 
         accumulate = any(getattr(r, "accumulate", False) for r in self.outcome.table.source)
         header = sim_header(self.outcome, self.options, mode="generated",
                             workload_seed=self.plan.seed, workload_spec=workload_spec,
                             accumulate=accumulate)
-        base = [_planned_fields(r, self.outcome.loop.arrival_us[i], float(self.phase_start[i]))
-                for i, r in enumerate(self.outcome.table.source)]
-        return Trace.model_construct(header=header, records=trace_records(self.outcome, base))
+        phase_start = self.phase_start
+        reqs = self.outcome.table.source
+        columns = _planned_columns(reqs, phase_start, self.outcome.loop.arrival_us)
+        return ColumnarTrace(header=header, data=trace_records(self.outcome, columns))
 
 
-def _planned_fields(r: Any, arrival: float, phase_start: float) -> dict[str, Any]:
-    deadline = int(phase_start + r.deadline_us) if r.deadline_us > 0 else 0
-    return {
-        "client_id": r.client_id, "tenant_id": r.tenant_id, "slo_class": r.slo_class,
-        "session_id": r.session_id, "round_index": r.round_index,
-        "prefix_group": r.prefix_group if r.csv_prefix_length > 0 else "",
-        "prefix_length": r.csv_prefix_length, "streaming": r.streaming,
-        "input_tokens": r.csv_input_tokens, "output_tokens": r.output_tokens,
-        "text_tokens": r.text_tokens, "image_tokens": r.image_tokens,
-        "audio_tokens": r.audio_tokens, "video_tokens": r.video_tokens,
-        "reason_ratio": r.reason_ratio, "model": r.model,
-        "deadline_us": max(deadline, int(arrival)) if deadline else 0,
-        "slo_target_us": r.slo_target_us, "adapter": r.adapter, "think_time_us": r.think_time_us,
-        "phase": r.phase,
-    }
+def _planned_columns(reqs: Any, phase_start: np.ndarray, arrival: np.ndarray) -> dict[str, Any]:
+    """The planned requests' trace columns (what the re-export records of each), in table order,
+    each made an array (or string codes) as soon as it is read: one list alive at a time."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    def get(name: str) -> list[Any]:
+        return [getattr(r, name) for r in reqs]
+
+    def column(name: str, values: list[Any]) -> Any:
+        return TraceColumns.from_columns(len(values), {name: values}).data[name]
+
+    csv_prefix = np.asarray(get("csv_prefix_length"), dtype=np.int64)
+    rel_deadline = np.asarray(get("deadline_us"), dtype=np.int64)
+    deadline = np.zeros(len(reqs), dtype=np.int64)
+    has = np.flatnonzero(rel_deadline > 0)
+    if has.size:  # int(phase start + deadline), not before the arrival
+        absolute = (phase_start[has] + rel_deadline[has]).astype(np.int64)
+        deadline[has] = np.maximum(absolute, arrival[has].astype(np.int64))
+    cols: dict[str, Any] = {name: column(name, get(name)) for name in (
+        "client_id", "tenant_id", "slo_class", "session_id", "round_index", "streaming",
+        "output_tokens", "text_tokens", "image_tokens", "audio_tokens", "video_tokens",
+        "reason_ratio", "model", "slo_target_us", "adapter", "think_time_us", "phase")}
+    groups = get("prefix_group")
+    cols.update(prefix_group=column("prefix_group", [g if p > 0 else "" for g, p in zip(groups, csv_prefix.tolist())]),
+                prefix_length=csv_prefix, input_tokens=column("input_tokens", get("csv_input_tokens")),
+                deadline_us=deadline)
+    return cols
 
 
-def _expand(phase: Any) -> tuple[list[Any], dict[int, int]]:
+def _expand(phase: PhasePlan) -> tuple[list[PlannedRequest], dict[int, int]]:
     """The phase's initial requests plus every follow-up, generated round-robin."""
     run = phase.start()
     requests = list(run.initial)
@@ -86,16 +113,13 @@ def _expand(phase: Any) -> tuple[list[Any], dict[int, int]]:
     return requests, followups
 
 
-def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | None = None,
+def run_outcome(spec: WorkloadSpec, options: EngineOptions | None = None, *, seed: int | None = None,
                 num_requests: int | None = None, horizon: int | None = None) -> RunOutcome:
     """Generate the workload and simulate it phase by phase (see the module docstring)."""
-    from blis_sim.workload import generate_workload
-
-    options = options or EngineOptions()
+    options = resolve_settings(options or EngineOptions())
     plan = generate_workload(spec, seed=seed, num_requests=num_requests, horizon=horizon)
     offload = options.kv_offload
-    block_size = options.block_size or (offload.gpu_block_size if offload is not None else 16)
-    num_blocks = options.num_gpu_blocks or default_num_gpu_blocks(options.model, block_size)
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     parts: list[SimOutcome] = []
     starts: list[np.ndarray] = []
@@ -119,11 +143,11 @@ def run_outcome(spec: Any, options: EngineOptions | None = None, *, seed: int | 
         starts.append(np.full(len(table), t0))
         t0 = part.loop.end_us
     combined = combine_outcomes(parts, kv, offload)
-    return RunOutcome(outcome=combined, options=replace(options, kv_offload=offload), plan=plan,
+    return RunOutcome(outcome=combined, options=options, plan=plan,
                       phase_start=np.concatenate(starts) if starts else np.zeros(0))
 
 
-def run(spec: Any, options: EngineOptions | None = None, **kw: Any) -> tuple[list[Any], Any]:
+def run(spec: WorkloadSpec, options: EngineOptions | None = None, **kw: Any) -> tuple[list[SimResult], MetricsOutput]:
     """Simulate a workload spec: ``(SimResult list, MetricsOutput)``."""
     out = run_outcome(spec, options, **kw)
     return out.results, out.metrics()

@@ -42,7 +42,9 @@ import numpy as np
 
 from blis_sim import _backend
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from blis_sim.engine.latency import StepModel
+from blis_sim.engine.kvport import LoopPort
+from blis_sim.engine.latency import LatencyModel
+from blis_sim.errors import ConfigError
 
 _loop, COMPILED = _backend.load("blis_sim.engine._loop", "blis_sim.engine._loop_py")
 
@@ -60,8 +62,6 @@ class SchedulerConfig:
     horizon_us: float = float("inf")
 
     def __post_init__(self) -> None:
-        from blis_sim.errors import ConfigError
-
         if self.max_num_seqs < 1:
             raise ConfigError(f"must be ≥ 1, got {self.max_num_seqs}", field="max_num_seqs")
         if self.max_num_batched_tokens < 1:
@@ -123,7 +123,7 @@ class LoopResult:
         return self.finish_us - self.arrival_us
 
 
-def simulate(workload: Workload, port: Any, model: StepModel, config: SchedulerConfig,
+def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: SchedulerConfig,
              *, block_size: int = 16, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
              log_steps: bool = False, backend: Any = None) -> LoopResult:
     """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests).

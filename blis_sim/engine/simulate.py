@@ -8,50 +8,62 @@ window (per request for the token definitions, from counter snapshots for the pe
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
-from blis_sim.engine.kvport import kv_port
-from blis_sim.engine.latency import StepModel, default_step_model
+from blis_sim.engine.kvport import CacheOps, kv_port
+from blis_sim.engine.latency import LatencyModel, StepModel
 from blis_sim.engine.requests import RequestTable, concat_rows
 from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
 from blis_sim.formats._io import gc_paused
+from blis_sim.kv import KVCache, TierStation, from_offload_config
+
+if TYPE_CHECKING:
+    from blis_sim.formats.offload import OffloadConfig
 
 SOURCES = ("device", "host", "disk")
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Simulator knobs. ``None`` geometry is taken from the trace header, else defaults."""
+    """Simulator knobs. ``None``: not given, resolved by
+    :func:`~blis_sim.engine.settings.resolve_settings` (flag, trace header, model, default), which
+    fills ``sources`` (setting → ``flag`` / ``header`` / ``model`` / ``default``)."""
 
     model: str = ""
     num_gpu_blocks: int | None = None
     block_size: int | None = None
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    long_prefill_token_threshold: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None
     seed: int = 42
     horizon_us: float | None = None
-    latency: StepModel = field(default_factory=default_step_model)
+    latency: StepModel | None = None
     latency_source: str = "default"
-    kv_offload: Any = None              # OffloadConfig given on the command line (replay/run)
+    kv_offload: OffloadConfig | None = None  # a resolved OffloadConfig (given, or the trace header's)
     kv_bytes_per_token: float | None = None
+    model_config: str | None = None     # a local config.json: KV size and capacity of the model
+    hardware: str | None = None         # the device of the model's KV capacity (default H100)
+    tp: int = 1
     kv_backend: str | None = None       # "cython" | "python" | None (tests)
     # Replay only: the trace's client had one request in flight at a time (observe
     # --max-concurrency 1), so each request waits for the simulated previous one to finish.
     sequential: bool = False
     loop_backend: Any = None            # a loop module (tests)
+    sources: dict[str, str] = field(default_factory=dict, hash=False)
 
     def scheduler(self, horizon_us: float | None = None) -> SchedulerConfig:
+        assert self.max_num_seqs is not None and self.max_num_batched_tokens is not None, \
+            "resolve_settings first"
         h = self.horizon_us if self.horizon_us is not None else horizon_us
         return SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
-                               long_prefill_token_threshold=self.long_prefill_token_threshold,
+                               long_prefill_token_threshold=self.long_prefill_token_threshold or 0,
                                horizon_us=float(h) if h is not None else math.inf)
 
 
@@ -66,7 +78,7 @@ class SimOutcome:
     hit_rates: list[dict[str, Any]]
     block_size: int
     num_gpu_blocks: int
-    offload: Any
+    offload: OffloadConfig | None
     dropped: np.ndarray
     tier_io: list[dict[str, Any]] = field(default_factory=list)  # per tier, over the window
     replica: np.ndarray | None = None  # int64 per row: the cluster replica that served it (None: one server)
@@ -84,10 +96,8 @@ class SimOutcome:
         return self.loop.finish_us - self.loop.arrival_us + self.frontend_us
 
 
-def build_kv(num_gpu_blocks: int, block_size: int, offload: Any, seed: int,
-             backend: str | None = None) -> Any:
-    from blis_sim.kv import KVCache, from_offload_config
-
+def build_kv(num_gpu_blocks: int, block_size: int, offload: OffloadConfig | None, seed: int,
+             backend: str | None = None) -> CacheOps:
     bytes_per_block = 0
     if offload is not None:
         bytes_per_block = int(offload.bytes_per_chunk // offload.blocks_per_chunk)
@@ -95,8 +105,13 @@ def build_kv(num_gpu_blocks: int, block_size: int, offload: Any, seed: int,
             raise ConfigError(f"the offload config was resolved for GPU block size "
                               f"{offload.gpu_block_size}, the simulation uses {block_size}",
                               field="kv_offload.block_size")
+    link = None
+    if offload is not None and offload.cpu_link is not None:  # the offload config's fitted or given link
+        link = TierStation(read_bandwidth=offload.cpu_link.read_bandwidth,
+                           write_bandwidth=offload.cpu_link.write_bandwidth,
+                           base_latency=offload.cpu_link.base_latency)
     cfg = from_offload_config(offload, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                              bytes_per_block=bytes_per_block, seed=seed)
+                              bytes_per_block=bytes_per_block, seed=seed, link=link)
     return KVCache(cfg, backend=backend)
 
 
@@ -131,7 +146,7 @@ def admission_queue(arrival: np.ndarray, admission_us: float) -> tuple[np.ndarra
     return place, since
 
 
-def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
+def frontend_term(model: LatencyModel, arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
     """Each request's frontend time: the base, the wait for admission (:func:`admission_queue`),
     and the in-flight term, whose load is what a client sees: requests sent earlier whose
     response (engine finish + their own frontend time) has not ended yet — the same count ``fit``
@@ -143,7 +158,6 @@ def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> 
         fixed += place * admission - since
     if per == 0.0:
         return fixed
-    import heapq
 
     out = np.empty(arrival.shape[0])
     ends: list[float] = []
@@ -159,18 +173,15 @@ def frontend_term(model: StepModel, arrival: np.ndarray, finish: np.ndarray) -> 
     return out
 
 
-def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, block_size: int,
-                   num_gpu_blocks: int, offload: Any, content_seed: int,
+def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *, block_size: int,
+                   num_gpu_blocks: int, offload: OffloadConfig | None, content_seed: int,
                    horizon_us: float | None = None, log_steps: bool = False) -> SimOutcome:
-    """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases)."""
-    n = len(table)
+    """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases);
+    ``options`` resolved (:func:`~blis_sim.engine.settings.resolve_settings`)."""
+    assert options.latency is not None, "resolve_settings first"
     capacity = (num_gpu_blocks - 1) * block_size  # vLLM's null block is never handed out
-    olen = np.maximum(table.output_len, 1)
-    dropped = (table.prompt_len + olen - 1) > capacity
-    window_idx = np.flatnonzero(table.in_window & ~dropped)
-    first = -1
-    if window_idx.size and window_idx.size < n:
-        first = int(window_idx[np.argmin(table.arrival_us[window_idx])])
+    dropped = (table.prompt_len + np.maximum(table.output_len, 1) - 1) > capacity
+    first = _window_first(table, dropped)
     port = kv_port(kv, table.content(content_seed, block_size), window_first=first)
     workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
                         output_len=table.output_len, next_round=table.next_round,
@@ -196,6 +207,15 @@ def simulate_table(table: RequestTable, kv: Any, options: EngineOptions, *, bloc
                       dropped=dropped,
                       tier_io=tier_io(counters, port.window_snapshot if first >= 0 else None)
                       if offload is not None else [])
+
+
+def _window_first(table: RequestTable, dropped: np.ndarray) -> int:
+    """The first request of the comparison window to arrive (-1: the window is every request),
+    found before the loop so that its index arrays are gone while the loop runs."""
+    window_idx = np.flatnonzero(table.in_window & ~dropped)
+    if not window_idx.size or window_idx.size == len(table):
+        return -1
+    return int(window_idx[np.argmin(table.arrival_us[window_idx])])
 
 
 def _entry(definition: str, tier: str | None, unit: str, hits: int, queries: int) -> dict[str, Any]:
@@ -245,7 +265,7 @@ def tier_io(end: dict[str, Any], start: dict[str, Any] | None) -> list[dict[str,
     return out
 
 
-def combine_outcomes(parts: list[SimOutcome], kv: Any, offload: Any,
+def combine_outcomes(parts: list[SimOutcome], kv: CacheOps, offload: OffloadConfig | None,
                      window_start: dict[str, Any] | None = None) -> SimOutcome:
     """Phases simulated one after the other on the same ``kv`` as one outcome (rows in phase
     order). ``window_start``: the counter snapshot taken before the first phase of the comparison

@@ -56,10 +56,11 @@ def atomic_write_chunks(path: str | Path, chunks: Iterable[str]) -> None:
         raise
 
 
-def atomic_write_files(files: Sequence[tuple[str | Path, str]]) -> None:
+def atomic_write_files(files: Sequence[tuple[str | Path, str | Iterable[str]]]) -> None:
     """Write several files that belong together (a trace's header and data): every one to its temp file
     first, then the renames. A failure while writing (a full disk) leaves none of them under its final
-    name changed, and no temp file behind."""
+    name changed, and no temp file behind. A file's text may come as successive pieces (a big file
+    never held whole)."""
     temps: list[tuple[str, Path]] = []
     try:
         for path, text in files:
@@ -68,7 +69,8 @@ def atomic_write_files(files: Sequence[tuple[str | Path, str]]) -> None:
             temps.append((tmp, p))
             os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+                for chunk in (text,) if isinstance(text, str) else text:
+                    f.write(chunk)
         for tmp, p in temps:
             os.replace(tmp, p)
     except BaseException:

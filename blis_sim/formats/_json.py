@@ -49,7 +49,7 @@ def parse_json(text: str, file: str) -> Any:
     except json.JSONDecodeError as exc:
         raise FormatError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=file, line=exc.lineno) from None
     except _Rejected as exc:
-        lines, dup = json_lines(text)
+        _, dup = json_lines(text)
         if dup is not None:
             raise FormatError(f"invalid JSON: {exc}", file=file, line=dup[1], field=json_path(dup[0]) or None) \
                 from None

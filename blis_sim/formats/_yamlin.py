@@ -32,7 +32,7 @@ _Loader.add_implicit_resolver(
 def _object(node: yaml.Node, file: str) -> Any:
     """The value of a node; a tagged scalar that does not convert (``!!int x``) is a located FormatError."""
     try:
-        return _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)  # type: ignore[arg-type]
+        return _Loader.construct_object(_LOADER_SINGLETON, node, deep=True)
     except (ValueError, TypeError, OverflowError) as exc:
         raise FormatError(f"invalid YAML: {node.tag.rsplit(':', 1)[-1]} value {node.value!r} does not convert "
                           f"({exc})", file=file, line=node.start_mark.line + 1) from None
@@ -58,7 +58,8 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str,
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), lines, file, raw) for i, item in enumerate(node.value)]
     value = _object(node, file)
-    if raw is not None and node.style is None and value is not None and not isinstance(value, str):
+    style = node.style if isinstance(node, yaml.ScalarNode) else None  # a scalar's quoting, if any
+    if raw is not None and style is None and value is not None and not isinstance(value, str):
         raw[path] = node.value
     return value
 

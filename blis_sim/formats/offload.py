@@ -37,7 +37,8 @@ API::
 
 Validation is the reference's (every message of docs/reference-formats.md §6.2, prefixed by the file, line
 and field), plus the one config the reference accepts and then crashes on that we refuse: a CPU budget under
-one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the KV core supports both.
+one chunk. The other two crash cases (``blocks_per_chunk > 1``, ``eviction_policy: arc``) are accepted: the
+KV core supports both.
 Errors: :class:`~blis_sim.errors.FormatError` for YAML/schema problems (unknown keys, duplicate keys, wrong
 types), :class:`~blis_sim.errors.ConfigError` for values the resolver rejects; a file's problems are all
 reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's own forms (the
@@ -48,7 +49,7 @@ reported, several of them as one :class:`~blis_sim.errors.ConfigErrors`. vLLM's 
 # No ``from __future__ import annotations``: pydantic would then evaluate each field's annotation string
 # when the class is built. A method's annotation naming its own class is quoted.
 import math
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -57,7 +58,7 @@ from blis_sim._lazy import lazy_exports
 from blis_sim.errors import ConfigError, ConfigErrors, InputError
 from blis_sim.formats._model import StrictModel, construct, plain_fields
 from blis_sim.formats._strict import YamlDoc
-from blis_sim.formats.trace_header import OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
+from blis_sim.formats.trace_header import CpuLink, OffloadExtensions, TraceKVOffloadConfig, TraceTierConfig
 
 _INT64_MAX = 2**63 - 1
 DEFAULT_GPU_BLOCK_SIZE = 16
@@ -113,6 +114,7 @@ class OffloadConfig(StrictModel):
     secondary_tiers: tuple[TierConfig, ...] = ()
     kv_bytes_per_token: float = Field(gt=0, allow_inf_nan=False)
     bytes_per_chunk: int = Field(gt=0)
+    cpu_link: CpuLink | None = None  # None: the simulator's default CPU <-> GPU link
 
     @model_validator(mode="after")
     def _consistent(self) -> "OffloadConfig":
@@ -148,10 +150,11 @@ class OffloadConfig(StrictModel):
     def extensions(self) -> OffloadExtensions | None:
         """What the reference's block cannot hold (``pytest_blis.offload``), or None if nothing."""
         max_bytes = [t.max_bytes for t in self.secondary_tiers]
-        if self.store_threshold == 0 and all(b is None for b in max_bytes):
+        if self.store_threshold == 0 and all(b is None for b in max_bytes) and self.cpu_link is None:
             return None
         return OffloadExtensions(store_threshold=self.store_threshold,
-                                 tier_max_bytes=max_bytes if any(b is not None for b in max_bytes) else [])
+                                 tier_max_bytes=max_bytes if any(b is not None for b in max_bytes) else [],
+                                 cpu_link=self.cpu_link)
 
     @classmethod
     def from_header(cls, block: TraceKVOffloadConfig, extensions: OffloadExtensions | None = None, *,
@@ -191,7 +194,7 @@ class OffloadConfig(StrictModel):
                      bpc=block.blocks_per_chunk, tph=block.tokens_per_hash, policy=block.eviction_policy,
                      prompt_only=block.offload_prompt_only, self_desc=block.self_describing_kv_events,
                      store_threshold=threshold, tiers=tiers, kv_bytes_per_token=kv_bytes_per_token,
-                     where=where)
+                     where=where, cpu_link=extensions.cpu_link if extensions is not None else None)
         if block.per_block_bytes > 0 and cfg.bytes_per_chunk != block.per_block_bytes:
             # int(kv_bytes_per_token × block_size) can round differently: the recorded value is authoritative.
             cfg = cfg.model_copy(update={"bytes_per_chunk": block.per_block_bytes})
@@ -245,7 +248,7 @@ class _Where:
 
 def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, policy: str, prompt_only: bool,
            self_desc: bool, store_threshold: int, tiers: list[dict[str, Any]], kv_bytes_per_token: float,
-           where: _Where) -> OffloadConfig:
+           where: _Where, cpu_link: CpuLink | None = None) -> OffloadConfig:
     """The reference's ``Validate()`` plus our refusal of a CPU budget under one chunk, and the maxima of
     :mod:`blis_sim.limits` on every size that reaches the compiled core."""
     _check_bounds(where, cpu_bytes_to_use=cpu_bytes, block_size=block_size, blocks_per_chunk=bpc,
@@ -297,7 +300,8 @@ def _build(*, cpu_bytes: int, gpu_bs: int, block_size: int, bpc: int, tph: int, 
                          offload_prompt_only=prompt_only, self_describing_kv_events=self_desc,
                          store_threshold=store_threshold if store_threshold >= 2 else 0,
                          secondary_tiers=tuple(resolved),
-                         kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk)
+                         kv_bytes_per_token=float(kv_bytes_per_token), bytes_per_chunk=bytes_per_chunk,
+                         cpu_link=cpu_link)
     except ValidationError as exc:
         _fail_validation(where, exc, "", "")
 
@@ -368,3 +372,14 @@ _FILE_NAMES = frozenset({"DEFAULT_DEVICE_CLASSES", "DeviceClass", "INLINE", "is_
 
 __getattr__ = lazy_exports(__name__, {"blis_sim.formats.offload_file": tuple(sorted(_FILE_NAMES))})[0]
 
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.formats.offload_file import (
+        DEFAULT_DEVICE_CLASSES as DEFAULT_DEVICE_CLASSES,
+        INLINE as INLINE,
+        DeviceClass as DeviceClass,
+        is_inline as is_inline,
+        load_device_classes as load_device_classes,
+        load_offload_config as load_offload_config,
+        parse_offload_config as parse_offload_config,
+        resolve_offload_config as resolve_offload_config,
+    )

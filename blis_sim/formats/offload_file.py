@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,10 +21,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from blis_sim import limits
 from blis_sim.errors import ConfigError, FormatError, UsageError
 from blis_sim.formats._model import StrictModel, construct
-from blis_sim.formats._strict import (YamlDoc, _restore_strings, describe_each, load_yaml, parse_yaml, read_text,
-                                      validate)
-from blis_sim.formats.offload import (_INT64_MAX, DEFAULT_GPU_BLOCK_SIZE, DEFAULT_THREADS, OffloadConfig, _build,
-                                      _check_tier, _Where)
+from blis_sim.formats._strict import (
+    YamlDoc,
+    _restore_strings,
+    describe_each,
+    load_yaml,
+    parse_yaml,
+    read_text,
+    validate,
+)
+from blis_sim.formats.offload import (
+    _INT64_MAX,
+    DEFAULT_GPU_BLOCK_SIZE,
+    DEFAULT_THREADS,
+    OffloadConfig,
+    _build,
+    _check_tier,
+    _Where,
+)
+from blis_sim.formats.trace_header import CpuLink
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -101,6 +117,12 @@ class _TierSpec(StrictModel):
     max_bytes: int | None = None  # ours (vLLM PR #54327); BLIS rejects it as an unknown key
 
 
+class _LinkSpec(StrictModel):
+    read_bandwidth: float | None = None
+    write_bandwidth: float | None = None
+    base_latency: float | None = None
+
+
 class _OffloadSpec(StrictModel):
     cpu_bytes_to_use: int | None = None
     block_size: int | None = None
@@ -111,6 +133,7 @@ class _OffloadSpec(StrictModel):
     self_describing_kv_events: bool | None = None
     store_threshold: int | None = None
     secondary_tiers: list[_TierSpec] | None = None
+    cpu_link: _LinkSpec | None = None  # ours: the CPU <-> GPU link (bytes/µs, µs); BLIS rejects the key
 
 
 class _OffloadFile(StrictModel):
@@ -280,6 +303,28 @@ def _resolve_doc(doc: YamlDoc, kv_bytes_per_token: float, gpu_block_size: int,
     return _resolve(spec or _OffloadSpec(), kv_bytes_per_token, gpu_block_size, device_classes, where)
 
 
+def _resolve_link(link: _LinkSpec | None, where: _Where) -> CpuLink | None:
+    """``cpu_link``: both bandwidths finite and > 0 (bytes/µs), ``base_latency`` finite and >= 0 (µs, default 0)."""
+    if link is None:
+        return None
+    ok = True
+    for name in ("read_bandwidth", "write_bandwidth"):
+        v = getattr(link, name)
+        if v is None or not math.isfinite(v) or v <= 0:
+            where.add(f"cpu_link.{name}", f"kv_offload: cpu_link.{name} must be a finite number > 0 (bytes/us), "
+                                          f"got {v!r}")
+            ok = False
+    lat = 0.0 if link.base_latency is None else link.base_latency
+    if not math.isfinite(lat) or lat < 0:
+        where.add("cpu_link.base_latency", f"kv_offload: cpu_link.base_latency must be a finite number >= 0 (us), "
+                                           f"got {lat!r}")
+        ok = False
+    if not ok or link.read_bandwidth is None or link.write_bandwidth is None:
+        return None
+    return construct(CpuLink, read_bandwidth=float(link.read_bandwidth), write_bandwidth=float(link.write_bandwidth),
+                     base_latency=float(lat))
+
+
 def _resolve(spec: _OffloadSpec, kv_bytes_per_token: float, gpu_bs: int,
              device_classes: Mapping[str, DeviceClass] | None, where: _Where) -> OffloadConfig:
     """The file's rules, every problem recorded; :func:`_build` then adds the value checks and raises them all."""
@@ -324,7 +369,8 @@ def _resolve(spec: _OffloadSpec, kv_bytes_per_token: float, gpu_bs: int,
     # A missing budget or a refused chunk size is recorded: _build then runs on valid stand-ins (the
     # largest budget, one GPU block per chunk) so that its other checks still report, and raises them all.
     cpu_bytes = limits.MAX_BYTES if spec.cpu_bytes_to_use is None else spec.cpu_bytes_to_use
-    return _build(cpu_bytes=cpu_bytes, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
+    link = _resolve_link(spec.cpu_link, where)
+    return _build(cpu_link=link, cpu_bytes=cpu_bytes, gpu_bs=gpu_bs, block_size=block_size, bpc=bpc,
                   tph=gpu_bs if spec.tokens_per_hash is None else spec.tokens_per_hash,
                   policy="lru" if spec.eviction_policy is None else spec.eviction_policy,
                   prompt_only=True if spec.offload_prompt_only is None else spec.offload_prompt_only,

@@ -38,8 +38,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from blis_sim.errors import FormatError
-from blis_sim.formats._model import StrictModel, to_go, validate_data
 from blis_sim.formats._json import load_json
+from blis_sim.formats._model import StrictModel, to_go, validate_data
 from blis_sim.formats.results import go_json
 from blis_sim.formats.trace import atomic_write
 
@@ -177,7 +177,7 @@ class CapacityComparison(_Model):
     arrival_rps: float | None  # (n - 1) / send span; None for a burst (all sent at once)
     served_rps: float  # requests / window_s
     backlog: int  # requests still waiting for their first token when the last one was sent
-    saturated: bool  # requests >= 20 and backlog >= max(5, 10 % of requests)
+    saturated: bool  # any sign in ``saturation`` (blis_sim.calibrate.capacity)
     real_rps: float
     sim_rps: float
     rps_error: float  # |sim - real| / real
@@ -186,6 +186,15 @@ class CapacityComparison(_Model):
     output_tps_error: float
     tolerance: float
     within: bool | None
+    # how late the last sends left (s), the median request's wait over its TTFT, and the signs of
+    # saturation the window shows ("backlog", "sends lag", "waiting")
+    send_lag_s: float = 0.0
+    waiting_share: float = 0.0
+    saturation: list[str] = Field(default_factory=list)
+    # at saturation (design D9) E2E is judged, TTFT reported: the request-level E2E MAPE and its
+    # threshold (the TTFT threshold)
+    e2e_mape: float | None = None
+    e2e_threshold: float | None = None
     _keep_none: ClassVar[frozenset[str]] = frozenset({"arrival_rps", "within"})
 
 
@@ -368,7 +377,9 @@ class CalibrationReport(_Model):
             h = self.hit_rate
             rows.append(VerdictRow(f"hit_rate[{h.source}]", h.real_hit_rate, h.sim_hit_rate, h.abs_error_pp,
                                    h.tolerance_pp, h.within, "pp"))
-        if self.ttft_tolerance is not None:
+        c = self.capacity
+        saturated = c is not None and c.within is not None
+        if self.ttft_tolerance is not None and not saturated:  # at saturation: reported (D9)
             t = self.ttft_tolerance
             ttft = self.metrics.get("ttft")
             real = ttft.workload_level.real_mean if ttft else math.nan
@@ -378,9 +389,9 @@ class CalibrationReport(_Model):
             name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
             rows.append(VerdictRow(f"kv_hit_rate[{name}]", d.real_hit_rate, d.sim_hit_rate, d.abs_error_pp,
                                    d.tolerance_pp, d.within, "pp"))
-        for t in self.tier_service or ():
-            rows.append(VerdictRow(f"tier_service[{t.tier}/{t.direction}]", t.real_seconds, t.sim_seconds,
-                                   t.rel_error, t.tolerance, t.within, "rel"))
+        for ts in self.tier_service or ():
+            rows.append(VerdictRow(f"tier_service[{ts.tier}/{ts.direction}]", ts.real_seconds, ts.sim_seconds,
+                                   ts.rel_error, ts.tolerance, ts.within, "rel"))
         for f in self.window_faults or ():
             if f.count and not f.modelled:  # the window cannot validate the simulator's hit-rates
                 rows.append(VerdictRow(f"fault[{f.kind}{'/' + f.tier if f.tier else ''}]", float(f.count), 0.0,
@@ -405,6 +416,11 @@ class CalibrationReport(_Model):
                                    c.rps_error <= c.tolerance, "rate"))
             rows.append(VerdictRow("capacity[output tok/s]", c.real_output_tps, c.sim_output_tps,
                                    c.output_tps_error, c.tolerance, c.output_tps_error <= c.tolerance, "rate"))
+            e2e = self.metrics.get("e2e")
+            if c.e2e_mape is not None and c.e2e_threshold is not None and e2e is not None:
+                rows.append(VerdictRow("capacity[e2e_mape]", e2e.workload_level.real_mean,
+                                       e2e.workload_level.sim_mean, c.e2e_mape, c.e2e_threshold,
+                                       c.e2e_mape <= c.e2e_threshold, "mape"))
         return rows
 
     @property

@@ -34,15 +34,16 @@ Our additions (extra JSON fields; BLIS ignores unknown JSON fields):
   (``{"device": n, "host": n, "disk": n}``), written only when set.
 - :class:`MetricsOutput`: ``kv_hit_rates`` — the simulated per-definition hit-rates
   (:class:`~blis_sim.formats.hitrate.KVHitRate`), ``tier_io`` (each offload tier's simulated transfer
-  bytes, station service seconds and jobs over the window, the trace header's ``TierIO`` shape), and ``provenance`` (:class:`SimProvenance`: tool
-  version, latency model and coefficients, seed, KV geometry, resolved offload config; design D7),
+  bytes, station service seconds and jobs over the window, the trace header's ``TierIO`` shape), and
+  ``provenance`` (:class:`SimProvenance`: tool version, latency model and coefficients, seed, KV geometry,
+  resolved offload config, where each setting came from; design D7),
   each written only when set. SimResult JSON is a bare list, so it has no room for provenance: the
   MetricsOutput written beside it, and the trace header of ``--trace-output``, carry it.
 """
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -53,12 +54,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._model import StrictModel, _is_zero, to_go
+from blis_sim.formats._io import atomic_write_chunks
 from blis_sim.formats._json import located as _located, parse_json as _parse
+from blis_sim.formats._model import StrictModel, _is_zero, to_go
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, TierIO, TraceKVOffloadConfig
-from blis_sim.formats._io import atomic_write_chunks
+from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, SettingSource, TierIO, TraceKVOffloadConfig
 
 _Float = Field(default=0.0, allow_inf_nan=False)
 
@@ -127,6 +128,9 @@ class SimProvenance(StrictModel):
     seed: int = 0
     kv_geometry: KVGeometry | None = None
     kv_offload: TraceKVOffloadConfig | None = None
+    settings: dict[str, SettingSource] = Field(default_factory=dict)  # where each setting came from
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"settings"})
 
 
 class MetricsOutput(StrictModel):
@@ -198,16 +202,21 @@ def load_sim_results(path: str | Path) -> list[SimResult]:
             out.append(validate(item))
         except ValidationError as exc:
             raise _located(exc, (i,), text, file) from None
+        data[i] = None  # each parsed row goes once validated: the rows are not held twice
     return out
 
 
-def load_metrics_output(path: str | Path) -> MetricsOutput:
-    """Read an aggregate MetricsOutput (``replay --metrics-path``)."""
+def load_metrics_output(path: str | Path, *, requests: bool = True) -> MetricsOutput:
+    """Read an aggregate MetricsOutput (``replay --metrics-path``). ``requests=False``: the
+    per-request rows are left out, unread (a reader of the aggregates only: ``calibrate``, whose
+    input from a 1M-request replay would otherwise hold a million row objects)."""
     file = str(path)
     text = read_text(path)
     data = _parse(text, file)
     if not isinstance(data, dict):
         raise FormatError(f"expected a JSON object (MetricsOutput), got {type(data).__name__}", file=file, line=1)
+    if not requests:
+        data.pop("requests", None)
     try:
         return MetricsOutput.model_validate(data)
     except ValidationError as exc:
@@ -368,12 +377,31 @@ class Columns:
             else:
                 per_field.append(repeat(col, self.n))
         make = self.cls.model_construct  # our own values: validated where they were made
-        return [make(**dict(zip(names, row))) for row in zip(*per_field)]
+        every = set(names)  # every row sets every field: one set of names for all (as TraceColumns.records)
+        return [make(every, **dict(zip(names, row))) for row in zip(*per_field)]
 
     @classmethod
     def from_records(cls, model: type[StrictModel], records: Sequence[Any]) -> "Columns":
         """Model objects as columns (each field a list of the objects' values)."""
         return cls(model, len(records), {name: [getattr(r, name) for r in records] for name in model.model_fields})
+
+
+@dataclass(frozen=True)
+class ColumnChunks:
+    """Rows of one model class made a chunk at a time, in the order they are written:
+    ``make(start, stop)`` gives the :class:`Columns` of rows ``[start, stop)``. What a writer of
+    millions of rows takes, so that only one chunk's columns exist at once."""
+
+    cls: type[StrictModel]
+    n: int
+    make: Callable[[int, int], Columns]
+
+    def chunks(self) -> Iterator[Columns]:
+        for start in range(0, self.n, CHUNK_ROWS):
+            yield self.make(start, min(self.n, start + CHUNK_ROWS))
+
+    def records(self) -> list[Any]:
+        return [r for chunk in self.chunks() for r in chunk.records()]
 
 
 def _column_size(col: Any) -> int | None:
@@ -412,9 +440,13 @@ def _string_cells(values: Sequence[str]) -> tuple[list[str], bool]:
     return [cache[v] if v in cache else cache.setdefault(v, _escape(v)) for v in values], True
 
 
-def _rows_text(cols: Columns, indent: str) -> Iterator[str]:
+def _rows_text(cols: Columns | ColumnChunks, indent: str) -> Iterator[str]:
     """The rows as JSON objects (``indent`` before each, ``json.MarshalIndent`` layout inside), one
     string per chunk of rows, rows joined by ``,\\n`` within a chunk (the caller joins the chunks)."""
+    if isinstance(cols, ColumnChunks):
+        for chunk in cols.chunks():
+            yield _chunk_text(chunk, indent)
+        return
     for start in range(0, cols.n, CHUNK_ROWS):
         yield _chunk_text(cols.take(slice(start, min(cols.n, start + CHUNK_ROWS))), indent)
 
@@ -494,7 +526,7 @@ def _chunk_text(cols: Columns, indent: str) -> str:
     return "".join(flat)
 
 
-def _array_chunks(cols: Columns, indent: str = "") -> Iterator[str]:
+def _array_chunks(cols: Columns | ColumnChunks, indent: str = "") -> Iterator[str]:
     """``go_json(cols.records(), indent)`` as successive pieces of text."""
     if cols.n == 0:
         yield "[]"
@@ -508,10 +540,13 @@ def _array_chunks(cols: Columns, indent: str = "") -> Iterator[str]:
     yield "\n" + indent + "]"
 
 
-def _sorted_by_id(cols: Columns) -> Columns:
-    """SimResult columns in request-id order (stable, as the list writer sorts)."""
+def _sorted_by_id(cols: Columns | ColumnChunks) -> Columns | ColumnChunks:
+    """SimResult columns in request-id order (stable, as the list writer sorts); chunks are made
+    in that order by their maker."""
     if cols.cls is not SimResult:
         raise TypeError(f"sim result columns must be of SimResult, not {cols.cls.__name__}")
+    if isinstance(cols, ColumnChunks):
+        return cols
     rid = cols.column("request_id")
     if isinstance(rid, np.ndarray):
         if rid.size < 2 or bool(np.all(rid[1:] >= rid[:-1])):
@@ -521,7 +556,7 @@ def _sorted_by_id(cols: Columns) -> Columns:
     return cols.take(np.asarray(order, dtype=np.int64))
 
 
-def _metrics_chunks(metrics: MetricsOutput, requests: Columns | None) -> Iterator[str]:
+def _metrics_chunks(metrics: MetricsOutput, requests: Columns | ColumnChunks | None) -> Iterator[str]:
     if requests is None:
         yield go_json(metrics)
         return
@@ -549,8 +584,10 @@ def columns_json(cols: Columns, indent: str = "") -> str:
     return "".join(_array_chunks(cols, indent))
 
 
-def _as_columns(results: Sequence[SimResult] | Columns) -> Columns:
-    return results if isinstance(results, Columns) else Columns.from_records(SimResult, results)
+def _as_columns(results: Sequence[SimResult] | Columns | ColumnChunks) -> Columns | ColumnChunks:
+    if isinstance(results, (Columns, ColumnChunks)):
+        return results
+    return Columns.from_records(SimResult, results)
 
 
 def sim_results_text(results: Sequence[SimResult] | Columns) -> str:
@@ -563,11 +600,12 @@ def metrics_output_text(metrics: MetricsOutput, requests: Columns | None = None)
     return "".join(_metrics_chunks(metrics, requests))
 
 
-def write_sim_results(results: Sequence[SimResult] | Columns, path: str | Path) -> None:
+def write_sim_results(results: Sequence[SimResult] | Columns | ColumnChunks, path: str | Path) -> None:
     """Sorted by request id (stable); objects are written as their columns."""
     atomic_write_chunks(path, _array_chunks(_sorted_by_id(_as_columns(results))))
 
 
-def write_metrics_output(metrics: MetricsOutput, path: str | Path, requests: Columns | None = None) -> None:
+def write_metrics_output(metrics: MetricsOutput, path: str | Path,
+                         requests: Columns | ColumnChunks | None = None) -> None:
     """``requests``: as in :func:`metrics_output_text` (the big part, written chunk by chunk)."""
     atomic_write_chunks(path, _metrics_chunks(metrics, requests))

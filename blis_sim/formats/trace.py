@@ -43,16 +43,17 @@ from pathlib import Path
 from blis_sim.formats._io import atomic_write, atomic_write_files
 from blis_sim.formats._model import StrictModel
 from blis_sim.formats.itl import ITL_COLUMNS, ITLRecord, default_itl_path, itl_by_request, read_itl, write_itl
+from blis_sim.formats.trace_columns import ColumnarTrace, read_trace_data
 from blis_sim.formats.trace_data import (
     BASE_COLUMNS,
     OUR_TRAILING,
     REFERENCE_TRAILING,
     TraceRecord,
     columns_for,
+    data_chunks,
     data_text,
     write_trace_data,
 )
-from blis_sim.formats.trace_columns import read_trace_data
 from blis_sim.formats.trace_header import (
     SOURCE_GPU_FALLBACK,
     SOURCE_TIERED,
@@ -89,13 +90,15 @@ def load_trace(header_path: str | Path, data_path: str | Path) -> Trace:
     return Trace.model_construct(header=read_trace_header(header_path), records=read_trace_data(data_path))
 
 
-def write_trace(trace: Trace, header_path: str | Path, data_path: str | Path, *,
+def write_trace(trace: Trace | ColumnarTrace, header_path: str | Path, data_path: str | Path, *,
                 blis_compatible: bool = False) -> None:
     """Write both files. ``blis_compatible=True`` leaves out the ``pytest_blis`` header block.
 
     Both are written to temp files before either is renamed: a failure (a full disk) leaves neither file
     changed, never a new header beside an old or missing data file."""
-    atomic_write_files([(data_path, data_text(trace.records, mode=trace.header.mode)),
+    data = getattr(trace, "data", None)  # a ColumnarTrace's columns, written as they are
+    rows = data if data is not None else trace.records
+    atomic_write_files([(data_path, data_chunks(rows, mode=trace.header.mode)),
                         (header_path, header_text(trace.header, blis_compatible=blis_compatible))])
 
 

@@ -26,15 +26,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._io import csv_chunks, csv_data_line, gc_paused
-from blis_sim.formats.trace_data import (_BOOLS, _INTS, _REPEATED, _ROW_DEFAULTS, _TRIMMED, TraceRecord,
-                                         _column_positions, _parse_cell)
+from blis_sim.formats.trace_data import (
+    _BOOLS,
+    _INTS,
+    _REPEATED,
+    _ROW_DEFAULTS,
+    _TRIMMED,
+    TraceRecord,
+    _column_positions,
+    _parse_cell,
+)
 from blis_sim.formats.trace_header import read_trace_header
 
 FIELDS: tuple[str, ...] = tuple(_ROW_DEFAULTS)  # every TraceRecord field, in declaration order
@@ -109,7 +117,7 @@ class TraceColumns:
             elif isinstance(col, StrColumn):
                 col = StrColumn(col.codes[idx], col.names)
             data[name] = col
-        return TraceColumns(int(len(idx)), data)
+        return TraceColumns(len(idx), data)
 
     def record(self, i: int) -> Any:
         """Row ``i`` as the :class:`TraceRecord` the record reader gives."""
@@ -127,14 +135,30 @@ class TraceColumns:
         per_field = []
         for name in FIELDS:
             col = self.data[name]
-            if isinstance(col, np.ndarray):
-                per_field.append(col.tolist())
-            elif isinstance(col, StrColumn):
+            if isinstance(col, (np.ndarray, StrColumn)):
                 per_field.append(col.tolist())
             else:
                 per_field.append([col] * self.n)
-        make = TraceRecord.model_construct  # checked by the reader
-        return [make(**dict(zip(FIELDS, row))) for row in zip(*per_field)]
+        # checked by the reader. Every record sets every field: one set of their names serves all
+        # (pydantic keeps the set it is given; the records are frozen, and a copy copies the set),
+        # instead of a 37-name set per record, two thirds of a record's memory.
+        every = set(FIELDS)
+        make = TraceRecord.model_construct
+        return [make(every, **dict(zip(FIELDS, row))) for row in zip(*per_field)]
+
+    @classmethod
+    def from_columns(cls, n: int, columns: dict[str, Any]) -> TraceColumns:
+        """Columns built by our own code (the simulator's re-export): each field an array, a
+        ``StrColumn``, a list of values or one value for every row; a field left out takes its
+        default. Not checked: the values come from a trace or a plan that was."""
+        data: dict[str, Any] = {}
+        for name in FIELDS:
+            col = columns.get(name, _ROW_DEFAULTS[name])
+            kind = _kind(name)
+            if isinstance(col, (np.ndarray, list, tuple)) and not isinstance(col, StrColumn):
+                col = _strings([(n, list(col), False)]) if kind is str else np.asarray(col, dtype=kind)
+            data[name] = col
+        return cls(n, data)
 
     @classmethod
     def from_records(cls, records: Sequence[Any]) -> TraceColumns:
@@ -145,20 +169,64 @@ class TraceColumns:
 
 
 class _Accumulator:
-    """Chunks of rows (a template of constant values plus varying columns) joined into columns."""
+    """Chunks of rows (a template of constant values plus varying columns) joined into columns.
 
-    def __init__(self) -> None:
+    A field stays one value while every chunk has it so; from the first chunk where it varies it is
+    an array written in place, sized once from ``capacity`` (an estimate of the rows) and grown in
+    place by a quarter when it runs out, then trimmed in place: a 10M-row trace is read without a
+    list of parts to concatenate, whose copy and the heap left behind by its small chunk arrays
+    doubled the columns' memory."""
+
+    def __init__(self, capacity: int = 0) -> None:
         self.n = 0
-        self.parts: dict[str, list[tuple[int, Any, bool]]] = {name: [] for name in FIELDS}
+        self.capacity = capacity
+        self.const: dict[str, tuple[type, Any]] = {}    # field -> (type, value) while one value
+        self.arrays: dict[str, np.ndarray] = {}         # field -> values (string fields: codes)
+        self.index: dict[str, dict[str, int]] = {}      # string field -> code of each name
+
+    def _buffer(self, name: str, dtype: Any, rows: int) -> np.ndarray:
+        """``name``'s array with room for ``rows`` rows (made, or grown in place)."""
+        buf = self.arrays.get(name)
+        if buf is None:
+            buf = self.arrays[name] = np.empty(max(rows, self.capacity), dtype=dtype)
+        elif buf.shape[0] < rows:
+            buf.resize(max(rows, buf.shape[0] + buf.shape[0] // 4 + 1024), refcheck=False)
+        return buf
+
+    def _code(self, name: str, value: str) -> int:
+        return self.index.setdefault(name, {}).setdefault(value, len(self.index[name]))
 
     def add(self, n: int, template: dict[str, Any], names: list[str], columns: list[Any]) -> None:
         varying = dict(zip(names, columns))
+        start, stop = self.n, self.n + n
         for name in FIELDS:
-            if name in varying:
-                self.parts[name].append((n, varying[name], False))
+            if name not in varying:
+                value = template[name]
+                if name not in self.arrays:
+                    key = (type(value), value)
+                    if self.n == 0 or self.const.get(name) == key:
+                        self.const[name] = key
+                        continue
+            kind = _kind(name)
+            if name not in self.arrays:  # varies from here: the rows so far hold its one value
+                dtype = np.int32 if kind is str else kind
+                buf = self._buffer(name, dtype, stop)
+                if start:
+                    first = self.const[name][1]
+                    buf[:start] = self._code(name, first) if kind is str else first
+                self.const.pop(name, None)
+            buf = self._buffer(name, np.int32 if kind is str else kind, stop)
+            if name not in varying:
+                buf[start:stop] = self._code(name, value) if kind is str else value
+            elif kind is str:
+                v = varying[name]
+                index = self.index.setdefault(name, {})
+                for s in dict.fromkeys(v):  # the new names in order of first appearance
+                    index.setdefault(s, len(index))
+                buf[start:stop] = np.fromiter(map(index.__getitem__, v), dtype=np.int32, count=n)
             else:
-                self.parts[name].append((n, template[name], True))
-        self.n += n
+                buf[start:stop] = np.asarray(varying[name], dtype=kind)
+        self.n = stop
 
     def add_rows(self, rows: list[dict[str, Any]]) -> None:
         """Rows as field dicts (the row parser's, or records')."""
@@ -167,17 +235,12 @@ class _Accumulator:
     def finish(self) -> TraceColumns:
         data: dict[str, Any] = {}
         for name in FIELDS:
-            parts = self.parts[name]
-            consts = {(type(v), v) for _, v, const in parts if const}
-            if all(const for _, _, const in parts) and len(consts) <= 1:
-                data[name] = parts[0][1] if parts else _ROW_DEFAULTS[name]
+            buf = self.arrays.get(name)
+            if buf is None:
+                data[name] = self.const[name][1] if name in self.const else _ROW_DEFAULTS[name]
                 continue
-            kind = _kind(name)
-            if kind is str:
-                data[name] = _strings(parts)
-            else:
-                data[name] = np.concatenate([np.full(n, v, dtype=kind) if const else np.asarray(v, dtype=kind)
-                                             for n, v, const in parts])
+            buf.resize(self.n, refcheck=False)  # in place: the pages past the rows go back
+            data[name] = StrColumn(buf, list(self.index[name])) if _kind(name) is str else buf
         return TraceColumns(self.n, data)
 
 
@@ -217,8 +280,8 @@ def read_trace_data(path: str | Path) -> list[Any]:
 
 def read_trace_columns(path: str | Path) -> TraceColumns:
     """Read a TraceV2 data CSV as columns, with the reference's positional rules
-    (docs/reference-formats.md §1.4): the csv module splits the rows, each column of a chunk is converted at once, and the
-    first bad cell in file order is reported, located."""
+    (docs/reference-formats.md §1.4): the csv module splits the rows, each column of a chunk is converted at
+    once, and the first bad cell in file order is reported, located."""
     p = Path(path)
     file = str(p)
     with gc_paused():
@@ -229,6 +292,8 @@ def read_trace_columns(path: str | Path) -> TraceColumns:
         shared: dict[str, str] = {}
         acc = _Accumulator()
         for rows in chunks:
+            if not acc.n:  # the rows the file holds, estimated from its first chunk's
+                acc.capacity = _rows_estimate(p, rows)
             try:
                 acc.add(len(rows), *_chunk_columns(rows, pos, order, min_cols, file, shared))
             except _CellError as exc:
@@ -236,6 +301,12 @@ def read_trace_columns(path: str | Path) -> TraceColumns:
                 raise FormatError(e.reason, file=file, line=csv_data_line(p, acc.n + exc.row),
                                   field=e.location.field) from None
         return acc.finish()
+
+
+def _rows_estimate(path: Path, rows: list[list[str]]) -> int:
+    """Rows in the file at the first chunk's bytes per row (a little over: growing costs more)."""
+    sample = sum(map(len, map(",".join, rows))) + len(rows)
+    return int(path.stat().st_size / max(sample / len(rows), 1.0) * 1.02) + len(rows)
 
 
 def _chunk_columns(rows: list[list[str]], pos: dict[str, int], order: list[str], min_cols: int,
@@ -301,6 +372,11 @@ def _convert(col: str, cells: Sequence[str | None], file: str, shared: dict[str,
         for k, v in zip(present, list(given)):
             values[k] = v
         return np.asarray(values, dtype=np.int64) if col in _INTS else values
+    return _convert_present(col, cast("Sequence[str]", cells), file, shared)
+
+
+def _convert_present(col: str, cells: Sequence[str], file: str, shared: dict[str, str]) -> Any:
+    """:func:`_convert` of cells every row has."""
     if col == "think_time_us":  # trimmed, and empty means 0 (the reference's "not recorded")
         cells = [c.strip(_go.GO_SPACE) for c in cells]
         plain = _plain_ints(cells)

@@ -22,17 +22,18 @@ is written only when some record carries it.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
-from blis_sim.formats._io import atomic_write, go_quote
+from blis_sim.formats._io import atomic_write_chunks, go_quote
 from blis_sim.formats._model import StrictModel
-
 
 _TRIMMED = ("error_message", "finish_reason", "x_request_id", "adapter")
 
@@ -133,30 +134,59 @@ _DEFAULTS: dict[str, Any] = {name: f.get_default(call_default_factory=True)
 _ROW_DEFAULTS: dict[str, Any] = {"request_id": 0, **_DEFAULTS}  # a row's dict starts as a copy: field order
 
 
-def columns_for(records: Sequence[TraceRecord], mode: str) -> list[str]:
-    """The header row the reference would write for ``records`` (plus ours when any record carries them)."""
+def columns_for(rows: Any, mode: str) -> list[str]:
+    """The header row the reference would write for ``rows`` (records or ``TraceColumns``; plus our
+    columns when any row carries them)."""
+    data = _as_columns(rows)
+
+    def any_(name: str, test: Any) -> bool:
+        """Whether some row's ``name`` passes ``test`` (one value, or a numpy array of them)."""
+        if not data.n:
+            return False
+        const, value = data.constant(name)
+        if const:
+            return bool(test(value))
+        col = data.data[name]
+        if isinstance(col, np.ndarray):
+            return bool(test(col).any())
+        used = np.flatnonzero(np.bincount(col.codes, minlength=len(col.names))).tolist()
+        return any(test(col.names[c]) for c in used)  # a string column: the names some row holds
+
+    def nonzero(v: Any) -> Any:
+        return v != 0
+
+    def nonempty(v: Any) -> Any:
+        return v.astype(bool) if isinstance(v, np.ndarray) else bool(v)
+
     cols = list(BASE_COLUMNS[:4])
-    if any(r.vllm_priority != 0 for r in records) or (mode == "real" and any(r.slo_class for r in records)):
+    if any_("vllm_priority", nonzero) or (mode == "real" and any_("slo_class", nonempty)):
         cols.append("vllm_priority")
     cols += BASE_COLUMNS[4:18]
-    if any(r.slo_target_us > 0 for r in records):
+    if any_("slo_target_us", lambda a: a > 0):
         cols.append("slo_target_us")
     cols += BASE_COLUMNS[18:]
     # x_request_id: only in mode "real", as the reference (a replay re-export must not carry the real run's
     # request ids, which no longer match any server-side decision).
-    if mode == "real" and any(r.x_request_id for r in records):
+    if mode == "real" and any_("x_request_id", nonempty):
         cols.append("x_request_id")
-    if any(r.adapter for r in records):
+    if any_("adapter", nonempty):
         cols.append("adapter")
-    if any(r.think_time_us != 0 for r in records):
+    if any_("think_time_us", nonzero):
         cols.append("think_time_us")
-    carried = {"phase": any(r.phase for r in records), "warmup": any(r.warmup for r in records),
-               "cached_tokens": any(r.cached_tokens != -1 for r in records),
-               "first_byte_time_us": any(r.first_byte_time_us != 0 for r in records),
-               "first_content_time_us": any(r.first_content_time_us != 0 for r in records),
-               "replica": any(r.replica != -1 for r in records)}
+    carried = {"phase": any_("phase", nonempty), "warmup": any_("warmup", nonempty),
+               "cached_tokens": any_("cached_tokens", lambda a: a != -1),
+               "first_byte_time_us": any_("first_byte_time_us", nonzero),
+               "first_content_time_us": any_("first_content_time_us", nonzero),
+               "replica": any_("replica", lambda a: a != -1)}
     cols += [c for c in OUR_TRAILING if carried[c]]
     return cols
+
+
+def _as_columns(rows: Any) -> Any:
+    """Records as ``TraceColumns`` (a ``TraceColumns`` as it is): the writer works on columns."""
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    return rows if isinstance(rows, TraceColumns) else TraceColumns.from_records(rows)
 
 
 def _formatter(col: str) -> Any:
@@ -233,15 +263,51 @@ def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
     return raw
 
 
-def data_text(records: Sequence[TraceRecord], *, mode: str) -> str:
-    cols = columns_for(records, mode)
-    plan = [(c, _formatter(c)) for c in cols]
-    parts = [_go.csv_line(cols)]
-    for r in records:
-        v = r.__dict__
-        parts.append(",".join([fmt(v[c]) for c, fmt in plan]) + "\n")
-    return "".join(parts)
+# Rows are formatted this many at a time: the cells of one chunk are alive at once, never those
+# of the whole file (a 10M-request re-export).
+CHUNK_ROWS = 65536
 
 
-def write_trace_data(records: Sequence[TraceRecord], path: str | Path, *, mode: str) -> None:
-    atomic_write(path, data_text(records, mode=mode))
+def _cells(col: str, value: Any, n: int) -> Any:
+    """One column of a chunk as CSV cells: a list of strings, or one string every row writes."""
+    fmt = _formatter(col)
+    if not isinstance(value, (np.ndarray, tuple)):
+        return fmt(value)
+    if isinstance(value, tuple):  # (codes, names) of a string column: each name formatted once
+        codes, names = value
+        cells = [fmt(v) for v in names]
+        return [cells[c] for c in codes.tolist()]
+    if col in _BOOLS:
+        return np.where(value, "true", "false").tolist()
+    if col in _INTS:
+        return _go.json_ints(value)
+    return [fmt(v) for v in value.tolist()]
+
+
+def data_chunks(rows: Any, *, mode: str) -> Iterator[str]:
+    """The data CSV of ``rows`` (records or ``TraceColumns``) as successive pieces of text: the
+    header row, then :data:`CHUNK_ROWS` rows at a time, formatted a column at a time."""
+    data = _as_columns(rows)
+    cols = columns_for(data, mode)
+    yield _go.csv_line(cols)
+    for start in range(0, data.n, CHUNK_ROWS):
+        stop = min(data.n, start + CHUNK_ROWS)
+        n = stop - start
+        per_col = []
+        for c in cols:
+            col = data.data[c]
+            if isinstance(col, np.ndarray):
+                col = col[start:stop]
+            elif not isinstance(col, (str, int, float, bool)):  # a StrColumn
+                col = (col.codes[start:stop], col.names)
+            cells = _cells(c, col, n)
+            per_col.append(repeat(cells, n) if isinstance(cells, str) else cells)
+        yield "".join(map("%s\n".__mod__, map(",".join, zip(*per_col))))
+
+
+def data_text(rows: Any, *, mode: str) -> str:
+    return "".join(data_chunks(rows, mode=mode))
+
+
+def write_trace_data(rows: Any, path: str | Path, *, mode: str) -> None:
+    atomic_write_chunks(path, data_chunks(rows, mode=mode))

@@ -139,6 +139,14 @@ class KVGeometry(StrictModel):
     num_gpu_blocks: int | None = Field(default=None, ge=1, le=limits.MAX_GPU_BLOCKS)
 
 
+class SettingSource(StrictModel):
+    """One simulator setting as the simulation resolved it, and where it came from
+    (blis_sim/engine/settings.py): a flag (or the caller), the trace header, the model, or the default."""
+
+    value: int | float | str | None = None
+    source: Literal["flag", "header", "model", "default"]
+
+
 class TierIO(StrictModel):
     """Per-tier transfer counters over the window (vLLM's native units: bytes, seconds).
 
@@ -206,11 +214,24 @@ class PhaseInfo(StrictModel):
     end_time_us: int = 0
 
 
+class CpuLink(StrictModel):
+    """The CPU <-> GPU link of the offload tiers (``kv_offload.cpu_link``, ours): bytes/µs and µs, ``read``
+    towards the GPU (a load), ``write`` away from it (a store). What ``blis calibrate --write-offload-config``
+    fits from a server's ``vllm:kv_offload_{load,store}_{bytes,time}``; absent, the simulator's default link."""
+
+    read_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    write_bandwidth: float = Field(gt=0, allow_inf_nan=False)
+    base_latency: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
 class OffloadExtensions(StrictModel):
     """Offload settings the reference's ``kv_offload`` block cannot hold (INV-13 for our additions)."""
 
     store_threshold: int = Field(default=0, ge=0)
     tier_max_bytes: list[int | None] = Field(default_factory=list)  # per secondary tier; None = unbounded
+    cpu_link: CpuLink | None = None
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"cpu_link"})
 
     @field_validator("tier_max_bytes")
     @classmethod

@@ -2,7 +2,7 @@
 
 API::
 
-    spec = load_workload_spec("spec.yaml")          # WorkloadSpec, or FormatError/ConfigError "file:line: field 'x': why"
+    spec = load_workload_spec("spec.yaml")   # WorkloadSpec, or FormatError/ConfigError "file:line: field 'x': why"
     spec = workload_spec_from_doc(doc, at=("workload",))   # a spec embedded in another YAML file (e.g. a scenario)
     spec = parse_workload_spec(text, file="<inline>")
     spec = workload_spec_from_data({"aggregate_rate": 4, ...}, source="<flags>")   # built in code
@@ -369,7 +369,7 @@ def workload_spec_from_doc(doc: YamlDoc, at: tuple[str | int, ...] = ()) -> Work
                 (isinstance(data, list) and not (isinstance(key, int) and 0 <= key < len(data))):
             raise FormatError("required field is missing", file=doc.file, line=doc.line_of(at[:i]),
                               field=dotted(at[:i + 1]))
-        data = data[key]
+        data = data[key]  # type: ignore[index]  # a list only with an int key (checked above)
     if data is None:
         raise FormatError("workload spec is empty", file=doc.file, line=doc.line_of(at), field=dotted(at) or None)
     if not isinstance(data, dict):
@@ -516,6 +516,7 @@ class _Checker:
                     if c.lifecycle is None or not c.lifecycle.windows:
                         self.fail(rate_path, "aggregate_rate must be > 0 when a client is rate-based (it is 0 or "
                                   f"unset; absolute rate mode would need trace_rate on every window of client {i})")
+                    assert c.lifecycle is not None  # self.fail raised otherwise
                     for j, w in enumerate(c.lifecycle.windows):
                         if w.trace_rate is None:
                             self.fail(base + ("clients", i, "lifecycle", "windows", j),

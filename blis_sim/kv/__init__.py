@@ -99,8 +99,7 @@ from typing import Any
 
 from blis_sim import _backend
 from blis_sim.kv.cache import Admission, KVCache as PyKVCache, Lookup
-from blis_sim.kv.config import (CpuTierConfig, FsTierConfig, KVConfig, TierStation,
-                                from_offload_config)
+from blis_sim.kv.config import CpuTierConfig, FsTierConfig, KVConfig, TierStation, from_offload_config
 
 core, COMPILED = _backend.load("blis_sim.kv._core", "blis_sim.kv._core_py")
 hash_blocks = core.hash_blocks
@@ -111,7 +110,7 @@ def load_core(backend: str | None = None) -> tuple[ModuleType, bool]:
     if backend is None:
         return core, COMPILED
     if backend == "python":
-        from blis_sim.kv import _core_py
+        from blis_sim.kv import _core_py  # a forced backend: only that one is imported
         return _core_py, False
     if backend == "cython":
         from blis_sim.kv import _core  # type: ignore[attr-defined]  # raises if not built
@@ -119,14 +118,14 @@ def load_core(backend: str | None = None) -> tuple[ModuleType, bool]:
     raise ValueError(f"unknown KV backend {backend!r} (use 'cython' or 'python')")
 
 
-class KVCache(abc.ABC):
+class KVCache(abc.ABC):  # noqa: B024  (the common type of the two caches, and their factory)
     """The tiered KV cache (see the module docstring). ``backend``: "cython" | "python" | None.
 
     ``KVCache(config)`` builds the compiled cache (:class:`blis_sim.kv.compiled.CompiledKVCache`,
     the whole request layer in Cython) or the pure one (:class:`blis_sim.kv.cache.KVCache` on
     the pure core); both are instances of this class and behave identically."""
 
-    def __new__(cls, config: KVConfig, backend: str | None = None) -> Any:  # type: ignore[misc]
+    def __new__(cls, config: KVConfig, backend: str | None = None) -> Any:
         mod, compiled = load_core(backend)
         if compiled:
             from blis_sim.kv.compiled import CompiledKVCache

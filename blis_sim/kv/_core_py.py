@@ -430,7 +430,7 @@ class ChunkStore:
             if not self.arc:
                 self._unlink(s)
                 self._append(s, LIST_T1)
-            elif lst == LIST_T1 or lst == LIST_T2:
+            elif lst in (LIST_T1, LIST_T2):
                 self._unlink(s)
                 self._append(s, LIST_T2)
             elif lst == LIST_B1:
@@ -470,7 +470,7 @@ class ChunkStore:
         return s
 
     def _evict_lru(self, count: int, now: float) -> bool:
-        victims = []
+        victims: list[int] = []
         s = self._head[LIST_T1]
         while s >= 0 and len(victims) < count:
             if self._evictable(s, now):
@@ -576,7 +576,7 @@ def _count_first_pass(cpu: ChunkStore, keys: np.ndarray, pos: int, nchunks: int,
 
 
 def tier_walk(tiers: list[ChunkStore], keys: np.ndarray, pos: int, nchunks: int, now: float,
-              flags: np.ndarray, deltas: np.ndarray) -> tuple[int, list]:
+              flags: np.ndarray, deltas: np.ndarray) -> tuple[int, list[tuple[int, int, int]], bool]:
     """The connector's lookup over the offload tiers, from chunk ``pos`` (the first chunk not on
     the GPU) up to ``nchunks``: the longest run of chunks each READY in the CPU tier or, failing
     that, READY in the first secondary tier that holds it. A chunk being written or promoted in

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from blis_sim import limits
 from blis_sim.errors import ConfigError
@@ -232,7 +232,8 @@ def from_offload_config(offload_cfg: Any, *, block_size: int, num_gpu_blocks: in
                           field="kv_offload.cpu_bytes_to_use")
     threshold = _get(offload_cfg, "store_threshold") or 0
     cpu = CpuTierConfig(num_chunks=num_chunks,
-                        eviction_policy=str(_get(offload_cfg, "eviction_policy", "lru") or "lru"),
+                        eviction_policy=cast(EvictionPolicy,  # CpuTierConfig checks it
+                                             str(_get(offload_cfg, "eviction_policy", "lru") or "lru")),
                         store_threshold=int(threshold), link=link or TierStation())
     tiers = []
     for i, tier in enumerate(_get(offload_cfg, "secondary_tiers") or ()):

@@ -24,7 +24,7 @@ the stdlib fallback), ``sse`` (framing and chunk interpretation), ``prompts`` (s
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["ObserveOptions", "ObserveResult", "observe", "observe_async", "write_result"]
 
@@ -35,3 +35,12 @@ def __getattr__(name: str) -> Any:
 
         return getattr(run, name)
     raise AttributeError(f"module 'blis_sim.observe' has no attribute {name!r}")
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.observe.run import (
+        ObserveOptions as ObserveOptions,
+        ObserveResult as ObserveResult,
+        observe as observe,
+        observe_async as observe_async,
+        write_result as write_result,
+    )

@@ -18,6 +18,9 @@ from typing import Any
 
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError, one_line
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -180,11 +183,11 @@ def options_from_args(args: argparse.Namespace) -> Any:
     return opts
 
 
-class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _CurrentStderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at emit time, so a handler left behind by an in-process
     run (pytester, an embedding application) never writes to a stream that has since been closed."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> object:
         return sys.stderr
 

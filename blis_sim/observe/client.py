@@ -28,9 +28,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from blis_sim.observe.http1 import HttpError, HttpTimeout, Http1Pool
-from blis_sim.observe.records import (STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord,
-                                      RunClock, WireRequest)
+from blis_sim.observe.http1 import Http1Pool, HttpError, HttpTimeout
+from blis_sim.observe.records import STATUS_ERROR, STATUS_OK, STATUS_TIMEOUT, RequestRecord, RunClock, WireRequest
 from blis_sim.observe.sse import LineSplitter, LineTooLong, interpret, usage_numbers
 
 API_FORMATS = ("completions", "chat")
@@ -129,11 +128,13 @@ async def send(session: aiohttp.ClientSession | Http1Pool, target: Target, recor
         conn: dict[str, bool] = {}
         try:
             await _post(session, target, record, body, headers, clock, conn)
-        except aiohttp.ServerDisconnectedError:
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             if record.first_byte_ns or not conn.get("reused"):
                 raise
             # The keep-alive race: the server closed an idle connection as we reused it, before any byte
-            # of an answer. Once more on another connection (aiohttp dropped that one), as Http1Pool does.
+            # of an answer (aiohttp says "Server disconnected", or "Can not write request body" when the
+            # close came while it wrote). Once more on another connection (aiohttp dropped that one), as
+            # Http1Pool does.
             await _post(session, target, record, body, headers, clock, {})
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
         _timed_out(record, target, exc)

@@ -17,7 +17,8 @@ Per request: wait for the scheduled time, then for a concurrency slot (``--max-c
 take the next dispatch index and send. The record keeps the scheduled time (``arrival_us`` + phase
 offset) and the actual send time, so lateness and slot waits are visible. When ``stop`` is set
 (Ctrl-C, SIGTERM) nothing new is sent; in-flight requests get ``grace_s`` to finish (cut short by
-setting ``abort``, e.g. a second Ctrl-C), then are cancelled and recorded as ``error`` ("cancelled: observe interrupted") with the timings they had.
+setting ``abort``, e.g. a second Ctrl-C), then are cancelled and recorded as ``error`` ("cancelled: observe
+interrupted") with the timings they had.
 """
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ class _Connection(asyncio.Protocol):
                 if ex.future.done() or (self.state == _HEAD and not data):
                     return
             self._body(ex, data, now)
-        except Exception as exc:  # noqa: BLE001 - a sink's or the framing's failure ends this exchange
+        except Exception as exc:
             self.exchange = None
             ex.finish(exc)
             self._abort()

@@ -26,18 +26,26 @@ from typing import Any
 
 import aiohttp
 
-from blis_sim.observe.client import Target
+from blis_sim.observe.client import (
+    Target,
+    send,  # local: avoid a cycle at import time
+)
+from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
 
 log = logging.getLogger("blis_sim.observe")
 
 # The reference's 100-word vocabulary (docs/reference-formats.md §3.3), so ratio mode matches its prompts.
-VOCABULARY: tuple[str, ...] = tuple("""
-alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec
-romeo sierra tango uniform victor whiskey xray yankee zulu apple banana cherry date elder fig grape hazel
-iris jasmine kiwi lemon mango nutmeg olive peach quince rose sage thyme umber violet willow yarrow acorn
-birch cedar daisy elm fern ginger holly ivy juniper kelp laurel maple nettle oak pine quinoa reed spruce
-tulip umbra vine walnut xylem yew zinnia alder basil clover dill fennel garlic hemp indigo jade kumquat
-lily moss neem orchid poppy rye saffron tea urchin verbena wheat xeris yucca zest""".split())
+VOCABULARY: tuple[str, ...] = (
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima",
+    "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey",
+    "xray", "yankee", "zulu", "apple", "banana", "cherry", "date", "elder", "fig", "grape", "hazel", "iris",
+    "jasmine", "kiwi", "lemon", "mango", "nutmeg", "olive", "peach", "quince", "rose", "sage", "thyme", "umber",
+    "violet", "willow", "yarrow", "acorn", "birch", "cedar", "daisy", "elm", "fern", "ginger", "holly", "ivy",
+    "juniper", "kelp", "laurel", "maple", "nettle", "oak", "pine", "quinoa", "reed", "spruce", "tulip", "umbra",
+    "vine", "walnut", "xylem", "yew", "zinnia", "alder", "basil", "clover", "dill", "fennel", "garlic", "hemp",
+    "indigo", "jade", "kumquat", "lily", "moss", "neem", "orchid", "poppy", "rye", "saffron", "tea", "urchin",
+    "verbena", "wheat", "xeris", "yucca", "zest"
+)
 assert len(VOCABULARY) == 100
 
 MIN_EXACT_ALPHABET = 2  # fewer one-token words than this: fall back to ratio mode
@@ -147,9 +155,6 @@ async def _exact_builder(session: aiohttp.ClientSession, target: Target) -> Prom
 
 async def _ratio_builder(session: aiohttp.ClientSession, target: Target) -> PromptBuilder:
     """The reference's calibration: one 100-word request, ratio = prompt_tokens / 100 in [1, 3]."""
-    from blis_sim.observe.client import send  # local: avoid a cycle at import time
-    from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
-
     wire = WireRequest(prompt=" ".join(VOCABULARY), max_tokens=1, streaming=False, arrival_us=0,
                        input_tokens=0)
     record = RequestRecord(request_id=-1, wire=wire)

@@ -38,21 +38,33 @@ import aiohttp
 from blis_sim import __version__
 from blis_sim.errors import OutputError, UsageError
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace import (ITLRecord, KVGeometry, ObservedKVMetrics, PhaseInfo, PytestBlisHeader,
-                                    SLOTargets, TierIO, Trace, TraceHeader, TraceNetworkConfig, TraceRecord,
-                                    TraceServerConfig, write_itl, write_trace)
+from blis_sim.formats.trace import (
+    ITLRecord,
+    KVGeometry,
+    ObservedKVMetrics,
+    PhaseInfo,
+    PytestBlisHeader,
+    SLOTargets,
+    TierIO,
+    Trace,
+    TraceHeader,
+    TraceNetworkConfig,
+    TraceRecord,
+    TraceServerConfig,
+    write_itl,
+    write_trace,
+)
 from blis_sim.formats.workload import WorkloadSpec
-from blis_sim.observe import capture
-from blis_sim.observe import loop as event_loop
-from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace
+from blis_sim.observe import capture, loop as event_loop
+from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace, send
 from blis_sim.observe.dispatch import Dispatcher
 from blis_sim.observe.faults import fault_warnings, window_faults
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
-from blis_sim.observe.scrape import CounterWindow, Scraper
 from blis_sim.observe.progress import Progress
 from blis_sim.observe.prompts import PromptBuilder, calibrate_prompts
 from blis_sim.observe.records import RequestRecord, RunClock, WireRequest
+from blis_sim.observe.scrape import CounterWindow, Scraper
 from blis_sim.workload.generate import generate_workload
 from blis_sim.workload.plan import PhasePlan, PhaseRun, PlannedRequest, WorkloadPlan
 
@@ -63,7 +75,7 @@ WARM_CONNECTIONS = 64  # keep-alive connections opened before dispatch (at most 
 PREWARM_PROMPT = "warm " * 256
 DRIFT_WARN_FRACTION = 0.02
 LATENESS_WARN_MS = 10.0  # p99 send lateness above this is reported
-FIRST_CONTENT_GAP_US = 1000  # first chunk vs first content: more than this is worth a warning  # warn when prompts are on average more than 2 % off on the server
+FIRST_CONTENT_GAP_US = 1000  # first chunk vs first content: more than this is worth a warning
 
 
 @dataclass(frozen=True)
@@ -409,7 +421,6 @@ class _Run:
 
         async def worker() -> None:
             nonlocal sent, failed
-            from blis_sim.observe.client import send
             while self.clock.now_ns() < deadline and not self.stop.is_set():
                 wire = WireRequest(prompt=PREWARM_PROMPT, max_tokens=64, streaming=False, arrival_us=0,
                                    input_tokens=0)

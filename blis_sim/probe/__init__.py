@@ -21,7 +21,7 @@ def read_limits(url: str, **kw: object) -> ServerLimits:
     """The server's limits (see :mod:`blis_sim.probe.limits`; imports aiohttp)."""
     from blis_sim.probe.limits import read_limits as read
 
-    return read(url, **kw)  # type: ignore[arg-type]
+    return read(url, **kw)
 
 
 __all__ = ["ProbeConfig", "ProbeOptions", "ProbeResult", "RampLevel", "ServerLimits", "fitted_phases",

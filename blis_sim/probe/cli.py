@@ -15,6 +15,9 @@ from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError
 from blis_sim.observe.cli import add_target_flags, require
 
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -36,7 +39,8 @@ def register(subparsers: Any) -> None:
     a("--max-prompt", type=int, default=0, help="cap the longest probe prompt, tokens (default: the server's "
                                                 "limit, at most a quarter of the GPU cache)")
     a("--decode-max", type=int, default=0, help="largest decode batch (default --max-num-seqs)")
-    a("--ramp-max", type=int, default=0, help="largest ramp level (default 2 x --max-num-seqs, at most 256; never above 2 x --max-num-seqs)")
+    a("--ramp-max", type=int, default=0,
+      help="largest ramp level (default 2 x --max-num-seqs, at most 256; never above 2 x --max-num-seqs)")
     a("--seed", type=int, default=7, help="prompt content seed (default 7)")
     a("--api-key", default="", help="sent as 'Authorization: Bearer' to every route")
     a("--timeout", type=float, default=300.0, help="per-request timeout, seconds")

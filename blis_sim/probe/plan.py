@@ -47,10 +47,10 @@ of 64 times the longest.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
 import math
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS

@@ -13,11 +13,17 @@ phases left when it is spent are skipped and named in a warning; what ran is a c
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blis_sim.calibrate.capacity import window_throughput
+from blis_sim.observe.run import ObserveOptions, ObserveResult, observe
 from blis_sim.probe.plan import ProbeConfig, ServerLimits, fitted_phases, max_in_flight, probe_plan
+
+if TYPE_CHECKING:
+    from blis_sim.formats import TraceRecord
+    from blis_sim.workload import WorkloadPlan
 
 DEFAULT_TIME_BUDGET_S = 300.0
 
@@ -47,7 +53,7 @@ class RampLevel:
 @dataclass
 class ProbeResult:
     limits: ServerLimits
-    observed: Any  # ObserveResult
+    observed: ObserveResult
     ramp: list[RampLevel] = field(default_factory=list)
 
     @property
@@ -59,9 +65,9 @@ class ProbeResult:
         return max((r.output_tps for r in self.ramp), default=float("nan"))
 
 
-def ramp_throughput(records: Any) -> list[RampLevel]:
+def ramp_throughput(records: Iterable[TraceRecord]) -> list[RampLevel]:
     """Per ``ramp-<N>`` phase: its ``ok`` requests and output tokens over last completion − first send."""
-    by_phase: dict[str, list[Any]] = {}
+    by_phase: dict[str, list[TraceRecord]] = {}
     for r in records:
         if r.phase.startswith("ramp-") and r.status == "ok" and r.last_chunk_time_us > 0:
             by_phase.setdefault(r.phase, []).append(r)
@@ -73,9 +79,7 @@ def ramp_throughput(records: Any) -> list[RampLevel]:
     return out
 
 
-def observe_options(options: ProbeOptions, plan: Any) -> Any:
-    from blis_sim.observe.run import ObserveOptions
-
+def observe_options(options: ProbeOptions, plan: WorkloadPlan) -> ObserveOptions:
     return ObserveOptions(model=options.model, api_key=options.api_key, timeout_s=options.timeout_s,
                           max_concurrency=max_in_flight(plan), window_phases=fitted_phases(plan),
                           workload_label=options.label, http_client=options.http_client, progress=False,
@@ -85,8 +89,6 @@ def observe_options(options: ProbeOptions, plan: Any) -> Any:
 
 def run_probe(url: str, limits: ServerLimits, config: ProbeConfig, options: ProbeOptions) -> ProbeResult:
     """Observe the probe planned for ``limits`` on ``url``."""
-    from blis_sim.observe.run import observe
-
     plan = probe_plan(limits, config)
     observed = observe(url, plan, observe_options(options, plan))
     return ProbeResult(limits=limits, observed=observed, ramp=ramp_throughput(observed.trace.records))

@@ -16,6 +16,8 @@ search), :mod:`.plots`, :mod:`.cli`. See docs/sweep.md.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blis_sim._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
@@ -26,3 +28,15 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "blis_sim.sweep.spec": ("SweepSpec", "load_sweep_file", "parse_sweep_file"),
     "blis_sim.sweep.store": ("PointStore",),
 })
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.sweep.base import Payload as Payload, SweepBase as SweepBase, Task as Task, evaluate as evaluate
+    from blis_sim.sweep.plan import PlanAnswer as PlanAnswer, PlanQuestion as PlanQuestion, run_plan as run_plan
+    from blis_sim.sweep.run import SweepResult as SweepResult, run_sweep as run_sweep
+    from blis_sim.sweep.runner import Backend as Backend, run_tasks as run_tasks
+    from blis_sim.sweep.spec import (
+        SweepSpec as SweepSpec,
+        load_sweep_file as load_sweep_file,
+        parse_sweep_file as parse_sweep_file,
+    )
+    from blis_sim.sweep.store import PointStore as PointStore

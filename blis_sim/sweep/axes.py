@@ -24,12 +24,14 @@ import copy
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from blis_sim.engine.settings import with_flags
 from blis_sim.errors import InputError
+from blis_sim.formats.offload import DEFAULT_DEVICE_CLASSES, OffloadConfig, TierConfig
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -199,8 +201,6 @@ def override_offload(cfg: Any, changes: Mapping[tuple[int, str], Any],
                      device_classes: Mapping[str, Any] | None = None) -> Any:
     """``cfg`` (a resolved OffloadConfig) with ``changes``: ``(-1, field)`` for a top-level field,
     ``(i, field)`` for secondary tier ``i``; validated as a resolved config is."""
-    from blis_sim.formats.offload import DEFAULT_DEVICE_CLASSES, OffloadConfig, TierConfig
-
     top = cfg.model_dump()
     tiers = [t.model_dump() for t in cfg.secondary_tiers]
     for (tier, field), value in changes.items():
@@ -298,14 +298,14 @@ def apply_settings(options: Any, settings: Mapping[str, Any], kinds: Mapping[str
                 raise SettingError(name, str(exc)) from None
         elif kind.target in ("offload", "tier"):
             offload[(kind.tier, kind.field)] = value
-    options = replace(options, **engine) if engine else options
+    options = with_flags(options, **engine) if engine else options  # a point's axes are its flags
     if offload:
         first = next(n for n in settings if kinds[n].target in ("offload", "tier"))
         if options.kv_offload is None:
             raise SettingError(first, "kv_offload axes need a base offload config (--kv-offload-config, "
                                       "or the trace header's kv_offload block)")
         try:
-            options = replace(options, kv_offload=override_offload(options.kv_offload, offload, device_classes))
+            options = with_flags(options, kv_offload=override_offload(options.kv_offload, offload, device_classes))
         except ValueError as exc:
             raise SettingError(first, str(exc)) from None
     return options

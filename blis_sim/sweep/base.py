@@ -13,18 +13,34 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
+from blis_sim.engine.coefficients import load_coefficients
+from blis_sim.engine.replay_trace import replay_outcome
+from blis_sim.engine.run_spec import run_outcome
 from blis_sim.errors import ConfigError, FormatError
+from blis_sim.formats import PytestBlisHeader, Trace
+from blis_sim.formats.workload import workload_spec_from_data
+from blis_sim.sweep.axes import SettingError, apply_settings, set_path
+from blis_sim.sweep.rows import row_of
+
+if TYPE_CHECKING:
+    from blis_sim.engine.latency import StepModel
+    from blis_sim.engine.outputs import SimulatedOutputs
+    from blis_sim.engine.simulate import EngineOptions
+    from blis_sim.formats import Trace
+    from blis_sim.formats.offload import OffloadConfig
+    from blis_sim.formats.workload import WorkloadSpec
+    from blis_sim.sweep.spec import SweepSpec
 
 
 @dataclass(frozen=True)
 class Payload:
     kind: str                          # "trace" | "spec"
-    trace: Any = None                  # blis_sim.formats.Trace (trace base)
+    trace: Trace | None = None         # trace base
     workload_seed: int | None = None   # spec base: `blis run --workload-seed`
     num_requests: int | None = None    # spec base: `blis run --num-requests`
 
@@ -33,8 +49,8 @@ class Payload:
 class Task:
     index: int
     values: Mapping[str, Any]          # {axis: value as written in the sweep file}
-    options: Any                       # EngineOptions (kv_offload resolved)
-    spec: Any = None                   # WorkloadSpec (spec base)
+    options: EngineOptions             # resolved, kv_offload included
+    spec: WorkloadSpec | None = None   # spec base
     num_requests: int | None = None
     rate_scale: float = 1.0
     key: str = ""
@@ -43,24 +59,22 @@ class Task:
 @dataclass
 class SweepBase:
     payload: Payload
-    options: Any                       # EngineOptions of the base
+    options: EngineOptions             # the base's
     fingerprint: str                   # digest of the base inputs (files' bytes)
     spec_data: Any = None              # the spec as parsed (spec base): workload.* axes edit it
-    spec: Any = None
+    spec: WorkloadSpec | None = None
     device_classes: Mapping[str, Any] | None = None
     label: str = ""
-    _latency_cache: dict[str, Any] = field(default_factory=dict)
+    _latency_cache: dict[str, StepModel] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
         return self.payload.kind
 
-    def task(self, index: int, point: Mapping[str, Any], sweep: Any, *,
+    def task(self, index: int, point: Mapping[str, Any], sweep: SweepSpec, *,
              raw: Mapping[str, Any] | None = None) -> Task:
         """Point ``index`` (``{axis: value}``, values as read) resolved against the base; a value
         that cannot apply is a FormatError at its line of the sweep file."""
-        from blis_sim.sweep.axes import SettingError, apply_settings
-
         workload: list[tuple[str, Any]] = []
         rate, num_requests = 1.0, self.payload.num_requests
         kinds = {a.name: a.kind for a in sweep.axes}
@@ -91,18 +105,14 @@ class SweepBase:
                     num_requests=num_requests, rate_scale=rate)
         return replace(task, key=task_key(self.fingerprint, task))
 
-    def _latency(self, path: str, sweep: Any) -> Any:
-        from blis_sim.engine.coefficients import load_coefficients
-
+    def _latency(self, path: str, sweep: SweepSpec) -> StepModel:
         p = sweep.base_dir / path
         if str(p) not in self._latency_cache:
             self._latency_cache[str(p)] = load_coefficients(p).to_step_model()
         return self._latency_cache[str(p)]
 
-    def _spec_with(self, changes: Sequence[tuple[str, Any]], fail: Any) -> Any:
-        from blis_sim.formats.workload import workload_spec_from_data
-        from blis_sim.sweep.axes import set_path
-
+    def _spec_with(self, changes: Sequence[tuple[str, Any]],
+                   fail: Callable[[str, str], FormatError]) -> WorkloadSpec:
         data = self.spec_data
         for name, value in changes:
             try:
@@ -130,12 +140,11 @@ def task_key(fingerprint: str, task: Task) -> str:
 # -------------------------------------------------------------------------------------- workers
 
 
-def scaled_trace(trace: Any, scale: float) -> Any:
+def scaled_trace(trace: Trace, scale: float) -> Trace:
     """``trace`` with its arrivals compressed by ``scale`` (2: twice the request rate): send and
     arrival times from the first send, rounded to whole µs."""
     if scale == 1.0:
         return trace
-    from blis_sim.formats import Trace
 
     sends = [r.send_time_us or r.arrival_time_us for r in trace.records]
     origin = min(sends) if sends else 0
@@ -150,11 +159,9 @@ def scaled_trace(trace: Any, scale: float) -> Any:
     return Trace.model_construct(header=trace.header, records=records)
 
 
-def with_offload(trace: Any, cfg: Any) -> Any:
+def with_offload(trace: Trace, cfg: OffloadConfig | None) -> Trace:
     """``trace`` whose header records ``cfg`` as its deployment's offload config (a what-if: the
     replay rules make the header's config authoritative)."""
-    from blis_sim.formats import PytestBlisHeader, Trace
-
     header = trace.header
     if cfg is None:
         return trace
@@ -166,18 +173,15 @@ def with_offload(trace: Any, cfg: Any) -> Any:
 
 def evaluate(payload: Payload, task: Task) -> dict[str, Any]:
     """One point: replay the trace (or run the spec) with the task's settings; its table row."""
-    from blis_sim.sweep.rows import row_of
-
+    out: SimulatedOutputs
     if payload.kind == "trace":
-        from blis_sim.engine.replay_trace import replay_outcome
-
         trace = payload.trace
+        assert trace is not None  # a trace base's payload carries its trace
         if task.options.kv_offload is not None:
             trace = with_offload(trace, task.options.kv_offload)
         out = replay_outcome(scaled_trace(trace, task.rate_scale), task.options)
     else:
-        from blis_sim.engine.run_spec import run_outcome
-
+        assert task.spec is not None  # a spec base's every task carries its spec
         out = run_outcome(task.spec, task.options, seed=payload.workload_seed,
                           num_requests=task.num_requests)
     return row_of(out, task)

@@ -10,11 +10,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.errors import UsageError
+
+if TYPE_CHECKING:
+    from blis_sim.sweep.base import SweepBase
+    from blis_sim.sweep.runner import Backend
+
+# What a command runs is imported inside its function: `blis --help` imports every subcommand's
+# module (blis_sim/cli.py), and a command needs only its own dependencies.
 
 
 def _base_flags(p: argparse.ArgumentParser) -> None:
@@ -85,7 +91,7 @@ def _digest(*paths: str) -> str:
     return h.hexdigest()
 
 
-def base_from_args(args: argparse.Namespace) -> Any:
+def base_from_args(args: argparse.Namespace) -> SweepBase:
     """The sweep's base from the flags of `blis replay` / `blis run`."""
     from blis_sim.engine.cli import options_from_args, require_files
     from blis_sim.sweep.base import Payload, SweepBase
@@ -109,7 +115,6 @@ def base_from_args(args: argparse.Namespace) -> Any:
         return SweepBase(Payload("spec", workload_seed=args.workload_seed, num_requests=args.num_requests),
                          options, fingerprint="spec", spec_data=doc.data, spec=spec,
                          device_classes=classes, label=str(args.workload_spec))
-    from blis_sim.engine.replay_trace import resolve_offload
     from blis_sim.formats import load_trace
 
     require_files(args, "trace_header", "trace_data")
@@ -118,14 +123,13 @@ def base_from_args(args: argparse.Namespace) -> Any:
     trace = load_trace(args.trace_header, args.trace_data)
     if not args.model:
         raise UsageError("LLM name not provided (--model)")
-    options = options_from_args(args, trace.header)
-    offload = resolve_offload(trace.header, options.kv_offload, kv_bytes_per_token=options.kv_bytes_per_token)
-    return SweepBase(Payload("trace", trace=trace), replace(options, kv_offload=offload),
+    options = options_from_args(args, trace.header)  # the offload tiers resolved against the header (INV-13)
+    return SweepBase(Payload("trace", trace=trace), options,
                      fingerprint=_digest(args.trace_header, args.trace_data), device_classes=classes,
                      label=str(args.trace_data))
 
 
-def backend_from_args(args: argparse.Namespace) -> Any:
+def backend_from_args(args: argparse.Namespace) -> Backend:
     from blis_sim.sweep.runner import Backend
 
     if args.workers is not None and args.workers < 1:

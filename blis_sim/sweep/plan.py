@@ -18,6 +18,7 @@ curve, ``plan-curve.png`` plots it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
@@ -35,8 +36,9 @@ from blis_sim.formats._io import atomic_write
 from blis_sim.formats._strict import YamlDoc
 from blis_sim.sweep.axes import AxisKind, axis_kind, parse_size, positive_float
 from blis_sim.sweep.base import SweepBase
+from blis_sim.sweep.plots import curve_plot, have_matplotlib
 from blis_sim.sweep.rows import columns
-from blis_sim.sweep.runner import Backend, run_tasks
+from blis_sim.sweep.runner import Backend, ray_connect, run_tasks
 from blis_sim.sweep.spec import Axis, SweepSpec
 from blis_sim.sweep.store import PointStore, write_table
 
@@ -197,8 +199,8 @@ def monotonicity(evals: Sequence[Evaluation], find: str,
         notes.append(f"not monotone: the target {'fails' if want_first else 'is met'} again at "
                      + ", ".join(f"{fmt(e.x)} ({e.metric:g})" for e in bad)
                      + f" after it {ok} at a lower value; the answer is the first switch found")
-    ups = [(a, b) for a, b in zip(pts, pts[1:]) if b.metric > a.metric]
-    downs = [(a, b) for a, b in zip(pts, pts[1:]) if b.metric < a.metric]
+    ups = [(a, b) for a, b in itertools.pairwise(pts) if b.metric > a.metric]
+    downs = [(a, b) for a, b in itertools.pairwise(pts) if b.metric < a.metric]
     if ups and downs:
         notes.append(f"the metric is not monotone along the axis on the evaluated points: it rises "
                      f"from {fmt(ups[0][0].x)} to {fmt(ups[0][1].x)} and falls from {fmt(downs[0][0].x)} "
@@ -292,8 +294,6 @@ class _ray_session:
 
     def __enter__(self) -> None:
         if self.backend.ray_address:
-            from blis_sim.sweep.runner import ray_connect
-
             self.started = ray_connect(self.backend.ray_address)
 
     def __exit__(self, *exc: Any) -> None:
@@ -305,17 +305,14 @@ class _ray_session:
 
 def _write(answer: PlanAnswer, q: PlanQuestion, tasks: dict[float, Any], store: PointStore,
            out: Path) -> list[Path]:
-    rows = [{"point": t.index, **t.values, **store.get(t.key)} for _, t in sorted(tasks.items())]
+    rows = [{"point": t.index, **t.values, **(store.get(t.key) or {})} for _, t in sorted(tasks.items())]
     cols = columns(rows, [q.axis.name, *(k.name for k, _, _ in q.fixed)])
     files = write_table(rows, cols, out / "plan.csv", out / "plan.parquet")
     doc = {k: v for k, v in asdict(answer).items() if k not in ("files", "kind")}
     atomic_write(out / "plan.json", json.dumps(doc, indent=2) + "\n")
     files.append(out / "plan.json")
-    from blis_sim.sweep.plots import have_matplotlib
 
     if have_matplotlib():
-        from blis_sim.sweep.plots import curve_plot
-
         files.append(curve_plot([(e.x, e.metric) for e in answer.evaluations], axis=q.axis.name,
                                 metric=q.metric, threshold=q.threshold, answer=answer.value,
                                 path=out / "plan-curve.png"))

@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from blis_sim.engine.outputs import percentile, weighted_percentiles
+from blis_sim.formats._model import to_go
+
 FIGURES = ("completed_requests", "injected_requests", "dropped_unservable", "still_queued",
            "still_running", "duration_s", "responses_per_sec", "tokens_per_sec", "preemption_count")
 LATENCIES = ("ttft", "e2e", "itl")
@@ -28,9 +31,6 @@ def hit_rate_name(definition: str, tier: str | None) -> str:
 
 def row_of(out: Any, task: Any) -> dict[str, Any]:
     """The point's figures (every column but ``point`` and the axes)."""
-    from blis_sim.engine.outputs import percentile, weighted_percentiles
-    from blis_sim.formats._model import to_go
-
     m = out.metrics(include_requests=False)
     o = out.outcome
     done = o.completed

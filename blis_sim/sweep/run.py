@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from blis_sim.errors import UsageError
 from blis_sim.sweep.base import SweepBase, Task
+from blis_sim.sweep.plots import PLOT_EXTRA, axis_plots, have_matplotlib
 from blis_sim.sweep.rows import columns
 from blis_sim.sweep.runner import Backend, run_tasks
 from blis_sim.sweep.spec import SweepSpec
@@ -65,8 +66,6 @@ def run_sweep(base: SweepBase, sweep: SweepSpec, out_dir: str | Path, *, backend
 
 def sweep_plots(rows: list[dict[str, Any]], cols: list[str], sweep: SweepSpec, out: Path,
                 progress: TextIO | None) -> list[Path]:
-    from blis_sim.sweep.plots import PLOT_EXTRA, axis_plots, have_matplotlib
-
     unknown = [m for m in sweep.plot.metrics if m not in cols]
     if unknown:
         i = sweep.plot.metrics.index(unknown[0])

@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -74,7 +75,6 @@ def _local(payload: Payload, todo: Sequence[Task], workers: int) -> Iterator[Res
         for task in todo:
             yield _run_one(payload, task)
         return
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # fork shares the payload without pickling it, but forking a process that runs other threads
     # (a pytest-xdist worker, an embedding application) copies their state mid-flight: spawn there
@@ -149,13 +149,14 @@ def run_tasks(payload: Payload, tasks: Sequence[Task], store: PointStore, backen
     reused = len(unique) - len(todo)
     workers = backend.workers or os.cpu_count() or 1
     say = (lambda msg: print(f"{label}: {msg}", file=progress, flush=True)) if progress else (lambda msg: None)
-    where = backend.describe() if backend.ray_address else f"{backend.describe()}, {min(workers, max(len(todo), 1))} worker(s)"
+    where = backend.describe()
+    if not backend.ray_address:
+        where += f", {min(workers, max(len(todo), 1))} worker(s)"
     say(f"{len(unique)} point(s): {reused} already done, {len(todo)} to run on {where}")
     t0 = time.perf_counter()
     results = _ray(payload, todo, backend) if backend.ray_address else _local(payload, todo, workers)
-    done = 0
     by_key = {t.key: t for t in todo}
-    for key, figures, error, seconds in results:
+    for done, (key, figures, error, seconds) in enumerate(results, start=1):
         task = by_key[key]
         if error is not None:
             close = getattr(results, "close", None)
@@ -164,7 +165,6 @@ def run_tasks(payload: Payload, tasks: Sequence[Task], store: PointStore, backen
             raise SimulationError(f"point {task.index} ({_shown(task)}): {error}")
         assert figures is not None
         store.add(key, figures)
-        done += 1
         say(f"[{done}/{len(todo)}] point {task.index} ({_shown(task)}) {seconds:.2f} s")
     if todo:
         say(f"{len(todo)} point(s) in {time.perf_counter() - t0:.1f} s")

@@ -17,6 +17,8 @@ Modules: :mod:`.plan` (data types and the driver contract), :mod:`.generate` (sp
 :mod:`.distributions` (length samplers), :mod:`.arrivals` (inter-arrival samplers), :mod:`.tokens` (token content
 as a pure function of seed and ids, also used to rebuild a trace's sharing structure from its CSV columns).
 """
+from typing import TYPE_CHECKING
+
 from blis_sim._lazy import lazy_exports
 
 # lazy (PEP 562): the engine imports ``blis_sim.workload.tokens`` alone, without the spec models
@@ -26,3 +28,19 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "blis_sim.workload.plan": ("PhasePlan", "PhaseRun", "PlannedRequest", "SessionPlan",
                                "WorkloadPlan", "compute_deadline"),
 })
+
+if TYPE_CHECKING:  # the names served lazily above, as the type checker sees them
+    from blis_sim.workload.generate import (
+        client_rates as client_rates,
+        expand_cohorts as expand_cohorts,
+        generate_workload as generate_workload,
+        group_prefix_lengths as group_prefix_lengths,
+    )
+    from blis_sim.workload.plan import (
+        PhasePlan as PhasePlan,
+        PhaseRun as PhaseRun,
+        PlannedRequest as PlannedRequest,
+        SessionPlan as SessionPlan,
+        WorkloadPlan as WorkloadPlan,
+        compute_deadline as compute_deadline,
+    )

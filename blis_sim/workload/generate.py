@@ -47,7 +47,13 @@ from dataclasses import dataclass, replace
 
 from blis_sim.errors import ConfigError
 from blis_sim.formats.workload import (
-    DEFAULT_PREFIX_LENGTH, ActiveWindow, ClientSpec, CohortSpec, LifecycleSpec, ResolvedPhase, WorkloadSpec,
+    DEFAULT_PREFIX_LENGTH,
+    ActiveWindow,
+    ClientSpec,
+    CohortSpec,
+    LifecycleSpec,
+    ResolvedPhase,
+    WorkloadSpec,
 )
 from blis_sim.workload import tokens
 from blis_sim.workload.arrivals import arrival_sampler
@@ -208,7 +214,7 @@ def _plan_phase(seed: int, ph: ResolvedPhase, clients: list[ClientSpec], lengths
 
     # Closed-loop virtual users: seeds within what is left of the budget, then a shared follow-up budget.
     users = 0
-    for ci, c in enumerate(clients):
+    for c in clients:
         if c.concurrency <= 0:
             continue
         users += c.concurrency

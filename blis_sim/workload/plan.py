@@ -188,7 +188,7 @@ class WorkloadPlan:
         return [r for p in self.phases for r in p.requests]
 
     @property
-    def session_context_growth(self) -> str:
+    def session_context_growth(self) -> Literal["", "accumulate"]:
         """``"accumulate"`` when some session carries its context forward, else ``""``: the value of the trace
         header's ``session_context_growth`` (the reference's key, which its replay reads)."""
         acc = any(s.accumulate for p in self.phases for s in p.sessions.values()) or \
