@@ -21,8 +21,14 @@ from typing import Any
 from blis_sim.calibrate.hitrate import HitRateEntry, compare_definitions
 from blis_sim.calibrate.pairing import prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
-from blis_sim.formats.report import (HitRateDefinitionComparison, MetricComparison, ReplicaCalibration,
-                                     RoutingAgreement, ToleranceVerdict, UnpairedHitRate)
+from blis_sim.formats.report import (
+    HitRateDefinitionComparison,
+    MetricComparison,
+    ReplicaCalibration,
+    RoutingAgreement,
+    ToleranceVerdict,
+    UnpairedHitRate,
+)
 
 
 def calibrate_replicas(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None, *, options: Any,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
-from blis_sim.calibrate.cluster import calibrate_replicas
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
+from blis_sim.calibrate.cluster import calibrate_replicas
 from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
 from blis_sim.calibrate.hitrate import (
     SIM_SOURCE_CACHE_HIT_RATE,

@@ -111,16 +111,16 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
                               f"({a.match_share * 100:.1f}%), mean |diff|={a.mean_abs_diff_tokens:.1f} tokens "
                               f"({a.not_reported} not reported)"))
     if r.routing_agreement is not None:
-        g = r.routing_agreement
-        lines.append(("info", f"Routing agreement: {g.agreed}/{g.requests} requests simulated on the replica the "
-                              f"real router chose ({g.share * 100:.1f}%)"))
+        agree = r.routing_agreement
+        lines.append(("info", f"Routing agreement: {agree.agreed}/{agree.requests} requests simulated on the replica "
+                              f"the real router chose ({agree.share * 100:.1f}%)"))
     for rep in r.replicas or ():
         judged = "" if rep.judged else " (re-routed: reported, not judged)"
-        t = rep.ttft_tolerance
-        if t is not None:
-            lines.append(_judged(t.within if rep.judged else None,
+        tol = rep.ttft_tolerance
+        if tol is not None:
+            lines.append(_judged(tol.within if rep.judged else None,
                                  f"Replica {rep.replica}{judged}: {rep.matched_pairs} requests, TTFT MAPE="
-                                 f"{t.mape * 100:.1f}% (threshold {t.threshold * 100:.1f}%)"))
+                                 f"{tol.mape * 100:.1f}% (threshold {tol.threshold * 100:.1f}%)"))
         for d in rep.kv_hit_rates:
             name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
             lines.append(_judged(d.within if rep.judged else None,

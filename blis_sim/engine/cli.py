@@ -338,10 +338,8 @@ def cluster_of(args: argparse.Namespace, trace: Any) -> tuple[int, Any]:
         n = ext.cluster.num_instances
     if n is None:
         const, value = trace.data.constant("replica") if hasattr(trace, "data") else (True, -1)
-        if not const:
-            n = int(trace.data.array("replica").max()) + 1
-        else:
-            n = int(value) + 1 if value != -1 else 1
+        recorded = int(trace.data.array("replica").max()) if not const else int(value)
+        n = recorded + 1 if recorded != -1 else 1
     return n, routing
 
 

@@ -31,8 +31,7 @@ from blis_sim.engine.replay_trace import BC10_MESSAGE, observed_from_tiers, prep
 from blis_sim.engine.requests import RequestTable
 from blis_sim.engine.run_spec import RunOutcome, _expand
 from blis_sim.engine.settings import resolve_settings
-from blis_sim.engine.simulate import (EngineOptions, SimOutcome, build_kv, combine_outcomes, concat_parts,
-                                      simulate_table)
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, concat_parts, simulate_table
 from blis_sim.errors import ConfigError, UsageError
 from blis_sim.formats import MetricsOutput
 from blis_sim.routing import RoutingSpec, prefix_key, route_static
@@ -292,7 +291,7 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
         if h is None and phase.horizon_us > 0:
             h = t0 + phase.horizon_us
         assign = route_table(table, routing, num_instances)
-        end = t0
+        end = float(t0)
         for r in range(num_instances):
             sub = table.take(np.flatnonzero(assign == r))
             part = simulate_table(sub, kvs[r], replace(options, horizon_us=h), block_size=block_size,

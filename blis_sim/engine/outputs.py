@@ -340,7 +340,8 @@ def request_metrics_columns(o: SimOutcome, text: _SourceText | None = None) -> C
             "e2e_ms": _e2e(o, idx) / 1e3,
             "scheduling_delay_ms": (lp.first_sched_us[idx] - lp.arrival_us[idx]) / 1e3,
             "slo_class": text.strings("slo_class", idx), "tenant_id": text.strings("tenant_id", idx),
-            "handled_by": instance_names(o, idx) if o.replica is not None else "instance_0", "model": text.strings("model", idx),
+            "handled_by": instance_names(o, idx) if o.replica is not None else "instance_0",
+            "model": text.strings("model", idx),
             "adapter": text.strings("adapter", idx), "length_capped": False,
             "gateway_queue_delay_ms": 0.0, "session_id": text.strings("session_id", idx),
             "round_index": text.ints("round_index", idx)})

@@ -156,7 +156,7 @@ def replay_outcome(trace: ReplayableTrace, options: EngineOptions | None = None,
 
 
 def simulate_replica(table: RequestTable, options: EngineOptions, block_size: int, num_blocks: int,
-                     offload: Any, log_steps: bool = False) -> SimOutcome:
+                     offload: OffloadConfig | None, log_steps: bool = False) -> SimOutcome:
     """``table`` through one server with its own KV cache: phases and sequential clients as the
     module docstring says (a cluster replays each replica's rows through this)."""
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)

@@ -399,13 +399,13 @@ class CalibrationReport(_Model):
         for rep in self.replicas or ():
             if not rep.judged:
                 continue
-            t = rep.ttft_tolerance
-            if t is not None:
+            tol = rep.ttft_tolerance
+            if tol is not None:
                 ttft = rep.metrics.get("ttft")
                 rows.append(VerdictRow(f"replica[{rep.replica}].ttft_mape",
                                        ttft.workload_level.real_mean if ttft else math.nan,
-                                       ttft.workload_level.sim_mean if ttft else math.nan, t.mape, t.threshold,
-                                       t.within, "mape"))
+                                       ttft.workload_level.sim_mean if ttft else math.nan, tol.mape, tol.threshold,
+                                       tol.within, "mape"))
             for d in rep.kv_hit_rates:
                 name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
                 rows.append(VerdictRow(f"replica[{rep.replica}].kv_hit_rate[{name}]", d.real_hit_rate,

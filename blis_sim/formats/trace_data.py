@@ -9,9 +9,9 @@ API::
 :class:`TraceRecord` — the 27 base columns, the optional ``vllm_priority`` and ``slo_target_us`` (inserted
 positionally), the reference's trailing ``x_request_id``, ``adapter``, ``think_time_us``, and OUR trailing
 columns ``phase``, ``warmup``, ``cached_tokens`` (-1 = not reported), ``first_byte_time_us``,
-``first_content_time_us`` (0 = unknown), ``replica`` (the cluster replica that served the row, 0-based;
--1 = one server, and the column is then not written). Properties ``ttft_us`` / ``e2e_us`` = first / last chunk time − send
-time (client side, include the network).
+``first_content_time_us`` (0 = unknown), ``replica`` (the cluster replica that served the row,
+0-based; -1 = one server, and the column is then not written). Properties ``ttft_us`` / ``e2e_us`` =
+first / last chunk time − send time (client side, include the network).
 
 This module holds the layout both directions share: the column positions a header row gives
 (positional base columns shifted by the inline optional columns found in the header row, trailing

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -169,14 +169,16 @@ class _ClusterRun(_Run):
         return self.versions[0]
 
     async def _open_connections(self, n: int) -> None:
+        # observe's _execute calls this after it made the first replica's window: every replica's
+        # window (or geometry) is made here, before anything is sent
         if self.opts.scrape_kv_metrics:
             windows = []
-            for k, u in enumerate(self.urls):
+            for k in range(len(self.urls)):
                 scraper = Scraper(self.http, self._metrics_url(k), api_key=self.opts.api_key,
                                   timeout_s=self.opts.timeout_s)
                 windows.append(CounterWindow(scraper, self.clock, settle_s=self.opts.settle_s,
                                              vllm_commit=self.opts.vllm_commit, model=self.opts.model,
-                                             warn=lambda m, k=k: self.warn(f"replica {k}: {m}"), sleep=self._sleep))
+                                             warn=self._replica_warn(k), sleep=self._sleep))
             self.replica_windows = windows
             self.window = ClusterWindow(windows)  # type: ignore[assignment]
         else:
@@ -189,6 +191,9 @@ class _ClusterRun(_Run):
             if p is not None:
                 await p.open(per)
 
+    def _replica_warn(self, k: int) -> Callable[[str], None]:
+        return lambda message: self.warn(f"replica {k}: {message}")
+
     def _metrics_url(self, k: int) -> str:
         return self.urls[k] + "/metrics"
 
@@ -200,6 +205,8 @@ class _ClusterRun(_Run):
             w = self.replica_windows[k].result if self.replica_windows else None
             geom = self.replica_windows[k].geometry if self.replica_windows else self.replica_geometry[k]
             valid = w is not None and w.valid
+            if w is None or not valid:
+                w = KvWindow()  # no window (a scrape missed, or a reset): nothing of it is recorded
             mine = [r for r in rows if r.replica == k]
             replicas.append(ReplicaInfo(
                 index=k, server_url=u, vllm_version=self.versions[k],
@@ -217,6 +224,7 @@ class _ClusterRun(_Run):
         cluster = ClusterInfo(num_instances=len(self.urls), routing_policy=self.routing.policy,
                               routing_scorers=self.routing.text(), replicas=replicas)
         header = result.trace.header
+        assert header.pytest_blis is not None  # observe always writes its block
         ext = header.pytest_blis.model_copy(update={"cluster": cluster})
         result.trace = result.trace.model_copy(update={"header": header.model_copy(update={"pytest_blis": ext})})
         return result
