@@ -118,7 +118,7 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
         judged = "" if rep.judged else " (re-routed: reported, not judged)"
         tol = rep.ttft_tolerance
         if tol is not None:
-            lines.append(_judged(tol.within if rep.judged else None,
+            lines.append(_judged(tol.within if rep.judged and not saturated else None,
                                  f"Replica {rep.replica}{judged}: {rep.matched_pairs} requests, TTFT MAPE="
                                  f"{tol.mape * 100:.1f}% (threshold {tol.threshold * 100:.1f}%)"))
         for d in rep.kv_hit_rates:

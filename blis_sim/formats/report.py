@@ -400,7 +400,7 @@ class CalibrationReport(_Model):
             if not rep.judged:
                 continue
             tol = rep.ttft_tolerance
-            if tol is not None:
+            if tol is not None and not saturated:  # at saturation: reported, as the cluster's (D9)
                 ttft = rep.metrics.get("ttft")
                 rows.append(VerdictRow(f"replica[{rep.replica}].ttft_mape",
                                        ttft.workload_level.real_mean if ttft else math.nan,
