@@ -122,3 +122,100 @@ def test_calibrate_judges_each_replica_of_a_recorded_replay(observed: dict[str, 
     assert again.routing_agreement.share < 1.0 and not any(r.judged for r in again.replicas)
     assert not any(row.metric.startswith("replica[") for row in again.verdicts())
     assert any("re-routed" in n for n in again.notes)
+
+
+class _Router:
+    """A real HTTP router in front of two replicas (aiohttp, 127.0.0.1, port 0): generation requests go to
+    the replica its prefix-group-blind turn picks, streamed back with an ``x-served-by: host:port`` header;
+    anything else goes to the first replica."""
+
+    def __init__(self, replicas: list[str]) -> None:
+        import asyncio
+        import threading
+
+        self.replicas = replicas
+        self.loop = asyncio.new_event_loop()
+        self.turn = 0
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._main, args=(started,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+
+    def _main(self, started: Any) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            target = self.replicas[0]
+            if request.path.endswith("/completions"):
+                target = self.replicas[self.turn % len(self.replicas)]
+                self.turn += 1
+            async with self.session.request(request.method, target + request.path_qs, data=body,
+                                            headers={"Content-Type": "application/json"}) as up:
+                resp = web.StreamResponse(status=up.status, headers={
+                    "Content-Type": up.headers.get("Content-Type", "application/json"),
+                    "x-served-by": target.split("//", 1)[1]})
+                await resp.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+
+        async def start() -> None:
+            self.session = aiohttp.ClientSession()
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", forward)
+            self.runner = web.AppRunner(app)
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+        self.loop.run_until_complete(start())
+        started.set()
+        self.loop.run_forever()
+
+    def stop(self) -> None:
+        import asyncio
+
+        async def close() -> None:
+            await self.session.close()
+            await self.runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_a_router_that_names_the_replica_in_a_header() -> None:
+    cfg = EmulatorConfig(block_size=16, num_gpu_blocks=150, enable_prompt_tokens_details=True)
+    with start_emulator(cfg) as a, start_emulator(cfg) as b:
+        router = _Router([a.url, b.url])
+        try:
+            result = observe_cluster([a.url, b.url], parse_workload_spec(SPEC), OPTS,
+                                     routing=RoutingSpec("round-robin"), router_url=router.url,
+                                     replica_header="X-Served-By")
+        finally:
+            router.stop()
+    cluster = result.trace.header.pytest_blis.cluster
+    assert cluster.routing_policy == "router" and cluster.router_url == router.url
+    assert cluster.replica_header == "X-Served-By"
+    rows = sorted(result.trace.records, key=lambda r: r.request_id)
+    assert [r.replica for r in rows] == [i % 2 for i in range(len(rows))]  # the router's turns, as it said
+    assert [rep.name for rep in cluster.replicas] == [a.url.split("//")[1], b.url.split("//")[1]]
+    out = replay_cluster(result.trace, EngineOptions(model="tiny-llama", sequential=True))
+    for rep, part in zip(cluster.replicas, out.parts):
+        sim = next(e["hit_rate"] for e in part.hit_rates if e["definition"] == "prefix_cache")
+        assert abs(sim - _rate(rep.kv_hit_rates)) < 1e-9
+    with pytest.raises(UsageError, match="go together"):
+        observe_cluster([a.url], parse_workload_spec(SPEC), OPTS, routing=RoutingSpec("round-robin"),
+                        router_url="http://127.0.0.1:9")
+
+
+def test_a_header_names_a_replica_by_url_host_port_or_index() -> None:
+    from blis_sim.observe.cluster import replica_index
+
+    urls = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert [replica_index(n, urls) for n in ("http://10.0.0.2:8000/", "10.0.0.1:8000", "1", " 0 ", "x", "")] == \
+        [1, 0, 1, 0, -1, -1]

@@ -77,6 +77,11 @@ def register(subparsers: Any) -> None:
     a = p.add_argument
     a("--routing-policy", default="round-robin",
       help="several --server-url: round-robin (default), least-loaded, always-busiest, prefix-affinity, weighted")
+    a("--router-url", default="",
+      help="send every request to this router instead; --server-url then lists the replicas (scraped, in "
+           "order) and --replica-header names the response header that says which one served")
+    a("--replica-header", default="", help="with --router-url: the response header naming the replica (its URL, "
+                                           "host:port or index)")
     a("--routing-scorers", default=None,
       help="weighted: name:weight,... over prefix-affinity and queue-depth (e.g. prefix-affinity:3,queue-depth:2)")
     a("--workload-spec", default="", help="workload spec YAML (reference v2, plus our phases)")
@@ -225,10 +230,11 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging()
     urls = list(args.server_url)
     routing = _routing(args, len(urls))
-    if len(urls) > 1:
+    if len(urls) > 1 or args.router_url:
         from blis_sim.observe.cluster import observe_cluster
 
-        result = observe_cluster(urls, spec, options, routing=routing)
+        result = observe_cluster(urls, spec, options, routing=routing, router_url=args.router_url,
+                                 replica_header=args.replica_header)
     else:
         result = observe(urls[0], spec, options)
     args.server_url = ", ".join(urls)
@@ -256,7 +262,11 @@ def _routing(args: argparse.Namespace, replicas: int) -> Any:
     from blis_sim.routing import RoutingSpec
 
     routing = RoutingSpec.parse(args.routing_policy, args.routing_scorers)
-    if replicas == 1 and (args.routing_policy != "round-robin" or args.routing_scorers):
+    if args.router_url and (args.routing_policy != "round-robin" or args.routing_scorers):
+        raise UsageError("--router-url: the router routes; --routing-policy and --routing-scorers route on the client")
+    if args.replica_header and not args.router_url:
+        raise UsageError("--replica-header names the header of a --router-url's responses; no --router-url was given")
+    if replicas == 1 and not args.router_url and (args.routing_policy != "round-robin" or args.routing_scorers):
         raise UsageError("--routing-policy and --routing-scorers route over several --server-url; one was given")
     return routing
 

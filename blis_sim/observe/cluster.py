@@ -18,6 +18,7 @@ names each row's replica.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -134,11 +135,40 @@ class _Routes:
         self.router.done(replica)
 
 
+class _ViaRouter:
+    """The dispatcher's route in router mode: every request to the router, which names the replica."""
+
+    def __init__(self, sender: Any, target: Target) -> None:
+        self.sender, self.target = sender, target
+
+    def choose(self, planned: Any, rid: int) -> tuple[Any, Target, int]:
+        return self.sender, self.target, -1
+
+    def done(self, replica: int) -> None:
+        pass
+
+
+def replica_index(name: str, urls: Sequence[str]) -> int:
+    """Which of ``urls`` a router's header value names: the URL itself, its ``host:port``, or its
+    0-based index; -1 when none does."""
+    from urllib.parse import urlsplit
+
+    name = name.strip().rstrip("/")
+    for k, u in enumerate(urls):
+        if name in (u, urlsplit(u).netloc, str(k)):
+            return k
+    return -1
+
+
 class _ClusterRun(_Run):
-    def __init__(self, urls: list[str], plan: Any, opts: ObserveOptions, routing: RoutingSpec) -> None:
-        super().__init__(urls[0], plan, opts)
+    def __init__(self, urls: list[str], plan: Any, opts: ObserveOptions, routing: RoutingSpec,
+                 router_url: str = "", replica_header: str = "") -> None:
+        super().__init__(router_url or urls[0], plan, opts)
         self.urls = urls
         self.routing = routing
+        self.router_url, self.replica_header = router_url, replica_header
+        if router_url:
+            self.target = dataclasses.replace(self.target, replica_header=replica_header)
         self.targets = [Target(u, opts.model, opts.api_format, opts.api_key, opts.timeout_s, opts.record_itl)
                         for u in urls]
         self.pools: list[Http1Pool | None] = []
@@ -147,6 +177,10 @@ class _ClusterRun(_Run):
         self.versions = [""] * len(urls)
 
     async def _execute(self) -> ObserveResult:
+        if self.router_url:
+            self.pools = [self.pool]
+            self.route = _ViaRouter(self.pool if self.pool is not None else self.http, self.target)
+            return await super()._execute()
         headers = {"User-Agent": f"blis-observe/{__version__}"}
         self.pools = [self.pool] + [
             Http1Pool(u, headers=headers) if self.opts.http_client == "lean" and Http1Pool.supports(u) else None
@@ -198,6 +232,19 @@ class _ClusterRun(_Run):
         return self.urls[k] + "/metrics"
 
     def _result(self, wall_s: float) -> ObserveResult:
+        names: dict[int, str] = {}
+        if self.router_url:  # the router's header says where each request went
+            unnamed = 0
+            for rec in self.completed:
+                rec.replica = replica_index(rec.replica_name, self.urls)
+                if rec.replica >= 0:
+                    names.setdefault(rec.replica, rec.replica_name)
+                elif rec.planned is not None:
+                    unnamed += 1
+            if unnamed:
+                self.warn(f"{unnamed} response(s) named no replica of --server-url in their {self.replica_header!r} "
+                          "header (the URL, its host:port or its index): their replica column is -1, and a replay "
+                          "with the recorded routing refuses them")
         result = super()._result(wall_s)
         rows = result.trace.records
         replicas = []
@@ -209,7 +256,7 @@ class _ClusterRun(_Run):
                 w = KvWindow()  # no window (a scrape missed, or a reset): nothing of it is recorded
             mine = [r for r in rows if r.replica == k]
             replicas.append(ReplicaInfo(
-                index=k, server_url=u, vllm_version=self.versions[k],
+                index=k, name=names.get(k, ""), server_url=u, vllm_version=self.versions[k],
                 kv_geometry=KVGeometry(**geom) if geom else None,
                 source=(w.observed or {}).get("source", "") if valid else "",
                 requests=len(mine),
@@ -221,8 +268,10 @@ class _ClusterRun(_Run):
                          for t, d in sorted(w.tier_io.items())] if valid else [],
                 scrape=self.replica_windows[k].info if self.replica_windows else None,
                 faults=window_faults(w.faults if valid else [], mine, (geom or {}).get("block_size", 1))))
-        cluster = ClusterInfo(num_instances=len(self.urls), routing_policy=self.routing.policy,
-                              routing_scorers=self.routing.text(), replicas=replicas)
+        cluster = ClusterInfo(num_instances=len(self.urls),
+                              routing_policy="router" if self.router_url else self.routing.policy,
+                              routing_scorers="" if self.router_url else self.routing.text(),
+                              router_url=self.router_url, replica_header=self.replica_header, replicas=replicas)
         header = result.trace.header
         assert header.pytest_blis is not None  # observe always writes its block
         ext = header.pytest_blis.model_copy(update={"cluster": cluster})
@@ -230,18 +279,24 @@ class _ClusterRun(_Run):
         return result
 
 
-def observe_cluster(urls: Sequence[str], spec: Any, options: ObserveOptions, *,
-                    routing: RoutingSpec) -> ObserveResult:
-    """Observe ``urls`` (one per replica) behind the client-side ``routing``; see the module docstring."""
-    return event_loop.run(observe_cluster_async(urls, spec, options, routing=routing))
+def observe_cluster(urls: Sequence[str], spec: Any, options: ObserveOptions, *, routing: RoutingSpec,
+                    router_url: str = "", replica_header: str = "") -> ObserveResult:
+    """Observe ``urls`` (one per replica) behind the client-side ``routing``, or behind ``router_url``
+    whose responses name the replica in ``replica_header``; see the module docstring."""
+    return event_loop.run(observe_cluster_async(urls, spec, options, routing=routing, router_url=router_url,
+                                                replica_header=replica_header))
 
 
 async def observe_cluster_async(urls: Sequence[str], spec: Any, options: ObserveOptions, *,
-                                routing: RoutingSpec) -> ObserveResult:
+                                routing: RoutingSpec, router_url: str = "",
+                                replica_header: str = "") -> ObserveResult:
     from blis_sim.workload.plan import WorkloadPlan
 
     options.validate()
-    if routing.policy == "recorded":
+    if bool(router_url) != bool(replica_header):
+        raise UsageError("--router-url and --replica-header go together: the router's URL, and the response "
+                         "header in which it names the replica that served")
+    if routing.policy == "recorded" and not router_url:
         raise UsageError("--routing-policy recorded is the replay's; observe needs a policy that routes "
                          "(round-robin, least-loaded, prefix-affinity, weighted, always-busiest)")
     if options.prewarm_duration_s > 0:
@@ -254,7 +309,7 @@ async def observe_cluster_async(urls: Sequence[str], spec: Any, options: Observe
         raise UsageError(f"--server-url names a replica twice: {urls}")
     plan = spec if isinstance(spec, WorkloadPlan) else generate_workload(
         spec, seed=options.seed, num_requests=options.num_requests, horizon=options.horizon_us)
-    run = _ClusterRun(urls, plan, replace(options), routing)
+    run = _ClusterRun(urls, plan, replace(options), routing, router_url.rstrip("/"), replica_header)
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     if options.handle_signals:

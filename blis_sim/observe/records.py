@@ -100,6 +100,7 @@ class RequestRecord:
     server_metrics: dict[str, float] | None = None  # usage.metrics (vLLM --enable-per-request-metrics), ms
     chunk_times_ns: list[int] = field(default_factory=list)  # only with --record-itl
     replica: int = -1  # the cluster replica it was routed to (-1: one server; docs/cluster.md §3)
+    replica_name: str = ""  # what a router's response header said served it (router mode)
 
     @property
     def done(self) -> bool:
