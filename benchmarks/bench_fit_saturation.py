@@ -36,17 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from blis_sim.calibrate import calibrate_detailed
 from blis_sim.emulator import EmulatorConfig, spawn_emulator
-from blis_sim.emulator.profiles import get_profile
 from blis_sim.engine import EngineOptions, fit, replay_outcome
 from blis_sim.engine.capacity import burst_capacity
 from blis_sim.engine.latency import StepModel
 from blis_sim.engine.prior import resolve_prior
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
+from bench_latency_fidelity import emulator_shape  # the same profile's roofline in the engine's form
 
 PROFILE = "h100-14b-roofline"
 MAX_NUM_SEQS, MAX_BATCHED, BLOCK = 256, 8192, 16
@@ -72,18 +71,6 @@ def family_spec(family: str, rate: float, n: int, seed: int) -> WorkloadSpec:
                     "output_distribution": out}]
     return WorkloadSpec.model_validate({"version": "2", "seed": seed, "aggregate_rate": rate,
                                         "num_requests": n, "clients": clients})
-
-
-def emulator_shape() -> StepModel:
-    """The emulator profile's roofline in the engine's two-row form (µs)."""
-    r = get_profile(PROFILE).roofline
-    assert r is not None
-    us = 1e6
-    compute = (r.overhead_s * us, r.flop_per_token_s * us, r.flop_per_token_s * us, 0.0, 0.0,
-               r.attention_pair_s * us)
-    kv = r.kv_token_s * us
-    memory = ((r.overhead_s + r.weights_s) * us, kv, kv, kv, kv, 0.0)
-    return StepModel(kind="emulator-shape", compute=compute, memory=memory)
 
 
 def options(blocks: int, latency: Any = None) -> EngineOptions:

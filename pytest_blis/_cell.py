@@ -219,7 +219,8 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: E
     obs_opts = ObserveOptions(
         model=target.model, scrape_kv_metrics=True, max_concurrency=spec.concurrency, window_phases=window,
         vllm_commit=opts.vllm_commit or "", progress=False,
-        settle_s=SETTLE_EMBEDDED_S if target.embedded else SETTLE_EXTERNAL_S, workload_label=cid)
+        settle_s=SETTLE_EMBEDDED_S if target.embedded else SETTLE_EXTERNAL_S, workload_label=cid,
+        tokenizer=target.tokenizer)
     with _allure.step("observe"), target.exclusive():
         if target.cluster:
             result = observe_cluster_step(target.urls, target.routing, plan, obs_opts, ctx.paths)

@@ -36,6 +36,7 @@ class BlisOptions:
     timing_report_only: bool = False  # TTFT/E2E MAPE and throughput reported, not judged (hit-rates still are)
     emulator_nice: int = DEFAULT_EMULATOR_NICE
     kv_offloading_size: float | None = None  # vllm serve's --kv-offloading-size, GiB
+    tokenizer: str = ""  # the served model's tokenizer (folder or tokenizer.json); "" none
 
     @property
     def embedded(self) -> bool:
@@ -55,6 +56,10 @@ def add_options(parser: pytest.Parser) -> None:
                          "YAML, or what vllm serve takes as --kv-transfer-config (a JSON or YAML file, or the JSON)")
     group.addoption("--blis-kv-offloading-size", type=float, metavar="GIB",
                     help="the deployment's vllm serve --kv-offloading-size (a CPU tier of GIB, total over TP ranks)")
+    group.addoption("--blis-tokenizer", metavar="PATH",
+                    help="the served model's Hugging Face tokenizer (its folder or tokenizer.json, local files only): "
+                         "embedded emulators count and template as that model (over the scenario's server.tokenizer), "
+                         "and prompts are built with it, exact without /tokenize")
     group.addoption("--blis-vllm-commit", metavar="SHA", help="recorded verbatim in every trace header")
     group.addoption("--blis-hit-rate-tolerance-pp", type=float, metavar="PP",
                     help=f"hit-rate tolerance in percentage points (default {DEFAULT_TOLERANCE_PP:g})")
@@ -127,6 +132,7 @@ def resolve(config: pytest.Config) -> BlisOptions:
         # JSON given inline stays text (a Path would normalise the slashes inside it)
         kv_offload_config=(offload if offload.lstrip().startswith("{") else Path(offload)) if offload else None,
         kv_offloading_size=config.getoption("blis_kv_offloading_size"),
+        tokenizer=str(Path(tok).expanduser().resolve()) if (tok := config.getoption("blis_tokenizer")) else "",
         vllm_commit=config.getoption("blis_vllm_commit"),
         hit_rate_tolerance_pp=tol,
         ttft_mape_threshold=mape,

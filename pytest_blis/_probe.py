@@ -90,7 +90,8 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
     plan = plan_probe(target, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       concurrency=concurrency)
     options = ObserveOptions(model=target.model, max_concurrency=max_in_flight(plan), progress=False,
-                             window_phases=fitted_phases(plan), workload_label="pytest-blis probe")
+                             window_phases=fitted_phases(plan), workload_label="pytest-blis probe",
+                             tokenizer=target.tokenizer)
     with target.exclusive():
         result = observe_step(target.url, plan, options, paths)
     def fitted_on(out: Path, phases: Collection[str] | None = None) -> LatencyCoefficients:

@@ -117,6 +117,10 @@ class ServerSpec(_Strict):
                                                   "scenario file, or that JSON itself")
     kv_bytes_per_token: int = Field(4096, ge=1, description="KV bytes per token (sizes the CPU tier's chunks)")
     profile: str = Field("tiny-cpu", description="emulator step-time profile")
+    tokenizer: str | None = Field(None, description="the served model's Hugging Face tokenizer (its folder or "
+                                                    "tokenizer.json, relative to the scenario file): the embedded "
+                                                    "emulator counts and templates as that model; prompts are "
+                                                    "built with it")
     metrics_profile: str = "vllm-0.33"
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)

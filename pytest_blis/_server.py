@@ -46,6 +46,7 @@ class ServerTarget:
     capabilities: frozenset[str] = field(default_factory=frozenset)  # "cpu", "storage"
     namespace: str = ""  # mixed into prompt content (see SessionState.namespace)
     lock_name: str = ""  # the lock file exclusive() takes (default: one per URL)
+    tokenizer: str = ""  # the served model's tokenizer: observe and the probe build prompts with it
     urls: tuple[str, ...] = ()  # a cluster: every replica's URL (``url`` is the first); () = one server
     routing: Any = None  # a cluster's client-side routing (blis_sim.routing.RoutingSpec)
 
@@ -146,12 +147,15 @@ class ServerPool:
         if spec.replicas > 1 and offload is not None and offload.secondary_tiers:
             raise ServerError("a cluster's replicas would share the fs tier's root_dir: server.replicas > 1 "
                               "takes a CPU-only offload config (docs/cluster.md §6)")
+        tokenizer = self.options.tokenizer or (str((base_dir / spec.tokenizer).expanduser().resolve())
+                                               if spec.tokenizer else "")
         config = EmulatorConfig(
             profile=self.options.emulator_profile or spec.profile, block_size=spec.block_size,
             num_gpu_blocks=spec.num_gpu_blocks, kv_bytes_per_token=spec.kv_bytes_per_token,
             max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
             kv_offload_config=str(path) if path else None, metrics_profile=spec.metrics_profile,
-            enable_prompt_tokens_details=True, seed=self.options.emulator_seed, nice=self.options.emulator_nice)
+            enable_prompt_tokens_details=True, seed=self.options.emulator_seed, nice=self.options.emulator_nice,
+            tokenizer=tokenizer or None)
         proc = spawn_emulator(config, replicas=spec.replicas)
         if proc.niceness != config.nice:
             warnings.warn(f"embedded emulator ({config.profile}) runs at niceness {proc.niceness}, not "
@@ -162,7 +166,7 @@ class ServerPool:
         return ServerTarget(url=proc.url, model=config.model, embedded=True, block_size=spec.block_size,
                             num_gpu_blocks=spec.num_gpu_blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks",
-                            capabilities=_capabilities(offload),
+                            capabilities=_capabilities(offload), tokenizer=tokenizer,
                             lock_name="" if self.options.parallel_observe else "embedded-host.lock",
                             urls=tuple(proc.urls) if spec.replicas > 1 else (),
                             routing=spec.routing() if spec.replicas > 1 else None)
@@ -189,4 +193,4 @@ class ServerPool:
         return ServerTarget(url=url, model=str(model), embedded=False, block_size=block_size,
                             num_gpu_blocks=blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks", capabilities=_capabilities(offload),
-                            namespace=self.state.namespace)
+                            namespace=self.state.namespace, tokenizer=self.options.tokenizer)

@@ -179,7 +179,9 @@ def test_prompt_logprobs_returned(client: httpx.Client) -> None:
 
 @pytest.mark.parametrize(("path", "body", "status", "needle"), [
     ("/v1/completions", {"prompt": "x", "model": "other"}, 404, "does not exist"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 600}, 400, "maximum context length is 512"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 600}, 400, "max_tokens=600 cannot be greater than max_model_len=512"),
+    ("/v1/completions", {"prompt": [5] * 520}, 400, "maximum context length is 512 tokens. However, your prompt "
+                                                    "contains 520 input tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": ""}, 400, "empty"),
@@ -188,7 +190,7 @@ def test_prompt_logprobs_returned(client: httpx.Client) -> None:
     ("/v1/completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream=True"),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n=1"),
-    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": []}, 400, "empty conversation"),
     ("/tokenize", {"prompt": 5}, 400, "prompt"),
     ("/detokenize", {"tokens": ["a"]}, 400, "tokens"),
 ])

@@ -11,16 +11,8 @@ from blis_sim.formats.workload import parse_workload_spec
 from blis_sim.observe.faults import fault_warnings, warm_start_requests, window_faults
 from blis_sim.observe.metrics import derive_window, parse_exposition
 from blis_sim.observe.run import ObserveOptions, observe
+from test_observe_emulator import SPEC  # four requests of one prefix group: 64 prefix + 32 own tokens
 
-SPEC = """
-version: "2"
-seed: 9
-aggregate_rate: 100
-num_requests: 4
-clients:
-  - {id: g, rate_fraction: 1, streaming: true, prefix_group: sys, prefix_length: 64, arrival: {process: constant},
-     input_distribution: {type: constant, params: {value: 32}}, output_distribution: {type: constant, params: {value: 4}}}
-"""
 OPTS: dict[str, Any] = dict(model="tiny-llama", max_concurrency=1, scrape_kv_metrics=True, settle_s=0.2,
                             progress=False, timeout_s=5.0)
 

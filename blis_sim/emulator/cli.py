@@ -36,6 +36,7 @@ _VALUE_FLAGS: tuple[tuple[str, str, Any], ...] = (
     ("--max-num-seqs", "max_num_seqs", int),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int),
     ("--kv-offload-config", "kv_offload_config", str),
+    ("--tokenizer", "tokenizer", str),
     ("--metrics-profile", "metrics_profile", str),
     ("--stats-interval", "stats_interval_s", float),
     ("--eos-probability", "eos_probability", float),
@@ -100,7 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chance per token of EOS (finish_reason stop), default %(default)s")
     g.add_argument("--step-noise", type=float, help="relative step-time noise (profile default)")
     g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--add-bos", action="store_true", help="prepend <s> to text prompts")
+    g.add_argument("--add-bos", action="store_true", help="prepend <s> to text prompts (built-in tokenizer)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="the served model's Hugging Face tokenizer: its folder or tokenizer.json (local files "
+                        "only). Token counts, /tokenize and the chat template are then that model's, as vLLM's "
+                        "(default: the emulator's built-in tokenizer, whose counts are not any model's)")
     g = p.add_argument_group("metrics")
     g.add_argument("--metrics-profile", default=d.metrics_profile, choices=METRICS_PROFILES)
     g.add_argument("--stats-interval", dest="stats_interval_s", type=float, default=d.stats_interval_s,
@@ -192,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         # out of the cycle collector's scans, as vLLM freezes its heap after start-up, so that full
         # collections stay short while requests are served.
         gc.freeze()
+        print(f"blis emulate: tokenizer: {served[0][0].engine.tokenizer.describe()}", file=sys.stderr, flush=True)
         for _, _, url in served:
             print(f"{READY_PREFIX}{url}", flush=True)
         try:

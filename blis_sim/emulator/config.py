@@ -150,7 +150,10 @@ class EmulatorConfig:
     stats_interval_s: float = 0.05  # counters published this often (0: after every engine step)
     enable_prompt_tokens_details: bool = False
     enable_per_request_metrics: bool = False  # server-side timings in the final usage object
-    add_bos: bool = False
+    add_bos: bool = False  # the built-in tokenizer's; a model's own tokenizer has its post-processor
+    # A Hugging Face tokenizer (a model folder or its tokenizer.json): counts, /tokenize and the chat
+    # template become that model's (hf_tokenizer.py). None: the built-in tokenizer.
+    tokenizer: str | None = None
     eos_probability: float = 0.0  # per generated token, when not ignore_eos and past min_tokens
     step_noise: float | None = None  # overrides the profile's noise_cv
     seed: int = 0
@@ -185,6 +188,13 @@ class EmulatorConfig:
             raise ConfigError("must be in [0, 1]", field="eos_probability")
         if self.step_noise is not None and not 0.0 <= self.step_noise < 1.0:
             raise ConfigError("must be in [0, 1)", field="step_noise")
+        if self.tokenizer is not None:
+            if not Path(self.tokenizer).expanduser().exists():
+                raise ConfigError("does not exist (give a model folder or its tokenizer.json; nothing is "
+                                  "downloaded)", file=self.tokenizer, field="tokenizer")
+            if self.add_bos:
+                raise ConfigError("add_bos is the built-in tokenizer's; with a tokenizer its post-processor "
+                                  "decides whether a prompt starts with BOS", field="add_bos")
         if self.kv_offload_config is not None and self.offload is not None:
             raise ConfigError("give kv_offload_config (a file) or offload (a spec), not both",
                               field="kv_offload_config")

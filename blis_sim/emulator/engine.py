@@ -27,12 +27,13 @@ import random
 
 from blis_sim.emulator.config import EmulatorConfig
 from blis_sim.emulator.gpu_cache import BlockPool
+from blis_sim.emulator.hf_tokenizer import load_hf_tokenizer
 from blis_sim.emulator.loop import now as _now, sleep_until
 from blis_sim.emulator.metrics import Published
 from blis_sim.emulator.offload import OffloadTiers
 from blis_sim.emulator.scheduler import FINISHED, LOADING, Request, Scheduler, StepPlan
 from blis_sim.emulator.stats import EngineStats
-from blis_sim.emulator.tokenizer import Tokenizer
+from blis_sim.emulator.tokenizer import ServedTokenizer, Tokenizer
 
 log = logging.getLogger("blis_sim.emulator")
 
@@ -52,7 +53,11 @@ class Engine:
         self.geometry = config.geometry()
         self.profile = config.step_profile
         self.offload_spec = config.offload_spec()
-        self.tokenizer = Tokenizer()
+        self.tokenizer: ServedTokenizer = (Tokenizer(add_bos=config.add_bos) if config.tokenizer is None
+                                           else load_hf_tokenizer(config.tokenizer))
+        # a model tokenizer's table of generated words is built now (a scan of its vocabulary), not in the first
+        # request's TTFT
+        self.tokenizer.output_token(0)
         self.stats = EngineStats()
         self.pool = BlockPool(self.geometry.num_gpu_blocks, self.geometry.block_size,
                               enable_caching=config.enable_prefix_caching)
@@ -63,7 +68,7 @@ class Engine:
                                       host_bandwidth_Bps=self.profile.host_bandwidth_Bps,
                                       host_latency_s=self.profile.host_latency_s, stats=self.stats)
         self.scheduler = Scheduler(self.geometry, self.pool, self.tiers, self.stats,
-                                   Tokenizer.output_token, eos_token_id=Tokenizer.eos_token_id,
+                                   self.tokenizer.output_token, eos_token_id=self.tokenizer.eos_token_id,
                                    eos_probability=config.eos_probability,
                                    rng=random.Random(config.seed),
                                    chunked_prefill=config.enable_chunked_prefill)

@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from blis_sim.emulator import http as web
 from blis_sim.emulator.config import FaultConfig
 from blis_sim.emulator.engine import Engine, EngineFailed
+from blis_sim.emulator.hf_tokenizer import ChatTemplateError
 from blis_sim.emulator.loop import now as _now, sleep_until
 from blis_sim.emulator.metrics import build_registry, render
 from blis_sim.emulator.scheduler import FINISHED, Request
@@ -52,20 +53,22 @@ def _dumps(obj: Any) -> str:
 class ApiError(Exception):
     """A request error answered as vLLM does."""
 
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", *,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.err_type = err_type
+        self.param = param
 
 
-def error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+def error_body(status: int, message: str, err_type: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError",
-                   headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=_dumps(error_body(status, message, err_type)),
+                   headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
+    return web.Response(status=status, body=_dumps(error_body(status, message, err_type, param)),
                         content_type="application/json", headers=headers)
 
 
@@ -83,6 +86,12 @@ class GenParams:
     echo_model: str
 
 
+def _invalid(message: str, parameter: str, value: Any = None) -> ApiError:
+    """vLLM's VLLMValidationError: the parameter (and value) appended to the message and named in ``param``."""
+    where = f"parameter={parameter}" + ("" if value is None else f", value={value}")
+    return ApiError(400, f"{message} ({where})", param=parameter)
+
+
 def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
     value = body.get(name, default)
     if value is None:
@@ -90,26 +99,30 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: in
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"'{name}' must be an integer, got {value!r}")
     if value < minimum:
-        raise ApiError(400, f"{name} must be at least {minimum}, got {value}.")
+        raise _invalid(f"{name} must be at least {minimum}, got {value}.", name, value)
     return value
 
 
-def _chat_text(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
+def _chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages as the chat template sees them: a list of text parts joined by newlines (vLLM's
+    "string" content format), a null content empty."""
+    if isinstance(messages, list) and not messages:
+        raise ApiError(400, "Cannot apply chat template to an empty conversation. Provide at least one message.")
+    if not isinstance(messages, list):
         raise ApiError(400, "'messages' must be a non-empty list")
-    parts: list[str] = []
+    out: list[dict[str, Any]] = []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
             raise ApiError(400, "each message needs a 'role'")
         content = m.get("content", "")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise ApiError(400, "message 'content' must be a string or a list of text parts")
-        parts.append(f"<|{m['role']}|>\n{content}\n")
-    return "".join(parts)
+        out.append({**m, "content": content})
+    return out
 
 
 # -- the handlers ----------------------------------------------------------------------------------
@@ -124,6 +137,9 @@ class Handlers:
         self._faults_active = self.faults.active  # (a comparison with a fresh FaultConfig: not per request)
         self._fault_rng = random.Random(engine.config.seed + 2)
         self._created = int(time.time())
+        # vLLM's card names the model's folder as its root (vllm bench serve loads its tokenizer from there)
+        root = getattr(self.tok, "root", None)
+        self._root = str(root) if root is not None else self.model
         self.registry = build_registry(engine.published, engine.config, engine.geometry,
                                        engine.offload_spec)
         self._fingerprint = f"vllm-{engine.config.version}-blisemu"
@@ -143,13 +159,14 @@ class Handlers:
 
     async def models(self, request: web.Request) -> web.Response:
         card = {"id": self.model, "object": "model", "created": self._created, "owned_by": "vllm",
-                "root": self.model, "parent": None, "max_model_len": self.geo.max_model_len,
+                "root": self._root, "parent": None, "max_model_len": self.geo.max_model_len,
                 "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
                                 "created": self._created, "allow_create_engine": False,
                                 "allow_sampling": True, "allow_logprobs": True,
                                 "allow_search_indices": False, "allow_view": True,
                                 "allow_fine_tuning": False, "organization": "*", "group": None,
-                                "is_blocking": False}]}
+                                "is_blocking": False}],
+                "blis_tokenizer": self.tok.describe()}
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.AnyResponse:
@@ -170,20 +187,15 @@ class Handlers:
         try:
             body = await _json_body(request)
             if "messages" in body:
-                text = _chat_text(body["messages"])
-                if body.get("add_generation_prompt", True):
-                    text += "<|assistant|>\n"
-                ids = self.tok.encode(text, add_bos=bool(body.get("add_special_tokens", False))
-                                      and self.config.add_bos)
+                ids = self._chat_ids(body)
             else:
                 prompt = body.get("prompt")
                 if not isinstance(prompt, str):
                     raise ApiError(400, "'prompt' must be a string")
-                ids = self.tok.encode(prompt, add_bos=bool(body.get("add_special_tokens", True))
-                                      and self.config.add_bos)
+                ids = self.tok.encode_prompt(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
             self._check_model(body)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type)
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
         strs = [self.tok.token_str(i) for i in ids] if body.get("return_token_strs") else None
         return web.json_response({"count": len(ids), "max_model_len": self.geo.max_model_len,
                                   "tokens": ids, "token_strs": strs})
@@ -196,10 +208,12 @@ class Handlers:
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
                                                     for i in ids):
                 raise ApiError(400, "'tokens' must be a list of integers")
-            self._check_ids(ids)
+            if any(i < 0 for i in ids):  # vLLM's field bound (ge=0); an id past the vocabulary decodes to ""
+                raise ApiError(400, "'tokens' must be non-negative integers")
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type)
-        return web.json_response({"prompt": self.tok.decode(ids)})
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
+        # vLLM's /detokenize keeps special tokens (generated text skips them)
+        return web.json_response({"prompt": self.tok.decode(ids, skip_special_tokens=False)})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         if not self.engine.reset_prefix_cache():
@@ -216,7 +230,7 @@ class Handlers:
                 raise ApiError(400, f"unknown fault field(s): {', '.join(unknown)}")
             faults = FaultConfig(**body)
         except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.err_type)
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
         except (ConfigError, TypeError) as exc:
             return error_response(400, str(exc))
         self.apply_faults(faults)
@@ -235,37 +249,48 @@ class Handlers:
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
         if model is not None and model != self.model:
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {self.model}.", "NotFoundError",
+                           param="model")
 
     def _check_ids(self, ids: list[int]) -> None:
         if ids and (max(ids) >= self.tok.vocab_size or min(ids) < 0):
             bad = max(ids) if max(ids) >= self.tok.vocab_size else min(ids)
             raise ApiError(400, f"Token id {bad} is out of vocabulary")
 
+    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+        """A chat request's prompt: the template's text, encoded without special tokens (vLLM's default
+        for chat: the template writes them)."""
+        messages = _chat_messages(body.get("messages"))
+        try:
+            text = self.tok.render_chat(messages, add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+        except ChatTemplateError as exc:
+            raise ApiError(400, str(exc)) from None
+        return self.tok.encode_prompt(text, add_special_tokens=bool(body.get("add_special_tokens", False)))
+
     def _parse(self, body: dict[str, Any], chat: bool) -> GenParams:
         self._check_model(body)
+        is_ids = False  # a prompt of token ids (counted exactly however long)
         if chat:
-            text = _chat_text(body.get("messages"))
-            if body.get("add_generation_prompt", True):
-                text += "<|assistant|>\n"
-            ids = self.tok.encode(text)
+            ids = self._chat_ids(body)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch of one
+            if prompt is None or prompt == "" or prompt == []:
+                raise _invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
             if isinstance(prompt, str):
-                ids = self.tok.encode(prompt, add_bos=self.config.add_bos)
+                ids = self.tok.encode_prompt(prompt, add_special_tokens=bool(body.get("add_special_tokens", True)))
             elif isinstance(prompt, list) and prompt and all(
                     isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-                ids = list(prompt)
+                ids, is_ids = list(prompt), True
                 self._check_ids(ids)
             elif isinstance(prompt, list) and len(prompt) > 1:
                 raise ApiError(400, "the emulator serves one prompt per request (got a batch of "
                                f"{len(prompt)})")
             else:
                 raise ApiError(400, "'prompt' must be a string or a list of token ids")
-        if not ids:
-            raise ApiError(400, "The prompt cannot be empty.")
+        if not ids:  # a chat template that renders nothing
+            raise _invalid("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         n = _int_field(body, "n", 1, 1)
         if n != 1:
             raise ApiError(400, "the emulator supports n=1 only")
@@ -273,13 +298,22 @@ class Handlers:
         key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
         default = 16 if not chat else None
         max_tokens = _int_field(body, key, default, 1)
-        if max_tokens is None:
-            max_tokens = min(max_len, self._cache_tokens) - len(ids)
-        if len(ids) + max_tokens > max_len:
-            raise ApiError(400, f"This model's maximum context length is {max_len} tokens. However, "
-                           f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the "
-                           f"messages, {max_tokens} in the completion). Please reduce the length of "
-                           "the messages or completion.")
+        # vLLM 0.32's rules (renderers/params.py, serve/utils/api_utils.py get_max_tokens): a max_tokens over
+        # max_model_len is refused, so is a prompt over it; otherwise max_tokens is cut to what the context holds.
+        if max_tokens is not None and max_tokens > max_len:
+            raise _invalid(f"max_tokens={max_tokens} cannot be greater than max_model_len={max_len}. Please "
+                           "request fewer output tokens.", "max_tokens", max_tokens)
+        if len(ids) > max_len:
+            # a text prompt is tokenized to at most max_model_len + 1 tokens, so its count is a lower bound
+            n = len(ids) if is_ids else min(len(ids), max_len + 1)
+            qualifier = "at least " if n == max_len + 1 else ""
+            raise _invalid(f"This model's maximum context length is {max_len} tokens. However, your prompt "
+                           f"contains {qualifier}{n} input tokens, which exceeds this limit even without any output "
+                           "tokens. Please reduce the length of the input prompt.", "input_tokens", n)
+        room = min(max_len, self._cache_tokens) - len(ids)
+        max_tokens = room if max_tokens is None else min(max_tokens, max_len - len(ids))
+        if max_tokens < 1:
+            raise _invalid(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
         if len(ids) + max_tokens > self._cache_tokens:
             # vLLM refuses to start when its cache cannot hold one max_model_len sequence; the
             # emulator allows tiny test caches and refuses a request that could never finish.
@@ -287,8 +321,8 @@ class Handlers:
                            f"does not fit the KV cache ({self._cache_tokens} tokens)")
         min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
         if min_tokens > max_tokens:
-            raise ApiError(400, f"min_tokens ({min_tokens}) must be less than or equal to "
-                           f"max_tokens ({max_tokens}).")
+            raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
+                           f"{min_tokens}.")
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise ApiError(400, "'stream_options' must be an object")
@@ -296,7 +330,7 @@ class Handlers:
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be a boolean")
         if opts and not stream:
-            raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+            raise _invalid("Stream options can only be defined when `stream=True`.", "stream_options")
         plp = body.get("prompt_logprobs")
         if plp is not None and (isinstance(plp, bool) or not isinstance(plp, int) or plp < 0):
             raise ApiError(400, "'prompt_logprobs' must be a non-negative integer")
@@ -339,7 +373,7 @@ class Handlers:
             params = self._parse(await _json_body(request), chat)
         except ApiError as exc:
             self._count(route, "POST", exc.status)
-            return error_response(exc.status, exc.message, exc.err_type)
+            return error_response(exc.status, exc.message, exc.err_type, param=exc.param)
         self._count(route, "POST", 200)
         headers = {}
         rid_header = request.headers.get("X-Request-Id")
@@ -383,24 +417,27 @@ class Handlers:
         if delay:
             await sleep_until(_now() + delay)
         text = self.tok.decode(req.output_ids)
-        usage = self._usage(req)
+        usage = self._usage(req, chat, final=True)
         created = int(time.time())
+        # vLLM 0.32's keys, in its order, its unused ones null (checked against the lane's server:
+        # tests/clients/test_vllm_parity.py)
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text,
-                                                               "reasoning_content": None,
-                                                               "tool_calls": []},
-                                      "logprobs": None, "finish_reason": req.finish_reason,
-                                      "stop_reason": None}
-            body = {"id": req.rid, "object": "chat.completion", "created": created,
-                    "model": self.model, "choices": [choice], "usage": usage,
-                    "prompt_logprobs": None}
+            message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                       "function_call": None, "reasoning": None}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                      "finish_reason": req.finish_reason, "stop_reason": None, "token_ids": None,
+                                      "routed_experts": None}
+            body = {"id": req.rid, "object": "chat.completion", "created": created, "model": self.model,
+                    "choices": [choice], "service_tier": None, "system_fingerprint": self._fingerprint,
+                    "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
+                    "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
-                      "stop_reason": None, "prompt_logprobs": self._prompt_logprobs(req, params)}
-            body = {"id": req.rid, "object": "text_completion", "created": created,
-                    "model": self.model, "choices": [choice], "usage": usage}
-        if "prompt_tokens_details" not in usage:
-            usage["prompt_tokens_details"] = None
+                      "stop_reason": None, "token_ids": None, "prompt_logprobs": self._prompt_logprobs(req, params),
+                      "prompt_token_ids": None, "routed_experts": None}
+            body = {"id": req.rid, "object": "text_completion", "created": created, "model": self.model,
+                    "choices": [choice], "service_tier": None, "system_fingerprint": self._fingerprint,
+                    "usage": usage, "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         return web.Response(body=_dumps(body), content_type="application/json", headers=headers)
 
     def _prompt_logprobs(self, req: Request, params: GenParams) -> list[Any] | None:
@@ -411,12 +448,26 @@ class Handlers:
             out.append({str(tid): {"logprob": -1.0, "rank": 1, "decoded_token": self.tok.token_str(tid)}})
         return out
 
-    def _usage(self, req: Request) -> dict[str, Any]:
+    def _usage(self, req: Request, chat: bool, *, final: bool) -> dict[str, Any]:
+        """vLLM 0.32's usage object: ``final`` the one of a whole (non-streamed) answer, else the usage chunk's.
+        ``created_cache_tokens`` is 0 in chat answers, null in completions and absent from a completions stream,
+        as vLLM 0.32 sends it."""
         usage: dict[str, Any] = {"prompt_tokens": req.prompt_len,
                                  "total_tokens": req.prompt_len + req.num_output,
                                  "completion_tokens": req.num_output}
+        details: dict[str, Any] | None = None
         if self.config.enable_prompt_tokens_details:
-            usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+            details = {"cached_tokens": req.cached_tokens}
+            if chat:
+                details["created_cache_tokens"] = 0
+            elif final:
+                details["created_cache_tokens"] = None
+            if final:
+                details["multimodal_tokens"] = None
+        if details is not None or final:
+            usage["prompt_tokens_details"] = details
+        if final:
+            usage["completion_tokens_details"] = None
         if self.config.enable_per_request_metrics and req.first_token is not None:
             usage["metrics"] = _request_metrics(req)
         return usage
@@ -467,18 +518,28 @@ class Handlers:
                       done: bool) -> list[str]:
         """One event per token generated since ``sent`` (chat: the role event first)."""
         outs = req.tokens[req.prompt_len + sent:req.prompt_len + req.num_output]
-        events: list[str] = [fmt.role()] if fmt.chat and sent == 0 and outs else []
         usage_each = params.include_usage and params.continuous_usage
+        events: list[str] = []
+        if fmt.chat and sent == 0 and outs:
+            events.append(fmt.role(self._running_usage(req, 0, chat=True) if usage_each else None))
         last = len(outs) - 1
+        # vLLM 0.32 puts the fingerprint on the last content chunk when no usage chunk follows
+        fingerprint = None if params.include_usage else self._fingerprint
         for i, tid in enumerate(outs):
-            usage = None
-            if usage_each:  # continuous_usage_stats: every chunk carries the usage so far
-                n = sent + i + 1
-                usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + n,
-                         "completion_tokens": n}
-            finish = req.finish_reason if done and i == last else None
-            events.append(fmt.token(self.tok.token_text(tid), finish, usage))
+            # continuous_usage_stats: every chunk carries the usage so far
+            usage = self._running_usage(req, sent + i + 1, chat=fmt.chat) if usage_each else None
+            end = done and i == last
+            events.append(fmt.token(self.tok.token_text(tid), req.finish_reason if end else None, usage,
+                                    fingerprint if end else None))
         return events
+
+    @staticmethod
+    def _running_usage(req: Request, n: int, *, chat: bool) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + n,
+                                 "completion_tokens": n}
+        if chat:
+            usage["completion_tokens_details"] = None
+        return usage
 
     def _closing_events(self, fmt: _SseFormat, req: Request, params: GenParams, *,
                         had_tokens: bool) -> list[str]:
@@ -490,7 +551,7 @@ class Handlers:
                        else f"the emulator engine failed: {self.engine.crashed!r}")
             events.append(fmt.event(error_body(500, message, "InternalServerError")))
         if params.include_usage:
-            events.append(fmt.usage(self._usage(req), self._fingerprint))
+            events.append(fmt.usage(self._usage(req, fmt.chat, final=False), self._fingerprint))
         events.append("data: [DONE]\n\n")
         return events
 
@@ -520,21 +581,26 @@ class _SseFormat:
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.head = (f'data: {{"id":"{rid}","object":"{self.obj}","created":{self.created},'
                      f'"model":{_dumps(model)},"choices":[{{"index":0,')
-        # Completions chunks carry the same keys, in the same order, as vLLM 0.32's.
-        self.tail = ('"logprobs":null,"finish_reason":{finish},"stop_reason":null}}]' if chat else
+        # The chunks carry the same keys, in the same order, as vLLM 0.32's.
+        self.tail = ('"logprobs":null,"finish_reason":{finish},"stop_reason":null,"token_ids":null}}]' if chat else
                      '"logprobs":null,"finish_reason":{finish},"stop_reason":null,'
                      '"prompt_token_ids":null,"token_ids":null}}]')
 
-    def role(self) -> str:
-        return self.head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+    def role(self, usage: dict[str, Any] | None) -> str:
+        extra = "" if usage is None else ',"usage":' + _dumps(usage)
+        return (self.head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+                + extra + ',"prompt_token_ids":null,"prompt_text":null}\n\n')
 
-    def token(self, text: str, finish: str | None, usage: dict[str, int] | None) -> str:
+    def token(self, text: str, finish: str | None, usage: dict[str, Any] | None,
+              fingerprint: str | None = None) -> str:
         content = ('"delta":{"content":' + _dumps(text) + "},") if self.chat else ('"text":' + _dumps(text) + ",")
         if self.chat and finish is None:
-            tail = '"logprobs":null,"finish_reason":null}]'  # vLLM's chat deltas omit stop_reason
+            tail = '"logprobs":null,"finish_reason":null,"token_ids":null}]'  # vLLM's chat deltas omit stop_reason
         else:
             tail = self.tail.format(finish="null" if finish is None else f'"{finish}"')
         extra = "" if usage is None else ',"usage":' + _dumps(usage)
+        if fingerprint is not None:
+            extra += ',"system_fingerprint":' + _dumps(fingerprint)
         return self.head + content + tail + extra + "}\n\n"
 
     def usage(self, usage: dict[str, Any], fingerprint: str) -> str:

@@ -20,7 +20,9 @@ by (leading space?, capitalised?, letters).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any, Protocol
 
 UNK, BOS, EOS, PAD = 0, 1, 2, 3
 _BYTE_BASE = 4
@@ -107,13 +109,50 @@ def _split(text: str) -> list[str]:
     return units
 
 
+class ServedTokenizer(Protocol):
+    """What the server and the engine need of a tokenizer: this module's built-in one, or the model's own
+    (:mod:`blis_sim.emulator.hf_tokenizer`, ``--tokenizer PATH``)."""
+
+    vocab_size: int
+    eos_token_id: int
+
+    def encode_prompt(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str: ...
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+    def token_text(self, token_id: int) -> str: ...
+    def token_str(self, token_id: int) -> str: ...
+    def output_token(self, seed: int) -> int: ...
+    def describe(self) -> str: ...
+
+
+BUILTIN_NOTE = ("the emulator's built-in tokenizer: token counts are not the served model's; "
+                "give --tokenizer PATH for that model's own")
+
+
 class Tokenizer:
-    """Deterministic, table-free tokenizer (see module docstring)."""
+    """Deterministic, table-free tokenizer (see module docstring). ``add_bos``: a text prompt encoded
+    with special tokens starts with ``<s>`` (``--add-bos``)."""
 
     vocab_size = VOCAB_SIZE
     bos_token_id = BOS
     eos_token_id = EOS
     pad_token_id = PAD
+
+    def __init__(self, *, add_bos: bool = False) -> None:
+        self.add_bos = add_bos
+
+    def encode_prompt(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return self.encode(text, add_bos=add_special_tokens and self.add_bos)
+
+    @staticmethod
+    def render_chat(messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+        """A plain template (the lane's tiny model has the same one): ``<|role|>\\ncontent\\n`` per message."""
+        text = "".join(f"<|{m['role']}|>\n{m.get('content', '')}\n" for m in messages)
+        return text + "<|assistant|>\n" if add_generation_prompt else text
+
+    @staticmethod
+    def describe() -> str:
+        return BUILTIN_NOTE
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
         ids: list[int] = [BOS] if add_bos else []
@@ -121,7 +160,7 @@ class Tokenizer:
             ids.extend(_encode_word(word))
         return ids
 
-    def decode(self, ids: list[int] | tuple[int, ...], *, skip_special: bool = True) -> str:
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         out: list[str] = []
         pending = bytearray()  # byte tokens are joined before UTF-8 decoding
         for token_id in ids:
@@ -131,7 +170,7 @@ class Tokenizer:
             if pending:
                 out.append(pending.decode("utf-8", errors="replace"))
                 pending.clear()
-            if token_id < _BYTE_BASE and skip_special:
+            if token_id < _BYTE_BASE and skip_special_tokens:
                 continue
             out.append(_decode_piece(token_id))
         if pending:

@@ -543,7 +543,8 @@ class KVCache(Readouts):
             r.stored = nchunks
         # else: the CPU tier could not make room for the offer (an allocation failure, nothing
         # stored); as vLLM's connector scheduler, the request's stored index stays and its next
-        # step offers these chunks again with its new ones (docs/vllm-semantics.md §4.1).
+        # offer holds these chunks again with its new ones (docs/vllm-semantics.md §4; docs/kv.md
+        # says where vLLM offers more often).
 
     @staticmethod
     def _accessed(r: _Req, a: int, b: int) -> None:

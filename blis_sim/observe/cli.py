@@ -120,6 +120,9 @@ def register(subparsers: Any) -> None:
     a("--window-phases", default="", help="comma-separated phases inside the counter window (default all)")
     a("--grace", type=float, default=5.0, help="after Ctrl-C/SIGTERM, seconds in-flight requests get (default 5)")
     a("--no-tokenize", action="store_true", help="do not use /tokenize; calibrate tokens per word instead")
+    a("--tokenizer", default="", metavar="PATH",
+      help="the served model's Hugging Face tokenizer (its folder or tokenizer.json, local files only): prompts of "
+           "exact lengths counted offline, for servers without /tokenize")
     a("--blis-compatible", action="store_true", help="leave our pytest_blis header block out (BLIS can read it)")
     a("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     a("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
@@ -182,7 +185,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         scrape_kv_metrics=args.scrape_kv_metrics, kv_metrics_url=args.kv_metrics_url,
         vllm_commit=args.vllm_commit, settle_s=args.settle, window_phases=windows, rtt_ms=args.rtt_ms,
         record_itl=args.record_itl, server_type=args.server_type, workload_label=label, grace_s=args.grace,
-        use_tokenize=not args.no_tokenize, progress=args.progress, handle_signals=True,
+        use_tokenize=not args.no_tokenize, tokenizer=args.tokenizer, progress=args.progress, handle_signals=True,
         http_client=args.http_client)
     opts.validate()
     return opts

@@ -4,6 +4,8 @@ API::
 
     builder = await calibrate_prompts(session, target)   # probes /tokenize, else the reference's
                                                           # tokens-per-word ratio (docs/reference-formats.md §3.3)
+    builder = await calibrate_prompts(session, target, tokenizer="/models/llama")   # the model's own
+                                                          # tokenizer, offline: exact without /tokenize
     text = builder.text(token_ids, prefix_length)         # deterministic text for a request
     builder.mode, builder.describe()                      # "exact" | "ratio" | "fallback", for the log/header
 
@@ -14,13 +16,18 @@ vocabulary words that cost exactly one server token after a space, and the ``bas
 adds on its own (BOS, chat template) are taken off the front, so ``usage.prompt_tokens`` equals the
 spec's input length and the shared prefix is exactly ``prefix_length`` tokens. Otherwise (**ratio**
 mode) the reference's calibration gives tokens per word and ``round(n / tpw)`` words stand for ``n``
-tokens; lengths then drift and are recorded (``server_input_tokens``) and warned about.
+tokens; lengths then drift and are recorded (``server_input_tokens``) and warned about. Given the
+served model's tokenizer (``--tokenizer PATH``: its folder or ``tokenizer.json``, read by the emulator's
+reader, :mod:`blis_sim.emulator.hf_tokenizer`), the same exact fit is made offline, counting as vLLM
+counts (a completion prompt with special tokens, a chat message through the model's chat template), so
+a server without ``/tokenize`` gets prompts of exact lengths too.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +67,7 @@ class PromptBuilder:
     mode: str  # "exact" (tokenize-fitted), "ratio" (calibrated tokens/word), "fallback" (1.0 assumed)
     tokens_per_word: float = 1.0
     base_tokens: int = 0  # tokens the server adds to any prompt (BOS, template); exact mode only
+    counted_by: str = "server /tokenize"  # or "tokenizer <path>" (counted offline)
 
     def text(self, token_ids: list[int], prefix_length: int = 0) -> str:
         """The prompt for a request whose full input is ``token_ids`` (prefix first)."""
@@ -90,7 +98,7 @@ class PromptBuilder:
 
     def describe(self) -> str:
         if self.mode == "exact":
-            return (f"exact (server /tokenize: {len(self.alphabet)} one-token words, "
+            return (f"exact ({self.counted_by}: {len(self.alphabet)} one-token words, "
                     f"{self.base_tokens} base tokens)")
         return f"{self.mode} ({self.tokens_per_word:.3f} tokens/word)"
 
@@ -119,11 +127,39 @@ async def tokenize_count(session: aiohttp.ClientSession, target: Target, text: s
     return None
 
 
-async def _exact_builder(session: aiohttp.ClientSession, target: Target) -> PromptBuilder | None:
-    """Probe each vocabulary word's cost after a space; None if /tokenize does not answer."""
+Count = Callable[[str], Awaitable["int | None"]]
+
+
+def local_count(path: str, api_format: str) -> tuple[Count, str]:
+    """A counter of prompt tokens with the served model's own tokenizer, as vLLM counts for
+    ``api_format``; and what it is, for the log. ConfigError when the tokenizer cannot be read."""
+    # local: importing it loads the emulator package (its server and engine), wanted only with a tokenizer
+    from blis_sim.emulator.hf_tokenizer import ChatTemplateError, load_hf_tokenizer
+
+    tok = load_hf_tokenizer(path)
+
+    async def count(text: str) -> int | None:
+        if api_format == "chat":
+            try:
+                text = tok.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)
+            except ChatTemplateError:
+                return None
+            return len(tok.encode_prompt(text, add_special_tokens=False))
+        return len(tok.encode_prompt(text, add_special_tokens=True))
+
+    return count, f"tokenizer {tok.source}"
+
+
+async def _exact_builder(session: aiohttp.ClientSession, target: Target, count: Count | None = None,
+                         counted_by: str = "server /tokenize") -> PromptBuilder | None:
+    """Probe each vocabulary word's cost after a space (``count``: the server's /tokenize unless given);
+    None if it does not answer."""
+    if count is None:
+        async def count(text: str) -> int | None:
+            return await tokenize_count(session, target, text)
     anchor = " " + VOCABULARY[0]
-    one = await tokenize_count(session, target, anchor)
-    two = await tokenize_count(session, target, anchor * 2)
+    one = await count(anchor)
+    two = await count(anchor * 2)
     if one is None or two is None or two <= one:
         return None
     anchor_cost = two - one
@@ -132,7 +168,7 @@ async def _exact_builder(session: aiohttp.ClientSession, target: Target) -> Prom
 
     async def cost(word: str) -> int | None:
         async with sem:
-            n = await tokenize_count(session, target, anchor + " " + word)
+            n = await count(anchor + " " + word)
         return None if n is None else n - one
 
     costs = await asyncio.gather(*(cost(w) for w in VOCABULARY))
@@ -145,12 +181,12 @@ async def _exact_builder(session: aiohttp.ClientSession, target: Target) -> Prom
         return PromptBuilder(VOCABULARY, "ratio", tokens_per_word=tpw)
     # Check additivity once on a longer text (BPE merges across words would break the fit).
     probe = "".join(" " + alphabet[i % len(alphabet)] for i in range(64))
-    measured = await tokenize_count(session, target, probe)
+    measured = await count(probe)
     if measured != base + 64:
-        log.warning("observe: /tokenize is not additive over words (64 words gave %s tokens, expected %d); "
-                    "falling back to tokens-per-word", measured, base + 64)
+        log.warning("observe: %s is not additive over words (64 words gave %s tokens, expected %d); "
+                    "falling back to tokens-per-word", counted_by, measured, base + 64)
         return None
-    return PromptBuilder(alphabet, "exact", base_tokens=max(base, 0))
+    return PromptBuilder(alphabet, "exact", base_tokens=max(base, 0), counted_by=counted_by)
 
 
 async def _ratio_builder(session: aiohttp.ClientSession, target: Target) -> PromptBuilder:
@@ -172,8 +208,15 @@ async def _ratio_builder(session: aiohttp.ClientSession, target: Target) -> Prom
 
 
 async def calibrate_prompts(session: aiohttp.ClientSession, target: Target, *,
-                            use_tokenize: bool = True) -> PromptBuilder:
-    """The best builder the server allows: exact via /tokenize, else the reference's ratio."""
+                            use_tokenize: bool = True, tokenizer: str = "") -> PromptBuilder:
+    """The best builder: exact from the model's ``tokenizer`` (offline) when given, else exact via the
+    server's /tokenize, else the reference's ratio."""
+    if tokenizer:
+        count, what = local_count(tokenizer, target.api_format)
+        builder = await _exact_builder(session, target, count, what)
+        if builder is not None:
+            log.info("observe: prompt lengths %s", builder.describe())
+            return builder
     if use_tokenize:
         builder = await _exact_builder(session, target)
         if builder is not None:

@@ -105,6 +105,7 @@ class ObserveOptions:
     workload_label: str = ""  # header `workload_spec` (the spec path, or "preset:<name>")
     grace_s: float = 5.0
     use_tokenize: bool = True
+    tokenizer: str = ""  # the served model's tokenizer (folder or tokenizer.json): exact prompts offline
     progress: bool | None = None  # None: only when stderr is a terminal
     handle_signals: bool = False  # install SIGINT/SIGTERM handlers (the CLI does)
     # generation requests to http:// servers: "lean" (Http1Pool, the default) or "aiohttp";
@@ -281,7 +282,8 @@ class _Run:
     async def _execute(self) -> ObserveResult:
         """The run itself, inside the aiohttp session and the lean pool."""
         self.vllm_version = await self._version()
-        self.builder = await calibrate_prompts(self.http, self.target, use_tokenize=self.opts.use_tokenize)
+        self.builder = await calibrate_prompts(self.http, self.target, use_tokenize=self.opts.use_tokenize,
+                                             tokenizer=self.opts.tokenizer)
         if self.opts.prewarm_duration_s > 0 and not self.stop.is_set():
             await self._prewarm()
         scraper = Scraper(self.http, self.metrics_url, api_key=self.opts.api_key, timeout_s=self.opts.timeout_s)

@@ -46,6 +46,8 @@ def register(subparsers: Any) -> None:
     a("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
     a("--http-client", default="lean", choices=("lean", "aiohttp"), help="as blis observe")
     a("--quiet", action="store_true", help="no phase-by-phase progress on stderr")
+    a("--tokenizer", default="", metavar="PATH", help="as blis observe: the served model's tokenizer, prompts of "
+                                                      "exact lengths counted offline")
     p.set_defaults(func=run)
 
 
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     config = ProbeConfig(seed=args.seed, max_prompt=args.max_prompt, decode_max=args.decode_max,
                          ramp_max=args.ramp_max)
     options = ProbeOptions(model=args.model, time_budget_s=budget, api_key=args.api_key, timeout_s=args.timeout,
-                           http_client=args.http_client, progress=not args.quiet)
+                           http_client=args.http_client, progress=not args.quiet,
+                           tokenizer=args.tokenizer)
     result = run_probe(args.server_url, limits, config, options)
     observed = result.observed
     write_result(observed, args.trace_header, args.trace_data)

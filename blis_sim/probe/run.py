@@ -39,6 +39,7 @@ class ProbeOptions:
     http_client: str = "lean"
     progress: bool = True  # phase-by-phase lines on stderr
     label: str = "blis probe"
+    tokenizer: str = ""  # the served model's tokenizer: exact prompt lengths without /tokenize
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def observe_options(options: ProbeOptions, plan: WorkloadPlan) -> ObserveOptions
                           max_concurrency=max_in_flight(plan), window_phases=fitted_phases(plan),
                           workload_label=options.label, http_client=options.http_client, progress=False,
                           time_budget_s=options.time_budget_s, announce_phases=options.progress,
-                          handle_signals=True)
+                          handle_signals=True, tokenizer=options.tokenizer)
 
 
 def run_probe(url: str, limits: ServerLimits, config: ProbeConfig, options: ProbeOptions) -> ProbeResult:
