@@ -25,6 +25,8 @@ MAX_REQUESTS = 10**7
 MAX_REQUEST_TOKENS = 2**24
 #: Concurrent sequences of the scheduler (``--max-num-seqs``).
 MAX_NUM_SEQS = 2**16
+#: Replicas of a simulated or observed cluster (``--num-instances``): each one holds its own KV cache.
+MAX_INSTANCES = 1024
 
 
 def over(value: int, maximum: int) -> str | None:

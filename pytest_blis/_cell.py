@@ -28,7 +28,7 @@ from pytest_blis._scenario import Expect, SweepPoint
 from pytest_blis._server import ServerTarget
 from pytest_blis._session import SUMMARY_PROPERTY, CellSummary
 from pytest_blis._simsweep import sweep_verdicts
-from pytest_blis._steps import CellPaths, calibrate_step, observe_step, replay_step
+from pytest_blis._steps import CellPaths, calibrate_step, observe_cluster_step, observe_step, replay_step
 
 if TYPE_CHECKING:
     from blis_sim.engine import EngineOptions, LatencyCoefficients
@@ -140,6 +140,9 @@ def summarize(nodeid: str, path: str, report: CalibrationReport, note: str = "")
             cell.real_hit_rate, cell.sim_hit_rate = report.hit_rate.real_hit_rate, report.hit_rate.sim_hit_rate
             cell.abs_error_pp = report.hit_rate.abs_error_pp
             cell.hit_rate_tolerance_pp = report.hit_rate.tolerance_pp
+    for rep in report.replicas or ():  # a cluster: the worst error of any replica too
+        if rep.judged:
+            errors += [d.abs_error_pp for d in rep.kv_hit_rates]
     cell.max_error_pp = max(errors) if errors else None
     cell.definitions = len(entries)
     if report.ttft_tolerance is not None:
@@ -219,7 +222,10 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: E
         settle_s=SETTLE_EMBEDDED_S if target.embedded else SETTLE_EXTERNAL_S, workload_label=cid,
         tokenizer=target.tokenizer)
     with _allure.step("observe"), target.exclusive():
-        result = observe_step(target.url, plan, obs_opts, ctx.paths)
+        if target.cluster:
+            result = observe_cluster_step(target.urls, target.routing, plan, obs_opts, ctx.paths)
+        else:
+            result = observe_step(target.url, plan, obs_opts, ctx.paths)
     trace = result.trace
     with _allure.step("replay"):
         sim_results, sim_metrics = replay_step(trace, replay_options, ctx.paths)
@@ -286,7 +292,7 @@ def verdict_rows(report: CalibrationReport, expect: Expect, *, timing: bool = Tr
     fault cell (``expect.faults``) is judged on its faults instead of its hit-rates (:func:`_fault_rows`).
     ``timing=False`` (``--blis-timing-report-only``): the hit-rate and fault rows only."""
     rows = [r for r in report.verdicts()
-            if (r.metric != "ttft_mape" or expect.check_ttft)
+            if (not r.metric.endswith("ttft_mape") or expect.check_ttft)
             and (not r.metric.startswith("capacity[") or expect.check_ttft or expect.saturated)
             # Tier service seconds are in the report, not judged by a cell: its offload file gives the
             # deployment's tiers, not the bandwidths calibrate --write-offload-config fits afterwards.

@@ -127,6 +127,32 @@ class ServerSpec(_Strict):
     step_shape: Literal["linear", "roofline"] = Field(
         "linear", description="shape of the latency model fitted on the probe: linear, or roofline "
                               "(base + max(compute, memory), for a server with a compute/memory knee)")
+    replicas: int = Field(1, ge=1, le=16, description="a cluster: this many replicas of the server, each with "
+                                                      "its own caches (docs/cluster.md §6)")
+    routing_policy: str = Field("round-robin", description="how the client routes a cluster's requests: "
+                                                           "blis observe's --routing-policy")
+    routing_scorers: str = Field("", description="the weighted policy's scorers, name:weight,...")
+
+    @model_validator(mode="after")
+    def _routing(self) -> ServerSpec:
+        from blis_sim.errors import UsageError
+        from blis_sim.routing import RoutingSpec
+
+        try:
+            spec = RoutingSpec.parse(self.routing_policy, self.routing_scorers or None)
+        except UsageError as exc:
+            raise ValueError(str(exc).replace("--routing-policy", "routing_policy")
+                             .replace("--routing-scorers", "routing_scorers")) from None
+        if spec.policy == "recorded":
+            raise ValueError("routing_policy 'recorded' is the replay's; a cluster's client routes with "
+                             "round-robin, least-loaded, always-busiest, prefix-affinity or weighted")
+        return self
+
+    def routing(self) -> Any:
+        """The cluster's client-side routing (a :class:`blis_sim.routing.RoutingSpec`)."""
+        from blis_sim.routing import RoutingSpec
+
+        return RoutingSpec.parse(self.routing_policy, self.routing_scorers or None)
 
 
 class SeedPhase(_Strict):
@@ -278,6 +304,12 @@ class Scenario(_Strict):
                 except ValueError as exc:
                     raise ValueError(f"simulator_sweep axis '{axis}': {exc}") from None
         return v
+
+    @model_validator(mode="after")
+    def _cluster(self) -> Scenario:
+        if self.server.replicas > 1 and self.simulator_sweep:
+            raise ValueError("simulator_sweep replays one server; a cluster (server.replicas > 1) has none yet")
+        return self
 
     @property
     def sequential(self) -> bool:

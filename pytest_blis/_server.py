@@ -13,6 +13,7 @@ worker's emulator is being driven (replay and calibrate still run in parallel).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -21,6 +22,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from blis_sim.errors import ServerError
 from blis_sim.formats.offload import OffloadConfig, is_inline, load_offload_config
@@ -45,6 +47,12 @@ class ServerTarget:
     namespace: str = ""  # mixed into prompt content (see SessionState.namespace)
     lock_name: str = ""  # the lock file exclusive() takes (default: one per URL)
     tokenizer: str = ""  # the served model's tokenizer: observe and the probe build prompts with it
+    urls: tuple[str, ...] = ()  # a cluster: every replica's URL (``url`` is the first); () = one server
+    routing: Any = None  # a cluster's client-side routing (blis_sim.routing.RoutingSpec)
+
+    @property
+    def cluster(self) -> bool:
+        return len(self.urls) > 1
 
     @property
     def key(self) -> str:
@@ -118,10 +126,16 @@ class ServerPool:
 
     def target(self, spec: ServerSpec, base_dir: Path) -> ServerTarget:
         if self.options.embedded:
-            key = (spec, base_dir)
+            # cells that differ only in routing share the cluster's emulators
+            key = (spec.model_copy(update={"routing_policy": "round-robin", "routing_scorers": ""}), base_dir)
             if key not in self._embedded:
                 self._embedded[key] = self._spawn(spec, base_dir)
-            return self._embedded[key]
+            target = self._embedded[key]
+            return dataclasses.replace(target, routing=spec.routing()) if target.cluster else target
+        if spec.replicas > 1:
+            raise ServerError("a cluster scenario (server.replicas > 1) runs on the embedded emulator only: "
+                              "observing several external servers from a scenario is not built yet "
+                              "(use blis observe --server-url once per replica; docs/cluster.md §6)")
         if self._external is None:
             self._external = self._connect()
         return self._external
@@ -130,6 +144,9 @@ class ServerPool:
         from blis_sim.emulator import EmulatorConfig, spawn_emulator
 
         offload, path = _offload_for(spec, base_dir)
+        if spec.replicas > 1 and offload is not None and offload.secondary_tiers:
+            raise ServerError("a cluster's replicas would share the fs tier's root_dir: server.replicas > 1 "
+                              "takes a CPU-only offload config (docs/cluster.md §6)")
         tokenizer = self.options.tokenizer or (str((base_dir / spec.tokenizer).expanduser().resolve())
                                                if spec.tokenizer else "")
         config = EmulatorConfig(
@@ -139,7 +156,7 @@ class ServerPool:
             kv_offload_config=str(path) if path else None, metrics_profile=spec.metrics_profile,
             enable_prompt_tokens_details=True, seed=self.options.emulator_seed, nice=self.options.emulator_nice,
             tokenizer=tokenizer or None)
-        proc = spawn_emulator(config)
+        proc = spawn_emulator(config, replicas=spec.replicas)
         if proc.niceness != config.nice:
             warnings.warn(f"embedded emulator ({config.profile}) runs at niceness {proc.niceness}, not "
                           f"{config.nice}: raising its priority needs root or CAP_SYS_NICE. Other jobs on this "
@@ -150,7 +167,9 @@ class ServerPool:
                             num_gpu_blocks=spec.num_gpu_blocks, offload=offload, offload_path=path,
                             lock_dir=self.options.artifacts_dir / ".locks",
                             capabilities=_capabilities(offload), tokenizer=tokenizer,
-                            lock_name="" if self.options.parallel_observe else "embedded-host.lock")
+                            lock_name="" if self.options.parallel_observe else "embedded-host.lock",
+                            urls=tuple(proc.urls) if spec.replicas > 1 else (),
+                            routing=spec.routing() if spec.replicas > 1 else None)
 
     def _connect(self) -> ServerTarget:
         urls = self.options.server_urls

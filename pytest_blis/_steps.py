@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, calibrate, write_report
 from blis_sim.errors import ServerError
@@ -74,11 +74,32 @@ def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: C
     return result
 
 
+def observe_cluster_step(urls: tuple[str, ...], routing: Any, plan: WorkloadPlan, options: ObserveOptions,
+                         paths: CellPaths) -> ObserveResult:
+    """:func:`observe_step` for a cluster: the client routes each request to one of ``urls``."""
+    from blis_sim.observe.cluster import observe_cluster
+
+    paths.root.mkdir(parents=True, exist_ok=True)
+    result = observe_cluster(list(urls), plan, options, routing=routing)
+    write_result(result, paths.trace_header, paths.trace_data)
+    if result.ok_requests == 0:
+        statuses = sorted({f"{r.status}: {r.error_message}" for r in result.trace.records})[:3]
+        raise ServerError(f"no request succeeded ({'; '.join(statuses) or 'nothing sent'})", url=", ".join(urls))
+    return result
+
+
 def replay_step(trace: Trace, replay_options: EngineOptions, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
-    """Replay a trace through the simulator and write SimResult + MetricsOutput."""
+    """Replay a trace through the simulator and write SimResult + MetricsOutput (a cluster's trace, with its
+    ``pytest_blis.cluster`` block, on as many replicas with the recorded routing)."""
     from blis_sim.engine import replay_outcome  # the engine is only imported when a cell replays
 
-    out = replay_outcome(trace, replay_options)
+    ext = trace.header.pytest_blis
+    if ext is not None and ext.cluster is not None and ext.cluster.num_instances > 1:
+        from blis_sim.engine.cluster import replay_cluster
+
+        out: Any = replay_cluster(trace, replay_options)
+    else:
+        out = replay_outcome(trace, replay_options)
     out.write_outputs(paths.sim_results, paths.sim_metrics)  # the files straight from the columns
     return out.results, out.metrics()
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
+from blis_sim.calibrate.cluster import calibrate_replicas
 from blis_sim.calibrate.goodput import goodput_comparison, merge_targets, runtime_seconds
 from blis_sim.calibrate.hitrate import (
     SIM_SOURCE_CACHE_HIT_RATE,
@@ -168,6 +169,10 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
     notes += [f"{f.count} {f.kind.replace('_', ' ')}s{' on tier ' + f.tier if f.tier else ''} over the window "
               "(the simulator models them from the offload configuration)" for f in faults if f.count and f.modelled]
 
+    replicas, agreement, cluster_notes = calibrate_replicas(trace, sim_results, sim_metrics, options=options,
+                                                            warmup=warmup, rtt_us=rtt_us)
+    notes += cluster_notes
+
     report = CalibrationReport(
         trace_info=TraceInfo(num_requests=pairs.num_requests, warm_up_excluded=pairs.excluded_warmup,
                              matched_pairs=pairs.matched, token_mismatches=pairs.token_mismatches,
@@ -179,7 +184,7 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
         capacity=_capacity(pairs, metrics, options),
         request_hit_agreement=request_hit_agreement(pairs.matched_records),
         tier_service=tier_rows or None, tier_service_fits=tier_fits or None, window_faults=faults or None,
-        notes=notes or None,
+        replicas=replicas or None, routing_agreement=agreement, notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
                               trace_data=inputs.trace_data, sim_results=inputs.sim_results,
                               sim_metrics=inputs.sim_metrics, itl_data=inputs.itl_data, warmup_requests=warmup,

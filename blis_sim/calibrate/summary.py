@@ -110,6 +110,22 @@ def summary_lines(outcome: CalibrationOutcome, report_path: str) -> list[Line]:
         lines.append(("info", f"Per-request cached tokens: {a.matching}/{a.requests} match "
                               f"({a.match_share * 100:.1f}%), mean |diff|={a.mean_abs_diff_tokens:.1f} tokens "
                               f"({a.not_reported} not reported)"))
+    if r.routing_agreement is not None:
+        agree = r.routing_agreement
+        lines.append(("info", f"Routing agreement: {agree.agreed}/{agree.requests} requests simulated on the replica "
+                              f"the real router chose ({agree.share * 100:.1f}%)"))
+    for rep in r.replicas or ():
+        judged = "" if rep.judged else " (re-routed: reported, not judged)"
+        tol = rep.ttft_tolerance
+        if tol is not None:
+            lines.append(_judged(tol.within if rep.judged and not saturated else None,
+                                 f"Replica {rep.replica}{judged}: {rep.matched_pairs} requests, TTFT MAPE="
+                                 f"{tol.mape * 100:.1f}% (threshold {tol.threshold * 100:.1f}%)"))
+        for d in rep.kv_hit_rates:
+            name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
+            lines.append(_judged(d.within if rep.judged else None,
+                                 f"Replica {rep.replica}{judged}: KV hit-rate [{name}] ({d.unit}): "
+                                 f"Real={d.real_hit_rate:.4f} Sim={d.sim_hit_rate:.4f} AbsErr={d.abs_error_pp:.2f}pp"))
     lines += _breakdown_lines("Per-SLO-class calibration:", "SLO", pairs.by_slo)
     if r.goodput is not None and r.goodput.per_class:
         lines.append(("info", "Per-SLO-class goodput (real vs sim):"))

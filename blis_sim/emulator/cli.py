@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default=d.host, help="bind address (default %(default)s)")
     g.add_argument("--port", type=int, default=8000, help="port, 0 = a free one (default %(default)s)")
+    g.add_argument("--replicas", type=int, default=1,
+                   help="serve this many independent replicas (a cluster, docs/cluster.md §6), each with its own "
+                        "engine and caches, on --port, --port+1, ... (0: free ports); one ready line each")
     g.add_argument("--served-model-name", "--model", dest="model", default=d.model,
                    help="model name served and labelled in /metrics (default %(default)s)")
     g.add_argument("--served-version", default=None, help="what /version reports")
@@ -172,8 +175,17 @@ def run(args: argparse.Namespace) -> int:
     if refused:
         print(f"blis emulate: {refused}", file=sys.stderr, flush=True)
 
+    replicas = getattr(args, "replicas", 1)
+    if not 1 <= replicas <= 64:
+        raise UsageError(f"--replicas must be in 1..64, got {replicas}")
+    spec = config.offload_spec() if replicas > 1 else None
+    if spec is not None and spec.secondary_tiers:
+        raise UsageError("--replicas: an offload config with fs tiers would have every replica share one "
+                         "root_dir; give each replica its own emulator")
+
     async def main() -> None:
-        runner, _, url = await serve(config)
+        served = [await serve(config if k == 0 else config.replace(port=config.port + k if config.port else 0))
+                  for k in range(replicas)]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -185,14 +197,16 @@ def run(args: argparse.Namespace) -> int:
         # out of the cycle collector's scans, as vLLM freezes its heap after start-up, so that full
         # collections stay short while requests are served.
         gc.freeze()
-        print(f"blis emulate: tokenizer: {runner.engine.tokenizer.describe()}", file=sys.stderr, flush=True)
-        print(f"{READY_PREFIX}{url}", flush=True)
+        print(f"blis emulate: tokenizer: {served[0][0].engine.tokenizer.describe()}", file=sys.stderr, flush=True)
+        for _, _, url in served:
+            print(f"{READY_PREFIX}{url}", flush=True)
         try:
             await stop.wait()
         finally:
             if watcher is not None:
                 watcher.cancel()
-            await runner.cleanup()
+            for runner, _, _ in served:
+                await runner.cleanup()
 
     event_loop.run(main())
     return EXIT_OK

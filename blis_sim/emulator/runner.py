@@ -12,6 +12,7 @@ API::
 
     with spawn_emulator(EmulatorConfig(...)) as proc:   # or spawn_emulator(["--profile", "zero"])
         proc.url, proc.pid
+    with spawn_emulator(EmulatorConfig(...), replicas=2) as proc:   # a cluster: proc.urls
     # SIGTERM to that PID only, SIGKILL after a grace period
 
 The subprocess runs ``python -m blis_sim.emulator ... --port 0`` and prints one ready line,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
@@ -135,15 +136,16 @@ class SpawnedEmulator:
     """An emulator in a child process, stopped by its PID."""
 
     def __init__(self, argv: Sequence[str], *, startup_timeout_s: float = 30.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, replicas: int = 1) -> None:
         self.argv = [sys.executable, "-m", "blis_sim.emulator", *argv]
         self._stderr: collections.deque[str] = collections.deque(maxlen=50)
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True, env=env)
         self.pid = self.proc.pid
         threading.Thread(target=self._drain, args=(self.proc.stderr, self._stderr), daemon=True).start()
-        self.url = self._read_ready(startup_timeout_s)
-        threading.Thread(target=self._drain, args=(self.proc.stdout, None), daemon=True).start()
+        # ``--replicas N``: one ready line per replica (docs/cluster.md §6)
+        self.urls = self._read_ready(startup_timeout_s, replicas)
+        self.url = self.urls[0]
 
     @staticmethod
     def _drain(stream: Any, keep: collections.deque[str] | None) -> None:
@@ -151,22 +153,31 @@ class SpawnedEmulator:
             if keep is not None:
                 keep.append(line.rstrip())
 
-    def _read_ready(self, timeout: float) -> str:
+    def _read_ready(self, timeout: float, replicas: int = 1) -> list[str]:
+        """The URLs of the first ``replicas`` ready lines; stdout is then drained by a thread (one reader:
+        a buffered stream that already holds the next line would not wake a selector)."""
         assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read(stream: Any) -> None:
+            for line in stream:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, args=(self.proc.stdout,), daemon=True).start()
         deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-                line = self.proc.stdout.readline()
-                if not line:
-                    break  # exited
-                if line.startswith(READY_PREFIX):
-                    return line[len(READY_PREFIX):].strip()
-        finally:
-            sel.close()
+        urls: list[str] = []
+        while len(urls) < replicas:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break  # exited
+            if line.startswith(READY_PREFIX):
+                urls.append(line[len(READY_PREFIX):].strip())
+        if len(urls) == replicas:
+            return urls
         self.proc.poll()
         self.stop()
         time.sleep(0.05)
@@ -203,8 +214,9 @@ class SpawnedEmulator:
 
 
 def spawn_emulator(config: EmulatorConfig | Sequence[str] | None = None, *,
-                   startup_timeout_s: float = 30.0) -> SpawnedEmulator:
-    """Start ``blis emulate`` in a subprocess on a free port (config or argv); ready on return."""
+                   startup_timeout_s: float = 30.0, replicas: int = 1) -> SpawnedEmulator:
+    """Start ``blis emulate`` in a subprocess on a free port (config or argv); ready on return.
+    ``replicas``: serve that many independent replicas (a cluster; ``.urls``, one free port each)."""
     from blis_sim.emulator.cli import config_to_argv  # cli.py imports this module
 
     if config is None:
@@ -214,4 +226,6 @@ def spawn_emulator(config: EmulatorConfig | Sequence[str] | None = None, *,
         argv += ["--port", "0"]
     if "--exit-with-parent" not in argv:
         argv.append("--exit-with-parent")
-    return SpawnedEmulator(argv, startup_timeout_s=startup_timeout_s)
+    if replicas > 1:
+        argv += ["--replicas", str(replicas)]
+    return SpawnedEmulator(argv, startup_timeout_s=startup_timeout_s, replicas=replicas)

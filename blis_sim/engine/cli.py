@@ -93,6 +93,21 @@ def _output_flags(p: argparse.ArgumentParser, *, trace_output: bool = True) -> N
                        help="leave our pytest_blis header block out of --trace-output")
 
 
+def add_cluster_flags(p: argparse.ArgumentParser, *, default_policy: str) -> None:
+    """The reference's cluster flags (docs/cluster.md §2): replicas, the routing policy and its scorers."""
+    from blis_sim.routing import POLICIES
+
+    g = p.add_argument_group("cluster")
+    g.add_argument("--num-instances", type=int, default=None,
+                   help="replicas, each with its own KV cache (default: the trace's cluster, else 1)")
+    g.add_argument("--routing-policy", choices=POLICIES, default=default_policy,
+                   help=f"how requests are routed to replicas (default {default_policy}"
+                        + (": the trace's replica column)" if default_policy == "recorded" else ")"))
+    g.add_argument("--routing-scorers", default=None,
+                   help="weighted policy: name:weight,... over prefix-affinity and queue-depth "
+                        "(e.g. prefix-affinity:3,queue-depth:2)")
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("run", help="simulate a workload spec",
                               description="Generate a workload spec's requests and simulate them.")
@@ -100,6 +115,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-requests", type=int, default=None, help="override num_requests")
     p.add_argument("--workload-seed", type=int, default=None, help="override the spec's seed")
     add_sim_flags(p)
+    add_cluster_flags(p, default_policy="round-robin")
     _output_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -112,6 +128,7 @@ def register(subparsers: Any) -> None:
                         "each request starts when the simulated previous one has finished, or at its "
                         "recorded send if later")
     add_sim_flags(p)
+    add_cluster_flags(p, default_policy="recorded")
     _output_flags(p)
     p.set_defaults(func=cmd_replay)
 
@@ -257,7 +274,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_files(args, "workload_spec")
     spec = load_workload_spec(args.workload_spec)
     options = options_from_args(args)
-    out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
+    from blis_sim.routing import RoutingSpec
+
+    routing = RoutingSpec.parse(args.routing_policy, args.routing_scorers)
+    n = args.num_instances or 1
+    if not 1 <= n <= limits.MAX_INSTANCES:
+        raise UsageError(f"--num-instances must be in 1..{limits.MAX_INSTANCES}, got {n}")
+    if n > 1:
+        from blis_sim.engine.cluster import run_cluster
+
+        out: Any = run_cluster(spec, options, num_instances=n, routing=routing, seed=args.workload_seed,
+                               num_requests=args.num_requests)
+    else:
+        out = run_outcome(spec, options, seed=args.workload_seed, num_requests=args.num_requests)
     trace = out.trace_columns(workload_spec=str(args.workload_spec)) if args.trace_output else None
     _write_outputs(args, out, trace)
     return 0
@@ -276,14 +305,42 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError("LLM name not provided (--model). Exiting simulation.")
     name = f"{args.trace_header} / {args.trace_data}"
     options = options_from_args(args, trace.header, trace_name=name)
+    n, routing = cluster_of(args, trace)
     try:
-        out = replay_outcome(trace, options)
+        if n > 1:
+            from blis_sim.engine.cluster import replay_cluster
+
+            out: Any = replay_cluster(trace, options, num_instances=n, routing=routing)
+            if out.agreement is not None:
+                print(f"blis replay: routing agreement with the recorded replicas: "
+                      f"{out.agreement:.4f} ({routing.policy})", file=sys.stderr)
+        else:
+            out = replay_outcome(trace, options)
     except InputError as exc:  # what the trace holds (BC-10, no usable row): name the trace
         if exc.location.file is not None:
             raise
         raise type(exc)(exc.reason, file=name, line=exc.location.line, field=exc.location.field) from None
     _write_outputs(args, out, out.trace_columns() if args.trace_output else None)
     return 0
+
+
+def cluster_of(args: argparse.Namespace, trace: Any) -> tuple[int, Any]:
+    """(replicas, routing) of a replay: ``--num-instances``, else the header's cluster block, else
+    one more than the largest recorded replica, else 1 (a single server: the plain replay)."""
+    from blis_sim.routing import RoutingSpec
+
+    routing = RoutingSpec.parse(args.routing_policy, args.routing_scorers)
+    n = args.num_instances
+    if n is not None and not 1 <= n <= limits.MAX_INSTANCES:
+        raise UsageError(f"--num-instances must be in 1..{limits.MAX_INSTANCES}, got {n}")
+    ext = trace.header.pytest_blis
+    if n is None and ext is not None and ext.cluster is not None:
+        n = ext.cluster.num_instances
+    if n is None:
+        const, value = trace.data.constant("replica") if hasattr(trace, "data") else (True, -1)
+        recorded = int(trace.data.array("replica").max()) if not const else int(value)
+        n = recorded + 1 if recorded != -1 else 1
+    return n, routing
 
 
 def _fit_traces(args: argparse.Namespace) -> list[tuple[str, Any]]:

@@ -306,8 +306,16 @@ def sim_result_columns(o: SimOutcome, text: _SourceText | None = None) -> Column
             "input_tokens": o.table.prompt_len[idx], "output_tokens": o.loop.num_out[idx],
             "slo_class": text.strings("slo_class", idx), "model": text.strings("model", idx),
             "itl_mean_us": _itl_mean(o, idx), "cached_tokens": cached.sum(axis=1),
-            "cached_tokens_by_source": IntMapColumn(SOURCES, cached)})
+            "cached_tokens_by_source": IntMapColumn(SOURCES, cached),
+            "instance_id": instance_names(o, idx) if o.replica is not None else ""})
     return ColumnChunks(SimResult, int(order.size), make)
+
+
+def instance_names(o: SimOutcome, idx: np.ndarray) -> list[str]:
+    """``instance_<r>`` of rows ``idx``: the reference's names for the replicas of a cluster."""
+    assert o.replica is not None
+    names = [f"instance_{r}" for r in range(int(o.replica.max()) + 1 if o.replica.size else 0)]
+    return [names[r] for r in o.replica[idx].tolist()]
 
 
 def sim_results(o: SimOutcome) -> list[SimResult]:
@@ -332,7 +340,8 @@ def request_metrics_columns(o: SimOutcome, text: _SourceText | None = None) -> C
             "e2e_ms": _e2e(o, idx) / 1e3,
             "scheduling_delay_ms": (lp.first_sched_us[idx] - lp.arrival_us[idx]) / 1e3,
             "slo_class": text.strings("slo_class", idx), "tenant_id": text.strings("tenant_id", idx),
-            "handled_by": "instance_0", "model": text.strings("model", idx),
+            "handled_by": instance_names(o, idx) if o.replica is not None else "instance_0",
+            "model": text.strings("model", idx),
             "adapter": text.strings("adapter", idx), "length_capped": False,
             "gateway_queue_delay_ms": 0.0, "session_id": text.strings("session_id", idx),
             "round_index": text.ints("round_index", idx)})
@@ -448,6 +457,8 @@ def trace_records(o: SimOutcome, base: dict[str, Any] | None = None) -> Any:
                 status=_str_column(np.where(done, 0, 1), ["ok", "incomplete"]), error_message="",
                 finish_reason="", server_input_tokens=0, cached_tokens=cached.astype(np.int64),
                 first_byte_time_us=0, first_content_time_us=0)
+    if o.replica is not None:
+        data["replica"] = o.replica[keep]
     return TraceColumns.from_columns(int(keep.size), data)
 
 

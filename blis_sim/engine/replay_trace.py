@@ -151,6 +151,14 @@ def replay_outcome(trace: ReplayableTrace, options: EngineOptions | None = None,
         raise ConfigError(BC10_MESSAGE)
     table = prepare_trace(trace).table
     block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
+    outcome = simulate_replica(table, options, block_size, num_blocks, offload, log_steps)
+    return ReplayOutcome(outcome=outcome, header=header, options=options)
+
+
+def simulate_replica(table: RequestTable, options: EngineOptions, block_size: int, num_blocks: int,
+                     offload: OffloadConfig | None, log_steps: bool = False) -> SimOutcome:
+    """``table`` through one server with its own KV cache: phases and sequential clients as the
+    module docstring says (a cluster replays each replica's rows through this)."""
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
     phases = table.phases()
     if options.sequential:
@@ -162,7 +170,7 @@ def replay_outcome(trace: ReplayableTrace, options: EngineOptions | None = None,
     else:
         outcome = _replay_phases(table, phases, kv, options, block_size, num_blocks, offload,
                                  log_steps)
-    return ReplayOutcome(outcome=outcome, header=header, options=options)
+    return outcome
 
 
 def sequential_groups(table: RequestTable, phases: list[np.ndarray]) -> list[np.ndarray]:

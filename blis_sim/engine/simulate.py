@@ -81,6 +81,7 @@ class SimOutcome:
     offload: OffloadConfig | None
     dropped: np.ndarray
     tier_io: list[dict[str, Any]] = field(default_factory=list)  # per tier, over the window
+    replica: np.ndarray | None = None  # int64 per row: the cluster replica that served it (None: one server)
 
     @property
     def completed(self) -> np.ndarray:
@@ -273,6 +274,20 @@ def combine_outcomes(parts: list[SimOutcome], kv: CacheOps, offload: OffloadConf
         return parts[0]
     if not parts:
         raise ValueError("nothing was simulated")
+    t, loop, admitted, cached = concat_parts(parts)
+    counters = kv.snapshot()
+    return SimOutcome(table=t, loop=loop, cached=cached, admitted=admitted,
+                      frontend_us=np.concatenate([p.frontend_us for p in parts]), kv_counters=counters,
+                      hit_rates=hit_rates(t, admitted, cached, counters, window_start,
+                                          tiers=offload is not None),
+                      block_size=parts[0].block_size, num_gpu_blocks=parts[0].num_gpu_blocks,
+                      offload=offload, dropped=np.concatenate([p.dropped for p in parts]),
+                      tier_io=tier_io(counters, window_start) if offload is not None else [])
+
+
+def concat_parts(parts: list[SimOutcome]) -> tuple[RequestTable, LoopResult, np.ndarray, np.ndarray]:
+    """The parts' tables, loop results, admitted flags and cached tokens one after the other
+    (phases of one server, or the replicas of a cluster)."""
 
     def cat(get: Any) -> np.ndarray:
         return np.concatenate([get(p) for p in parts])
@@ -302,12 +317,4 @@ def combine_outcomes(parts: list[SimOutcome], kv: CacheOps, offload: OffloadConf
         loop.step_features = np.vstack([lp.step_features for lp in loops
                                         if lp.step_features is not None])
 
-    admitted, cached = cat(lambda p: p.admitted), cat(lambda p: p.cached)
-    counters = kv.snapshot()
-    return SimOutcome(table=t, loop=loop, cached=cached, admitted=admitted,
-                      frontend_us=cat(lambda p: p.frontend_us), kv_counters=counters,
-                      hit_rates=hit_rates(t, admitted, cached, counters, window_start,
-                                          tiers=offload is not None),
-                      block_size=parts[0].block_size, num_gpu_blocks=parts[0].num_gpu_blocks,
-                      offload=offload, dropped=cat(lambda p: p.dropped),
-                      tier_io=tier_io(counters, window_start) if offload is not None else [])
+    return t, loop, cat(lambda p: p.admitted), cat(lambda p: p.cached)

@@ -323,6 +323,31 @@ class VerdictRow:
     #            the simulator does not model: real = its count)
 
 
+class ReplicaCalibration(_Model):
+    """Ours: one replica of a cluster (docs/cluster.md §5): its requests' TTFT/E2E against the simulated
+    ones, and its own counter window's hit-rates against its simulated instance's. ``judged``: whether
+    its verdicts count (False for a re-routed replay, whose replicas serve other requests than the real ones)."""
+
+    replica: int
+    server_url: str = ""
+    matched_pairs: int = 0
+    metrics: dict[str, MetricComparison] = Field(default_factory=dict)
+    ttft_tolerance: ToleranceVerdict | None = None
+    kv_hit_rates: list[HitRateDefinitionComparison] = Field(default_factory=list)
+    kv_hit_rates_unpaired: list[UnpairedHitRate] = Field(default_factory=list)
+    judged: bool = True
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"server_url", "kv_hit_rates", "kv_hit_rates_unpaired"})
+
+
+class RoutingAgreement(_Model):
+    """Ours: the share of paired requests the simulated router sent to the replica the real router chose."""
+
+    requests: int
+    agreed: int
+    share: float
+
+
 class CalibrationReport(_Model):
     trace_info: TraceInfo
     metrics: dict[str, MetricComparison]
@@ -339,6 +364,8 @@ class CalibrationReport(_Model):
     tier_service: list[TierServiceComparison] | None = None
     tier_service_fits: list[TierServiceFit] | None = None
     window_faults: list[WindowFault] | None = None
+    replicas: list[ReplicaCalibration] | None = None  # a cluster, replica by replica (docs/cluster.md §5)
+    routing_agreement: RoutingAgreement | None = None
     verdict: Verdict | None = None
     notes: list[str] | None = None
     provenance: Provenance | None = None
@@ -369,6 +396,20 @@ class CalibrationReport(_Model):
             if f.count and not f.modelled:  # the window cannot validate the simulator's hit-rates
                 rows.append(VerdictRow(f"fault[{f.kind}{'/' + f.tier if f.tier else ''}]", float(f.count), 0.0,
                                        float(f.count), 0.0, False, "faults"))
+        for rep in self.replicas or ():
+            if not rep.judged:
+                continue
+            tol = rep.ttft_tolerance
+            if tol is not None and not saturated:  # at saturation: reported, as the cluster's (D9)
+                ttft = rep.metrics.get("ttft")
+                rows.append(VerdictRow(f"replica[{rep.replica}].ttft_mape",
+                                       ttft.workload_level.real_mean if ttft else math.nan,
+                                       ttft.workload_level.sim_mean if ttft else math.nan, tol.mape, tol.threshold,
+                                       tol.within, "mape"))
+            for d in rep.kv_hit_rates:
+                name = d.definition if d.tier is None else f"{d.definition}/{d.tier}"
+                rows.append(VerdictRow(f"replica[{rep.replica}].kv_hit_rate[{name}]", d.real_hit_rate,
+                                       d.sim_hit_rate, d.abs_error_pp, d.tolerance_pp, d.within, "pp"))
         c = self.capacity
         if c is not None and c.within is not None:  # judged only where the window is saturated
             rows.append(VerdictRow("capacity[req/s]", c.real_rps, c.sim_rps, c.rps_error, c.tolerance,
@@ -404,7 +445,7 @@ def load_report(path: str | Path) -> CalibrationReport:
 
 
 OUR_TOP_LEVEL_FIELDS: tuple[str, ...] = ("kv_hit_rates", "kv_hit_rates_unpaired", "capacity", "request_hit_agreement",
-                                         "verdict",
+                                         "replicas", "routing_agreement", "verdict",
                                          "notes", "provenance")
 
 

@@ -78,8 +78,9 @@ class SimResult(StrictModel):
     # ours
     cached_tokens: int | None = Field(default=None, ge=0)
     cached_tokens_by_source: dict[str, int] | None = None
+    instance_id: str = ""  # the cluster replica that served it (``instance_<i>``; docs/cluster.md §4)
 
-    _omitempty: ClassVar[frozenset[str]] = frozenset({"slo_class", "model", "itl_mean_us"})
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"slo_class", "model", "itl_mean_us", "instance_id"})
 
 
 class RequestMetrics(StrictModel):
@@ -175,9 +176,13 @@ class MetricsOutput(StrictModel):
     kv_hit_rates: list[KVHitRate] | None = None
     tier_io: list[TierIO] | None = None  # per offload tier over the window: bytes, station seconds, jobs
     provenance: SimProvenance | None = None
+    instances: list["MetricsOutput"] | None = None  # a cluster: one aggregate per replica (docs/cluster.md §4)
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(
         {"kv_allocation_failures", "requests", "goodput_rps", "slo_attainment", "adapters"})
+
+
+MetricsOutput.model_rebuild()
 
 
 # --------------------------------------------------------------------------------------------- JSON I/O

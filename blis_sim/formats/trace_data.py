@@ -9,8 +9,9 @@ API::
 :class:`TraceRecord` — the 27 base columns, the optional ``vllm_priority`` and ``slo_target_us`` (inserted
 positionally), the reference's trailing ``x_request_id``, ``adapter``, ``think_time_us``, and OUR trailing
 columns ``phase``, ``warmup``, ``cached_tokens`` (-1 = not reported), ``first_byte_time_us``,
-``first_content_time_us`` (0 = unknown). Properties ``ttft_us`` / ``e2e_us`` = first / last chunk time − send
-time (client side, include the network).
+``first_content_time_us`` (0 = unknown), ``replica`` (the cluster replica that served the row,
+0-based; -1 = one server, and the column is then not written). Properties ``ttft_us`` / ``e2e_us`` =
+first / last chunk time − send time (client side, include the network).
 
 This module holds the layout both directions share: the column positions a header row gives
 (positional base columns shifted by the inline optional columns found in the header row, trailing
@@ -79,6 +80,7 @@ class TraceRecord(StrictModel):
     cached_tokens: int = Field(default=-1, ge=-1)
     first_byte_time_us: int = 0
     first_content_time_us: int = 0
+    replica: int = Field(default=-1, ge=-1)  # the cluster replica that served it (-1: one server)
 
     @field_validator(*_TRIMMED)
     @classmethod
@@ -113,7 +115,7 @@ BASE_COLUMNS: tuple[str, ...] = (
 )
 REFERENCE_TRAILING: tuple[str, ...] = ("x_request_id", "adapter", "think_time_us")
 OUR_TRAILING: tuple[str, ...] = ("phase", "warmup", "cached_tokens", "first_byte_time_us",
-                                 "first_content_time_us")
+                                 "first_content_time_us", "replica")
 
 _NONNEG = frozenset({"prefix_length", "input_tokens", "output_tokens", "text_tokens", "image_tokens",
                      "audio_tokens", "video_tokens", "server_input_tokens", "num_chunks", "vllm_priority",
@@ -122,7 +124,7 @@ _INTS = frozenset({"request_id", "round_index", "prefix_length", "input_tokens",
                    "text_tokens", "image_tokens", "audio_tokens", "video_tokens", "deadline_us",
                    "slo_target_us", "server_input_tokens", "arrival_time_us", "send_time_us",
                    "first_chunk_time_us", "last_chunk_time_us", "num_chunks", "vllm_priority", "think_time_us",
-                   "cached_tokens", "first_byte_time_us", "first_content_time_us"})
+                   "cached_tokens", "first_byte_time_us", "first_content_time_us", "replica"})
 _BOOLS = frozenset({"streaming", "warmup"})
 # String columns with few distinct values per trace (interned per file by the reader).
 _REPEATED = frozenset({"client_id", "tenant_id", "slo_class", "prefix_group", "model", "status", "phase"})
@@ -174,7 +176,8 @@ def columns_for(rows: Any, mode: str) -> list[str]:
     carried = {"phase": any_("phase", nonempty), "warmup": any_("warmup", nonempty),
                "cached_tokens": any_("cached_tokens", lambda a: a != -1),
                "first_byte_time_us": any_("first_byte_time_us", nonzero),
-               "first_content_time_us": any_("first_content_time_us", nonzero)}
+               "first_content_time_us": any_("first_content_time_us", nonzero),
+               "replica": any_("replica", lambda a: a != -1)}
     cols += [c for c in OUR_TRAILING if carried[c]]
     return cols
 
@@ -220,7 +223,7 @@ def _column_positions(header: list[str]) -> dict[str, int]:
 # Columns the reference parses with strconv.ParseInt (int64); the other integer columns use strconv.Atoi.
 _PARSEINT = frozenset({"deadline_us", "slo_target_us", "arrival_time_us", "send_time_us", "first_chunk_time_us",
                        "last_chunk_time_us", "think_time_us", "cached_tokens", "first_byte_time_us",
-                       "first_content_time_us"})
+                       "first_content_time_us", "replica"})
 
 
 def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
@@ -237,6 +240,9 @@ def _parse_cell(col: str, raw: str, file: str, line: int) -> Any:
                               file=file, line=line, field=col)
         if col == "cached_tokens" and v < -1:
             raise FormatError(f"parsing {col}: {v} is not a token count (-1 = not reported)",
+                              file=file, line=line, field=col)
+        if col == "replica" and v < -1:
+            raise FormatError(f"parsing {col}: {v} is not a replica index (-1 = one server)",
                               file=file, line=line, field=col)
         return v
     if col in _BOOLS:

@@ -252,6 +252,47 @@ class LatencyModelInfo(StrictModel):
     _omitempty: ClassVar[frozenset[str]] = frozenset({"source"})
 
 
+class ReplicaInfo(StrictModel):
+    """One replica of an observed cluster (docs/cluster.md §3): where it was, its geometry, and the
+    hit-rates of its own counter window (every definition and tier, as ``kv_hit_rates``)."""
+
+    index: int = Field(ge=0)
+    name: str = ""                 # what the router's header named it (router mode), else ""
+    server_url: str = ""
+    vllm_version: str = ""
+    kv_geometry: KVGeometry | None = None
+    source: str = ""               # its observed_kv_metrics source: tiered, gpu-prefix-cache-fallback
+    requests: int = Field(default=0, ge=0)
+    kv_hit_rates: list[KVHitRate] = Field(default_factory=list)
+    tier_io: list[TierIO] = Field(default_factory=list)
+    scrape: ScrapeInfo | None = None
+    faults: list[Fault] = Field(default_factory=list)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset(
+        {"name", "server_url", "vllm_version", "source", "kv_hit_rates", "tier_io", "faults"})
+
+
+class ClusterInfo(StrictModel):
+    """``pytest_blis.cluster`` — how a trace's requests were routed over several replicas; the
+    data CSV's ``replica`` column indexes ``replicas``."""
+
+    num_instances: int = Field(ge=1, le=limits.MAX_INSTANCES)
+    routing_policy: str
+    routing_scorers: str = ""      # as --routing-scorers: name:weight, comma-separated
+    router_url: str = ""           # one router in front (router mode) ...
+    replica_header: str = ""       # ... and the response header naming the replica that served
+    replicas: list[ReplicaInfo] = Field(default_factory=list)
+
+    _omitempty: ClassVar[frozenset[str]] = frozenset({"routing_scorers", "router_url", "replica_header"})
+
+    @model_validator(mode="after")
+    def _replicas_indexed(self) -> "ClusterInfo":
+        if self.replicas and [r.index for r in self.replicas] != list(range(self.num_instances)):
+            raise ValueError(f"replicas must list indices 0..{self.num_instances - 1} in order, got "
+                             f"{[r.index for r in self.replicas]}")
+        return self
+
+
 class PytestBlisHeader(StrictModel):
     """``pytest_blis:`` — everything we add to the header; omitted with ``blis_compatible=True``."""
 
@@ -270,6 +311,7 @@ class PytestBlisHeader(StrictModel):
     latency_model: LatencyModelInfo | None = None
     sim_seed: int | None = None         # the simulator's content/jitter seed (sim traces)
     warnings: list[str] = Field(default_factory=list)
+    cluster: ClusterInfo | None = None  # several replicas behind a router (docs/cluster.md §3)
 
     _omitempty: ClassVar[frozenset[str]] = frozenset(
         {"tool_version", "vllm_version", "server_url", "kv_hit_rates", "tier_io", "phases", "partial",

@@ -50,7 +50,7 @@ def to_trace_record(record: RequestRecord, planned: Any, clock: RunClock, phase_
         x_request_id=record.x_request_id, adapter=planned.adapter, think_time_us=planned.think_time_us,
         phase=planned.phase, warmup=record.warmup, cached_tokens=record.cached_tokens,
         first_byte_time_us=clock.epoch_us(record.first_byte_ns),
-        first_content_time_us=clock.epoch_us(record.first_content_ns))
+        first_content_time_us=clock.epoch_us(record.first_content_ns), replica=record.replica)
 
 
 def itl_records(records: Iterable[RequestRecord], clock: RunClock) -> list[ITLRecord]:

@@ -46,9 +46,15 @@ def parse_duration(text: str) -> float:
 TARGET_FLAGS = ("server_url", "model", "trace_header", "trace_data")
 
 
-def add_target_flags(p: argparse.ArgumentParser) -> None:
-    """The four required flags `blis observe` and `blis probe` share: where to send, what to write."""
-    p.add_argument("--server-url", default="", help="server base URL, e.g. http://127.0.0.1:8000 (required)")
+def add_target_flags(p: argparse.ArgumentParser, *, cluster: bool = False) -> None:
+    """The four required flags `blis observe` and `blis probe` share: where to send, what to write
+    (``cluster``: ``--server-url`` may be given once per replica)."""
+    if cluster:
+        p.add_argument("--server-url", action="append", default=[],
+                       help="server base URL, e.g. http://127.0.0.1:8000 (required); once per replica for a "
+                            "cluster, routed by --routing-policy (docs/cluster.md)")
+    else:
+        p.add_argument("--server-url", default="", help="server base URL, e.g. http://127.0.0.1:8000 (required)")
     p.add_argument("--model", default="", help="model name sent in every request (required)")
     p.add_argument("--trace-header", default="", help="where to write the TraceV2 header YAML (required)")
     p.add_argument("--trace-data", default="", help="where to write the TraceV2 data CSV (required)")
@@ -67,8 +73,17 @@ def register(subparsers: Any) -> None:
                     "TraceV2 (header YAML + data CSV) and, with --scrape-kv-metrics, the server's KV hit-rates "
                     "over the measured window. Exit 0 written, 2 bad input, 3 no request succeeded, 130 "
                     "interrupted (partial trace written).")
-    add_target_flags(p)
+    add_target_flags(p, cluster=True)
     a = p.add_argument
+    a("--routing-policy", default="round-robin",
+      help="several --server-url: round-robin (default), least-loaded, always-busiest, prefix-affinity, weighted")
+    a("--router-url", default="",
+      help="send every request to this router instead; --server-url then lists the replicas (scraped, in "
+           "order) and --replica-header names the response header that says which one served")
+    a("--replica-header", default="", help="with --router-url: the response header naming the replica (its URL, "
+                                           "host:port or index)")
+    a("--routing-scorers", default=None,
+      help="weighted: name:weight,... over prefix-affinity and queue-depth (e.g. prefix-affinity:3,queue-depth:2)")
     a("--workload-spec", default="", help="workload spec YAML (reference v2, plus our phases)")
     a("--workload", default="", help="a reference preset name (not supported: use --workload-spec)")
     a("--rate", type=float, default=0.0,
@@ -216,7 +231,16 @@ def run(args: argparse.Namespace) -> int:
                              "generation")
         spec = synthesized_spec(args)
     _setup_logging()
-    result = observe(args.server_url, spec, options)
+    urls = list(args.server_url)
+    routing = _routing(args, len(urls))
+    if len(urls) > 1 or args.router_url:
+        from blis_sim.observe.cluster import observe_cluster
+
+        result = observe_cluster(urls, spec, options, routing=routing, router_url=args.router_url,
+                                 replica_header=args.replica_header)
+    else:
+        result = observe(urls[0], spec, options)
+    args.server_url = ", ".join(urls)
     itl_path = (args.itl_output or default_itl_path(args.trace_data)) if args.record_itl else None
     write_result(result, args.trace_header, args.trace_data, blis_compatible=args.blis_compatible,
                  itl_path=itl_path)
@@ -234,6 +258,20 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_SERVER_ERROR
     return EXIT_OK
+
+
+def _routing(args: argparse.Namespace, replicas: int) -> Any:
+    """The client-side routing of several ``--server-url`` (checked before anything is sent)."""
+    from blis_sim.routing import RoutingSpec
+
+    routing = RoutingSpec.parse(args.routing_policy, args.routing_scorers)
+    if args.router_url and (args.routing_policy != "round-robin" or args.routing_scorers):
+        raise UsageError("--router-url: the router routes; --routing-policy and --routing-scorers route on the client")
+    if args.replica_header and not args.router_url:
+        raise UsageError("--replica-header names the header of a --router-url's responses; no --router-url was given")
+    if replicas == 1 and not args.router_url and (args.routing_policy != "round-robin" or args.routing_scorers):
+        raise UsageError("--routing-policy and --routing-scorers route over several --server-url; one was given")
+    return routing
 
 
 def _bounded(spec: Any) -> bool:

@@ -53,6 +53,7 @@ class Target:
     api_key: str = ""
     timeout_s: float = 300.0
     record_itl: bool = False
+    replica_header: str = ""  # a router's response header naming the replica that served (docs/cluster.md §3)
 
     @functools.cached_property
     def client_timeout(self) -> aiohttp.ClientTimeout:
@@ -167,6 +168,8 @@ async def _post(session: aiohttp.ClientSession, target: Target, record: RequestR
     async with session.post(target.endpoint, data=body, headers=headers, timeout=target.client_timeout,
                             trace_request_ctx=conn) as resp:
         record.first_byte_ns = clock.now_ns()
+        if target.replica_header:
+            record.replica_name = resp.headers.get(target.replica_header, "").strip()
         if resp.status != 200:
             text = (await resp.content.read(_ERROR_BODY_LIMIT)).decode("utf-8", errors="replace")
             record.fail(STATUS_ERROR, f"HTTP {resp.status}: {text.strip()}")
@@ -180,7 +183,7 @@ async def _post(session: aiohttp.ClientSession, target: Target, record: RequestR
 async def _send_lean(pool: Http1Pool, target: Target, record: RequestRecord, body: bytes,
                      headers: dict[str, str]) -> None:
     """The same request over :class:`Http1Pool`: parsing runs in the protocol callback, no await per read."""
-    sink = _LeanSink(record, target.record_itl)
+    sink = _LeanSink(record, target.record_itl, target.replica_header.lower())
     record.send_ns = time.perf_counter_ns()
     try:
         await pool.request("POST", target.path, body, headers, sink, target.timeout_s)
@@ -321,10 +324,11 @@ def _has_content(choice: dict[str, Any]) -> bool:
 class _LeanSink:
     """:class:`Http1Pool`'s view of one request: head, body pieces (timed on arrival), done."""
 
-    __slots__ = ("record", "stream", "status", "parts", "size")
+    __slots__ = ("record", "replica_header", "stream", "status", "parts", "size")
 
-    def __init__(self, record: RequestRecord, record_itl: bool) -> None:
+    def __init__(self, record: RequestRecord, record_itl: bool, replica_header: str = "") -> None:
         self.record = record
+        self.replica_header = replica_header
         self.stream = StreamState(record, record_itl) if record.wire.streaming else None
         self.status = 0
         self.parts: list[bytes] = []  # an error body or a non-streaming body
@@ -333,6 +337,8 @@ class _LeanSink:
     def head(self, status: int, headers: dict[str, str], now_ns: int) -> None:
         self.status = status
         self.record.first_byte_ns = now_ns
+        if self.replica_header:  # the parser lowercases header names
+            self.record.replica_name = headers.get(self.replica_header, "").strip()
 
     def data(self, chunk: bytes, now_ns: int) -> None:
         if self.status == 200 and self.stream is not None:

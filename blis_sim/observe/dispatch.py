@@ -97,8 +97,12 @@ class Dispatcher:
     def __init__(self, session: aiohttp.ClientSession | Http1Pool, target: Target, clock: RunClock, *,
                  max_concurrency: int = 256, warmup_requests: int = 0,
                  stop: asyncio.Event | None = None, grace_s: float = 5.0,
-                 on_record: Callable[[RequestRecord], None] | None = None) -> None:
+                 on_record: Callable[[RequestRecord], None] | None = None,
+                 route: Any = None) -> None:
         self.session, self.target, self.clock = session, target, clock
+        # a cluster (blis_sim.observe.cluster): ``route.choose(planned, rid)`` → (session, target,
+        # replica) per request, ``route.done(replica)`` at its end
+        self.route = route
         self.slots = asyncio.Semaphore(max_concurrency)
         self.warmup_requests = warmup_requests
         self.stop = stop or asyncio.Event()
@@ -132,6 +136,8 @@ class Dispatcher:
         def finished(task: asyncio.Task[None]) -> None:
             planned, record = inflight.pop(task)
             self.slots.release()
+            if self.route is not None:
+                self.route.done(record.replica)
             if not record.done:
                 record.fail(STATUS_ERROR, "cancelled: observe interrupted")
             if self.on_record is not None:
@@ -181,7 +187,10 @@ class Dispatcher:
         wire = build(planned, offset_us)
         record = RequestRecord(request_id=rid, wire=wire, planned=planned, phase_offset_us=offset_us,
                                warmup=rid < self.warmup_requests, scheduled_ns=scheduled_ns)
-        task = asyncio.ensure_future(send(self.session, self.target, record, self.clock))
+        session, target = self.session, self.target
+        if self.route is not None:
+            session, target, record.replica = self.route.choose(planned, rid)
+        task = asyncio.ensure_future(send(session, target, record, self.clock))
         inflight[task] = (planned, record)
         task.add_done_callback(finished)
         return record

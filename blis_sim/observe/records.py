@@ -99,6 +99,8 @@ class RequestRecord:
     cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1 = not reported
     server_metrics: dict[str, float] | None = None  # usage.metrics (vLLM --enable-per-request-metrics), ms
     chunk_times_ns: list[int] = field(default_factory=list)  # only with --record-itl
+    replica: int = -1  # the cluster replica it was routed to (-1: one server; docs/cluster.md §3)
+    replica_name: str = ""  # what a router's response header said served it (router mode)
 
     @property
     def done(self) -> bool:

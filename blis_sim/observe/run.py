@@ -235,6 +235,7 @@ class _Run:
         self._progress = Progress(0, enabled=False)
         self.cpu_s = 0.0
         self.measured = _measured_phases(plan, opts.window_phases)  # checked before anything is sent
+        self.route: Any = None  # a cluster's router (blis_sim.observe.cluster); None: one server
 
     def interrupt(self, sig: int = signal.SIGINT) -> None:
         """First signal: stop sending, give in-flight requests the grace period. Second: cancel them now."""
@@ -313,7 +314,7 @@ class _Run:
         first, last = (measured[0], measured[-1]) if measured else (-1, -1)
         dispatcher = Dispatcher(self.sender, self.target, self.clock, max_concurrency=self.opts.max_concurrency,
                                 warmup_requests=self.opts.warmup_requests, stop=self.stop,
-                                grace_s=self.opts.grace_s, on_record=self._completed)
+                                grace_s=self.opts.grace_s, on_record=self._completed, route=self.route)
         self.dispatcher = dispatcher
         window = self.window
         total = sum(len(p.requests) for p in self.plan.phases)
