@@ -18,6 +18,7 @@ progress on ``progress`` (stderr by the CLI).
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import threading
@@ -111,7 +112,7 @@ def ray_connect(address: str) -> bool:
         raise UsageError("--ray-address needs Ray: pip install 'pytest-blis[ray]'") from None
     if ray.is_initialized():
         return False
-    ray.init(address=None if address == "local" else address, logging_level="WARNING",
+    ray.init(address=None if address == "local" else address, logging_level=logging.WARNING,
              log_to_driver=False)
     return True
 
