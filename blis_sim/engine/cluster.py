@@ -18,8 +18,7 @@ simulation as interleaving their steps. A policy that needs the requests in flig
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,9 @@ from blis_sim.engine.outputs import SimulatedOutputs, metrics_output, trace_reco
 from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.replay_trace import BC10_MESSAGE, observed_from_tiers, prepare_trace, simulate_replica
 from blis_sim.engine.requests import RequestTable
-from blis_sim.engine.run_spec import RunOutcome, _expand
+from blis_sim.engine.run_spec import RunOutcome, simulate_phases
 from blis_sim.engine.settings import resolve_settings
-from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, concat_parts, simulate_table
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, concat_parts
 from blis_sim.errors import ConfigError, UsageError
 from blis_sim.formats import MetricsOutput
 from blis_sim.routing import RoutingSpec, prefix_key, route_static
@@ -263,7 +262,6 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
     """``blis run`` over ``num_instances`` replicas: each phase's requests routed by ``routing`` (in
     arrival order; no load-dependent policy), each replica simulated on a cache of its own; the next
     phase starts when every replica has drained."""
-    from blis_sim.engine.requests import table_from_plan
     from blis_sim.workload import generate_workload
 
     if routing.policy == "recorded":
@@ -275,31 +273,7 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
     block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kvs = [build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
            for _ in range(num_instances)]
-    per: list[list[SimOutcome]] = [[] for _ in range(num_instances)]
-    starts: list[list[np.ndarray]] = [[] for _ in range(num_instances)]
-    t0 = 0.0
-    next_id = 0
-    for phase in plan.phases:
-        t0 = math.ceil(t0 + phase.gap_us)
-        requests, followups = _expand(phase)
-        if not requests:
-            continue
-        table = table_from_plan(requests, followups, plan.seed, first_id=next_id)
-        table.arrival_us = table.arrival_us + t0
-        next_id += len(requests)
-        h = options.horizon_us
-        if h is None and phase.horizon_us > 0:
-            h = t0 + phase.horizon_us
-        assign = route_table(table, routing, num_instances)
-        end = float(t0)
-        for r in range(num_instances):
-            sub = table.take(np.flatnonzero(assign == r))
-            part = simulate_table(sub, kvs[r], replace(options, horizon_us=h), block_size=block_size,
-                                  num_gpu_blocks=num_blocks, offload=offload, content_seed=plan.seed)
-            per[r].append(part)
-            starts[r].append(np.full(len(sub), t0))
-            end = max(end, part.loop.end_us)
-        t0 = end
+    per, starts = simulate_phases(plan, options, kvs, lambda table: route_table(table, routing, num_instances))
     if not per[0]:
         raise ConfigError("the workload generated no request")
     parts = [combine_outcomes(per[r], kvs[r], offload) for r in range(num_instances)]

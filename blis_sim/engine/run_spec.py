@@ -31,6 +31,10 @@ from blis_sim.workload.generate import generate_workload
 from blis_sim.workload.plan import PhasePlan, PlannedRequest, WorkloadPlan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from blis_sim.engine.kvport import CacheOps
+    from blis_sim.engine.requests import RequestTable
     from blis_sim.formats import MetricsOutput, SimResult, Trace
     from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
@@ -121,8 +125,22 @@ def run_outcome(spec: WorkloadSpec, options: EngineOptions | None = None, *, see
     offload = options.kv_offload
     block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kv = build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
-    parts: list[SimOutcome] = []
-    starts: list[np.ndarray] = []
+    (parts,), (starts,) = simulate_phases(plan, options, [kv])
+    combined = combine_outcomes(parts, kv, offload)
+    return RunOutcome(outcome=combined, options=options, plan=plan,
+                      phase_start=np.concatenate(starts) if starts else np.zeros(0))
+
+
+def simulate_phases(plan: WorkloadPlan, options: EngineOptions, kvs: list[CacheOps],
+                    route: Callable[[RequestTable], np.ndarray] | None = None
+                    ) -> tuple[list[list[SimOutcome]], list[list[np.ndarray]]]:
+    """Each phase of ``plan`` in turn, its requests on the replicas' caches ``kvs`` (``route`` gives each
+    request's replica; None: all on the one cache), the next phase once every replica has drained. Per
+    replica: its phases' outcomes and each request's phase start (µs)."""
+    offload = options.kv_offload
+    block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
+    per: list[list[SimOutcome]] = [[] for _ in kvs]
+    starts: list[list[np.ndarray]] = [[] for _ in kvs]
     t0 = 0.0
     next_id = 0
     for phase in plan.phases:
@@ -136,15 +154,17 @@ def run_outcome(spec: WorkloadSpec, options: EngineOptions | None = None, *, see
         h = options.horizon_us
         if h is None and phase.horizon_us > 0:
             h = t0 + phase.horizon_us
-        part = simulate_table(table, kv, replace(options, horizon_us=h), block_size=block_size,
-                              num_gpu_blocks=num_blocks, offload=offload,
-                              content_seed=plan.seed)
-        parts.append(part)
-        starts.append(np.full(len(table), t0))
-        t0 = part.loop.end_us
-    combined = combine_outcomes(parts, kv, offload)
-    return RunOutcome(outcome=combined, options=options, plan=plan,
-                      phase_start=np.concatenate(starts) if starts else np.zeros(0))
+        assign = route(table) if route is not None else None
+        end = float(t0)
+        for r, kv in enumerate(kvs):
+            sub = table if assign is None else table.take(np.flatnonzero(assign == r))
+            part = simulate_table(sub, kv, replace(options, horizon_us=h), block_size=block_size,
+                                  num_gpu_blocks=num_blocks, offload=offload, content_seed=plan.seed)
+            per[r].append(part)
+            starts[r].append(np.full(len(sub), t0))
+            end = max(end, part.loop.end_us)
+        t0 = end
+    return per, starts
 
 
 def run(spec: WorkloadSpec, options: EngineOptions | None = None, **kw: Any) -> tuple[list[SimResult], MetricsOutput]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import signal
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -33,7 +32,7 @@ from blis_sim.observe.client import Target
 from blis_sim.observe.faults import window_faults
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
-from blis_sim.observe.run import ObserveOptions, ObserveResult, _jobs, _Run
+from blis_sim.observe.run import ObserveOptions, ObserveResult, _jobs, _Run, execute_with_signals
 from blis_sim.observe.scrape import CounterWindow, Scraper
 from blis_sim.routing import Router, RoutingSpec, prefix_key
 from blis_sim.workload.generate import generate_workload
@@ -310,17 +309,4 @@ async def observe_cluster_async(urls: Sequence[str], spec: Any, options: Observe
     plan = spec if isinstance(spec, WorkloadPlan) else generate_workload(
         spec, seed=options.seed, num_requests=options.num_requests, horizon=options.horizon_us)
     run = _ClusterRun(urls, plan, replace(options), routing, router_url.rstrip("/"), replica_header)
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    if options.handle_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, run.interrupt, sig)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
-                pass
-    try:
-        return await run.execute()
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+    return await execute_with_signals(run, options.handle_signals)

@@ -179,10 +179,15 @@ async def observe_async(server_url: str, spec: WorkloadSpec | WorkloadPlan,
     options.validate()
     plan = spec if isinstance(spec, WorkloadPlan) else generate_workload(
         spec, seed=options.seed, num_requests=options.num_requests, horizon=options.horizon_us)
-    run = _Run(server_url.rstrip("/"), plan, options)
+    return await execute_with_signals(_Run(server_url.rstrip("/"), plan, options), options.handle_signals)
+
+
+async def execute_with_signals(run: Any, handle_signals: bool) -> ObserveResult:
+    """``run.execute()``, with SIGINT/SIGTERM calling ``run.interrupt(sig)`` meanwhile when asked (the run
+    then ends its window and returns what it collected, as a partial trace)."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
-    if options.handle_signals:
+    if handle_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, run.interrupt, sig)
@@ -190,7 +195,8 @@ async def observe_async(server_url: str, spec: WorkloadSpec | WorkloadPlan,
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
                 pass
     try:
-        return await run.execute()
+        result: ObserveResult = await run.execute()
+        return result
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
