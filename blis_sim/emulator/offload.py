@@ -291,18 +291,28 @@ class OffloadTiers:
         self._reuse = _ReuseTracker(spec.store_threshold) if spec.store_threshold >= 2 else None
 
     # -- CPU tier space ----------------------------------------------------------------------------
-    def _cpu_make_room(self, now: float, protect: frozenset[int] | set[int] = frozenset()) -> bool:
+    def _cpu_make_room(self, n: int, now: float, protect: frozenset[int] | set[int] = frozenset()) -> bool:
+        """Room in the CPU tier for ``n`` new chunks, all or nothing: the free slots, then as many idle
+        chunks (ready, not pinned, not protected) evicted as the policy picks (LRU: the least recent
+        first); if there are too few, nothing is evicted."""
         if self.cpu_capacity <= 0:
             return False
-        if len(self.cpu) < self.cpu_capacity:
+        need = n - (self.cpu_capacity - len(self.cpu))
+        if need <= 0:
             return True
         if self._arc is not None:
-            return self._arc_make_room(1, now, protect)
+            return self._arc_make_room(need, now, protect)
+        victims = []
         for key, entry in self.cpu.items():  # LRU first
             if entry.ready_at <= now and entry.pinned_until <= now and key not in protect:
-                del self.cpu[key]
-                return True
-        return False
+                victims.append(key)
+                if len(victims) == need:
+                    break
+        if len(victims) < need:
+            return False
+        for key in victims:
+            del self.cpu[key]
+        return True
 
     def _arc_make_room(self, n: int, now: float, protect: frozenset[int] | set[int]) -> bool:
         """Evict ``n`` chunks ARC's way, or none if fewer are evictable (ready, not pinned, not
@@ -348,28 +358,11 @@ class OffloadTiers:
         # All or nothing, as vLLM's CPUOffloadingManager.prepare_store: room for every new chunk of
         # the offer at once, never evicting a chunk of the offer; if the tier cannot make that room
         # (too few idle chunks), nothing of the offer is stored and one allocation failure counts.
-        if not self._lru_make_room(len(to_store) - (self.cpu_capacity - len(self.cpu)), now, set(keys)):
+        if not self._cpu_make_room(len(to_store), now, set(keys)):
             self.stats.offload_allocation_failures += 1
             return False
         for key in to_store:
             self._write(key, now)
-        return True
-
-    def _lru_make_room(self, n: int, now: float, protect: set[int]) -> bool:
-        """Evict the ``n`` least recent idle chunks (ready, not pinned, not protected), or none if
-        fewer are idle."""
-        if n <= 0:
-            return True
-        victims = []
-        for key, entry in self.cpu.items():
-            if entry.ready_at <= now and entry.pinned_until <= now and key not in protect:
-                victims.append(key)
-                if len(victims) == n:
-                    break
-        if len(victims) < n:
-            return False
-        for key in victims:
-            del self.cpu[key]
         return True
 
     def _arc_store(self, req: object, keys: Sequence[int], skipped: set[int], now: float) -> bool:
@@ -389,8 +382,7 @@ class OffloadTiers:
         access.reused.update(k for k in ready if k not in access.inserted)
         if not to_store:
             return True
-        need = len(to_store) - (self.cpu_capacity - len(cpu))
-        if need > 0 and not self._arc_make_room(need, now, set(keys)):
+        if not self._cpu_make_room(len(to_store), now, set(keys)):
             self.stats.offload_allocation_failures += 1
             return False
         for key in to_store:
@@ -494,7 +486,7 @@ class OffloadTiers:
         return LookupResult(tokens, tokens - disk_tokens, disk_tokens, tuple(keys))
 
     def _promote(self, key: int, tier: _SecondaryTier, now: float, protect: set[int]) -> bool:
-        if not self._cpu_make_room(now, protect):
+        if not self._cpu_make_room(1, now, protect):
             self.stats.promotion_allocation_failures += 1
             return False
         done, service = tier.read.submit(now, self.chunk_bytes)

@@ -592,7 +592,7 @@ cdef class CacheCore:
         keys = self._chunk_keys(r, nchunks)
         _accessed(r, r.stored, nchunks)
         if not self._store(keys + r.stored, nchunks - r.stored, now):
-            r.stored = nchunks  # a failed allocation offers the same chunks again next step (the pure computed)
+            r.stored = nchunks  # a failed allocation offers the same chunks again in the next offer (the pure computed)
         return 0
 
     @cython.final
