@@ -98,10 +98,9 @@ def test_the_blis_compatible_view_drops_the_capacity_block() -> None:
     assert report_with(c).capacity is not None and reference_view(report_with(c)).capacity is None
 
 
-@pytest.fixture(scope="module")
-def burst_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Any]]:
-    """30 requests sent at once to the real emulator (h100-14b: steps of >= 10 ms, so every request is
-    still waiting for its first token when the last is sent)."""
+def observed_burst(d: Path, *, rate: float, max_concurrency: int) -> tuple[Path, Path, list[Any]]:
+    """30 requests of 256 prompt and 8 output tokens, scheduled at ``rate`` req/s through ``max_concurrency``
+    client slots to the real emulator (h100-14b: steps of >= 10 ms); the trace written under ``d``."""
     from blis_sim.emulator import EmulatorConfig, start_emulator
     from blis_sim.formats.workload import WorkloadSpec
     from blis_sim.observe.run import ObserveOptions, observe, write_result
@@ -109,13 +108,19 @@ def burst_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, l
     client = {"id": "b", "rate_fraction": 1, "streaming": True, "arrival": {"process": "constant"},
               "input_distribution": {"type": "constant", "params": {"value": 256}},
               "output_distribution": {"type": "constant", "params": {"value": 8}}}
-    spec = WorkloadSpec.model_validate({"version": "2", "seed": 3, "aggregate_rate": 1e6, "num_requests": 30,
+    spec = WorkloadSpec.model_validate({"version": "2", "seed": 3, "aggregate_rate": rate, "num_requests": 30,
                                         "clients": [client]})
     with start_emulator(EmulatorConfig(profile="h100-14b", block_size=16, num_gpu_blocks=2048)) as emu:
-        result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=64, progress=False))
-    d = tmp_path_factory.mktemp("burst")
+        result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=max_concurrency,
+                                                       progress=False))
     write_result(result, d / "t.yaml", d / "t.csv")
     return d / "t.yaml", d / "t.csv", result.trace.records
+
+
+@pytest.fixture(scope="module")
+def burst_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[Any]]:
+    """30 requests sent at once (every request is still waiting for its first token when the last is sent)."""
+    return observed_burst(tmp_path_factory.mktemp("burst"), rate=1e6, max_concurrency=64)
 
 
 def _sim_file(path: Path, records: list[Any], slowdown: float) -> Path:
@@ -232,20 +237,10 @@ def test_a_real_client_held_back_by_its_slots_is_judged_saturated(tmp_path: Path
     import json
 
     from blis_sim.cli import main as blis_main
-    from blis_sim.emulator import EmulatorConfig, start_emulator
-    from blis_sim.formats.workload import WorkloadSpec
-    from blis_sim.observe.run import ObserveOptions, observe, write_result
 
-    client = {"id": "c", "rate_fraction": 1, "streaming": True, "arrival": {"process": "constant"},
-              "input_distribution": {"type": "constant", "params": {"value": 256}},
-              "output_distribution": {"type": "constant", "params": {"value": 8}}}
-    spec = WorkloadSpec.model_validate({"version": "2", "seed": 3, "aggregate_rate": 200, "num_requests": 30,
-                                        "clients": [client]})
-    with start_emulator(EmulatorConfig(profile="h100-14b", block_size=16, num_gpu_blocks=2048)) as emu:
-        result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=2, progress=False))
-    write_result(result, tmp_path / "t.yaml", tmp_path / "t.csv")
-    sim = _sim_file(tmp_path / "sim.json", result.trace.records, 1.0)
-    argv = ["calibrate", "--trace-header", str(tmp_path / "t.yaml"), "--trace-data", str(tmp_path / "t.csv"),
+    header, data, records = observed_burst(tmp_path, rate=200, max_concurrency=2)
+    sim = _sim_file(tmp_path / "sim.json", records, 1.0)
+    argv = ["calibrate", "--trace-header", str(header), "--trace-data", str(data),
             "--sim-results", str(sim), "--report", str(tmp_path / "r.json")]
     assert blis_main(argv) == 0
     report = json.loads((tmp_path / "r.json").read_text())
