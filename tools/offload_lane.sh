@@ -4,7 +4,8 @@
 # scenario file of the same name judged against it: every hit-rate definition and tier within 1 pp, every
 # request's cached tokens equal. Usage: bash tools/offload_lane.sh [ARTIFACTS_DIR] [CONFIG ...]
 # (configs: cpu tiered policy threshold full faults stale; default all). "faults" serves tiered.yaml with every
-# 3rd fs store failing (offload-faults.blis.yaml); "stale" observes twice on one fs root (below). One server at a time; each is stopped by its PID.
+# 3rd fs store failing (offload-faults.blis.yaml); "stale" observes twice on one fs root (below). One server at a
+# time; each is stopped by its PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-blis-artifacts/offload-lane}

@@ -167,7 +167,7 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
     notes += tier_notes
     faults = window_faults(trace.header)
     notes += [f"{f.count} {f.kind.replace('_', ' ')}s{' on tier ' + f.tier if f.tier else ''} over the window "
-              "(the simulator models them from the offload configuration)" for f in faults if f.count and f.modelled]
+              "(the simulator models them from the offload configuration)" for f in faults if f.modelled]
 
     replicas, agreement, cluster_notes = calibrate_replicas(trace, sim_results, sim_metrics, options=options,
                                                             warmup=warmup, rtt_us=rtt_us)
@@ -225,7 +225,7 @@ def tier_service(header: TraceHeader, sim_metrics: MetricsOutput | None, options
 
 def window_faults(header: TraceHeader) -> list[WindowFault]:
     """The header's faults that happened (a zero count is left out), marked modelled or not."""
-    extra = getattr(header, "pytest_blis", None)
+    extra = header.pytest_blis
     return [WindowFault(kind=f.kind, tier=f.tier, count=f.count, modelled=f.kind in MODELLED_FAULT_KINDS)
             for f in (extra.faults if extra is not None else ()) if f.count]
 
