@@ -2,7 +2,8 @@
 
 API::
 
-    capacity_comparison(matched_records, tolerance=0.05) -> CapacityComparison | None
+    capacity_comparison(real, sim, rows, sim_rows, tolerance=0.05) -> CapacityComparison | None
+        real: the trace's TraceColumns, sim: a SimTable; rows / sim_rows: the matched pairs (pairing)
     window_throughput(sends_us, completions_us, output_tokens) -> Throughput
     backlog(sends_us, first_tokens_us) -> int       requests still waiting for a first token at the last send
     is_saturated(n, backlog) -> bool
@@ -45,9 +46,12 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+import numpy as np
+
+from blis_sim.calibrate.table import SimTable
 from blis_sim.formats.report import CapacityComparison
+from blis_sim.formats.trace_columns import TraceColumns
 
 DEFAULT_CAPACITY_TOLERANCE = 0.05
 SATURATION_BACKLOG = 0.10  # of the window's requests, still waiting for a first token at the last send
@@ -76,18 +80,19 @@ class Throughput:
         return self.output_tokens / self.seconds if self.seconds > 0 else math.nan
 
 
-def window_throughput(sends_us: Sequence[float], completions_us: Sequence[float],
-                      output_tokens: Sequence[int]) -> Throughput:
+def window_throughput(sends_us: Sequence[float] | np.ndarray, completions_us: Sequence[float] | np.ndarray,
+                      output_tokens: Sequence[int] | np.ndarray) -> Throughput:
     """Requests and output tokens over ``last completion - first send``."""
-    if not sends_us:
+    if not len(sends_us):
         return Throughput(0, 0, 0.0)
-    return Throughput(len(sends_us), int(sum(output_tokens)), (max(completions_us) - min(sends_us)) / 1e6)
+    return Throughput(len(sends_us), int(np.sum(output_tokens, dtype=np.int64)),
+                      (float(np.max(completions_us)) - float(np.min(sends_us))) / 1e6)
 
 
-def backlog(sends_us: Sequence[float], first_tokens_us: Sequence[float]) -> int:
+def backlog(sends_us: Sequence[float] | np.ndarray, first_tokens_us: Sequence[float] | np.ndarray) -> int:
     """Requests sent but still waiting for their first token when the last one was sent."""
-    last = max(sends_us, default=0.0)
-    return sum(1 for first in first_tokens_us if first > last)
+    last = float(np.max(sends_us)) if len(sends_us) else 0.0
+    return int((np.asarray(first_tokens_us, dtype=np.float64) > last).sum())
 
 
 def is_saturated(requests: int, waiting: int) -> bool:
@@ -95,42 +100,53 @@ def is_saturated(requests: int, waiting: int) -> bool:
     return requests >= MIN_REQUESTS and waiting >= max(MIN_BACKLOG, SATURATION_BACKLOG * requests)
 
 
-def send_lag_us(scheduled_us: Sequence[float], sends_us: Sequence[float]) -> float:
+def send_lag_us(scheduled_us: Sequence[float] | np.ndarray, sends_us: Sequence[float] | np.ndarray) -> float:
     """How late the last ``LAG_TAIL`` of the sends left (their median), relative to the least late
     send: the schedule and the sends are on different clocks (offset from the run's start, epoch µs),
     which the least late send's lateness cancels."""
-    order = sorted(range(len(sends_us)), key=lambda i: sends_us[i])
-    late = [sends_us[i] - scheduled_us[i] for i in order]
-    if not late:
+    sends = np.asarray(sends_us, dtype=np.float64)
+    if not sends.size:
         return 0.0
-    floor = min(late)
-    tail = late[-max(1, math.ceil(LAG_TAIL * len(late))):]
-    return statistics.median(tail) - floor
+    order = np.argsort(sends, kind="stable")
+    late = sends[order] - np.asarray(scheduled_us, dtype=np.float64)[order]
+    floor = float(late.min())
+    tail = late[-max(1, math.ceil(LAG_TAIL * late.size)):]
+    return statistics.median(tail.tolist()) - floor
 
 
-def sends_lag(scheduled_us: Sequence[float], sends_us: Sequence[float]) -> bool:
-    span = max(scheduled_us, default=0.0) - min(scheduled_us, default=0.0)
-    return send_lag_us(scheduled_us, sends_us) >= max(MIN_LAG_US, LAG_SHARE * span)
+def sends_lag(scheduled_us: Sequence[float] | np.ndarray, sends_us: Sequence[float] | np.ndarray) -> bool:
+    scheduled = np.asarray(scheduled_us, dtype=np.float64)
+    span = float(scheduled.max()) - float(scheduled.min()) if scheduled.size else 0.0
+    return send_lag_us(scheduled, sends_us) >= max(MIN_LAG_US, LAG_SHARE * span)
 
 
-def waiting_share(ttft_us: Sequence[float], prompt_tokens: Sequence[int]) -> float:
+def _prompt_class(prompt_tokens: np.ndarray) -> np.ndarray:
+    """``max(p, 1).bit_length()`` of every prompt length."""
+    p = np.maximum(prompt_tokens.astype(np.int64), 1).astype(np.float64)  # exact below 2**53
+    return np.frexp(p)[1].astype(np.int64)  # p = m · 2**e with m in [0.5, 1): e is its bit length
+
+
+def waiting_share(ttft_us: Sequence[float] | np.ndarray, prompt_tokens: Sequence[int] | np.ndarray) -> float:
     """The median over requests of (TTFT − its prompt class's floor) / TTFT (0 for no request)."""
-    ok = [(t, p) for t, p in zip(ttft_us, prompt_tokens) if t > 0]
-    if not ok:
+    t_all = np.asarray(ttft_us, dtype=np.float64)
+    keep = t_all > 0
+    if not keep.any():
         return 0.0
-    every = sorted(t for t, _ in ok)
-    classes: dict[int, list[float]] = {}
-    for t, p in ok:
-        classes.setdefault(max(int(p), 1).bit_length(), []).append(t)
-    floors = {k: _percentile(sorted(v) if len(v) >= MIN_CLASS else every, FLOOR_PERCENTILE)
-              for k, v in classes.items()}
-    shares = [max(0.0, 1.0 - floors[max(int(p), 1).bit_length()] / t) for t, p in ok]
-    return float(statistics.median(shares))
+    t = t_all[keep]
+    cls = _prompt_class(np.asarray(prompt_tokens)[keep])
+    every = np.sort(t)
+    floor_of = np.empty_like(t)
+    for k in dict.fromkeys(cls.tolist()):
+        mine = cls == k
+        v = t[mine]
+        floor_of[mine] = _percentile(np.sort(v) if v.size >= MIN_CLASS else every, FLOOR_PERCENTILE)
+    shares = np.maximum(0.0, 1.0 - floor_of / t)
+    return float(statistics.median(shares.tolist()))
 
 
-def _percentile(ordered: list[float], q: float) -> float:
+def _percentile(ordered: np.ndarray, q: float) -> float:
     k = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
-    return ordered[k]
+    return float(ordered[k])
 
 
 def saturation_signs(requests: int, waiting: int, lag: bool, share: float) -> list[str]:
@@ -149,42 +165,44 @@ def _rate(count: int, span_s: float) -> float:
     return count / span_s if span_s > 0 else math.inf
 
 
-def _prompt(rec: Any) -> int:
-    """The prompt tokens the server counted, else the ones asked for (0: one class for all)."""
-    return int(getattr(rec, "server_input_tokens", 0) or getattr(rec, "input_tokens", 0) or 0)
-
-
-def _send_us(rec: Any) -> float:
-    return float(rec.send_time_us or rec.arrival_time_us)
-
-
-def capacity_comparison(matched_records: Sequence[tuple[Any, Any]],
+def capacity_comparison(real: TraceColumns, sim: SimTable, rows: np.ndarray, sim_rows: np.ndarray,
                         tolerance: float = DEFAULT_CAPACITY_TOLERANCE) -> CapacityComparison | None:
-    """Observed against predicted throughput over the matched ``ok`` requests; None when fewer than two."""
-    pairs = [(rec, sr) for rec, sr in matched_records
-             if rec.status == "ok" and rec.last_chunk_time_us > 0 and _send_us(rec) > 0]
-    if len(pairs) < 2:
+    """Observed against predicted throughput over the matched ``ok`` requests (trace rows ``rows``,
+    paired with sim rows ``sim_rows``); None when fewer than two."""
+    send_all = real.array("send_time_us")[rows]
+    send_all = np.where(send_all != 0, send_all, real.array("arrival_time_us")[rows])
+    last_all = real.array("last_chunk_time_us")[rows]
+    status = real.strings("status")
+    ok_code = status.names.index("ok") if "ok" in status.names else -1
+    keep = (status.codes[rows] == ok_code) & (last_all > 0) & (send_all > 0)
+    if int(keep.sum()) < 2:
         return None
-    sends = [_send_us(rec) for rec, _ in pairs]
-    real_done = [float(rec.last_chunk_time_us) for rec, _ in pairs]
-    sim_done = [s + float(sr.e2e_us) for s, (_, sr) in zip(sends, pairs)]
-    real = window_throughput(sends, real_done, [rec.output_tokens for rec, _ in pairs])
-    sim = window_throughput(sends, sim_done, [sr.output_tokens for _, sr in pairs])
-    first = [float(rec.first_content_time_us or rec.first_chunk_time_us or rec.last_chunk_time_us)
-             for rec, _ in pairs]
+    at, srows = rows[keep], sim_rows[keep]
+    sends = send_all[keep].astype(np.float64)
+    real_done = last_all[keep].astype(np.float64)
+    sim_done = sends + sim.e2e_us[srows]
+    real_tp = window_throughput(sends, real_done, real.array("output_tokens")[at])
+    sim_tp = window_throughput(sends, sim_done, sim.output_tokens[srows])
+    first = real.array("first_content_time_us")[at]
+    first = np.where(first != 0, first, real.array("first_chunk_time_us")[at])
+    first = np.where(first != 0, first, last_all[keep]).astype(np.float64)
     waiting = backlog(sends, first)
-    scheduled = [float(rec.arrival_time_us) for rec, _ in pairs]
+    scheduled = real.array("arrival_time_us")[at].astype(np.float64)
     late = send_lag_us(scheduled, sends)
-    share = waiting_share([f - s for f, s in zip(first, sends)], [_prompt(rec) for rec, _ in pairs])
-    signs = saturation_signs(len(pairs), waiting, sends_lag(scheduled, sends), share)
+    prompt = real.array("server_input_tokens")[at]
+    prompt = np.where(prompt != 0, prompt, real.array("input_tokens")[at])
+    share = waiting_share(first - sends, prompt)
+    n = int(sends.size)
+    signs = saturation_signs(n, waiting, sends_lag(scheduled, sends), share)
     saturated = bool(signs)
-    arrival = _rate(len(sends) - 1, (max(sends) - min(sends)) / 1e6)
-    rps_error = abs(sim.rps - real.rps) / real.rps if real.rps > 0 else math.inf
-    tps_error = abs(sim.output_tps - real.output_tps) / real.output_tps if real.output_tps > 0 else math.inf
+    arrival = _rate(n - 1, (float(sends.max()) - float(sends.min())) / 1e6)
+    rps_error = abs(sim_tp.rps - real_tp.rps) / real_tp.rps if real_tp.rps > 0 else math.inf
+    tps_error = (abs(sim_tp.output_tps - real_tp.output_tps) / real_tp.output_tps if real_tp.output_tps > 0
+                 else math.inf)
     within = (rps_error <= tolerance and tps_error <= tolerance) if saturated else None
     return CapacityComparison(
-        requests=real.requests, window_s=real.seconds, arrival_rps=arrival if math.isfinite(arrival) else None,
-        served_rps=real.rps, backlog=waiting, send_lag_s=late / 1e6, waiting_share=share,
-        saturation=signs, saturated=saturated, real_rps=real.rps, sim_rps=sim.rps, rps_error=rps_error,
-        real_output_tps=real.output_tps, sim_output_tps=sim.output_tps, output_tps_error=tps_error,
+        requests=real_tp.requests, window_s=real_tp.seconds, arrival_rps=arrival if math.isfinite(arrival) else None,
+        served_rps=real_tp.rps, backlog=waiting, send_lag_s=late / 1e6, waiting_share=share,
+        saturation=signs, saturated=saturated, real_rps=real_tp.rps, sim_rps=sim_tp.rps, rps_error=rps_error,
+        real_output_tps=real_tp.output_tps, sim_output_tps=sim_tp.output_tps, output_tps_error=tps_error,
         tolerance=tolerance, within=within)

@@ -101,15 +101,16 @@ def options_from_args(args: argparse.Namespace) -> CalibrateOptions:
 
 def run(args: argparse.Namespace) -> int:
     # Readers are imported here so `blis --help` does not pay for them.
-    from blis_sim.formats.results import load_metrics_output, load_sim_results
-    from blis_sim.formats.trace import load_trace, read_itl
+    from blis_sim.formats.itl import read_itl
+    from blis_sim.formats.results import load_metrics_output, read_sim_columns
+    from blis_sim.formats.trace_columns import load_trace_columns
 
     options = options_from_args(args)
     inputs = InputPaths(trace_header=args.trace_header, trace_data=args.trace_data, sim_results=args.sim_results,
                         sim_metrics=args.sim_metrics or None, itl_data=args.itl_data or None)
-    trace = load_trace(args.trace_header, args.trace_data)
-    sim_results = load_sim_results(args.sim_results)
-    if not sim_results:
+    trace = load_trace_columns(args.trace_header, args.trace_data)
+    sim_results = read_sim_columns(args.sim_results)
+    if not sim_results.n:
         raise InputError("No sim results found — cannot calibrate with empty data", file=args.sim_results)
     # the aggregates only: calibrate pairs requests from the SimResult file
     sim_metrics = load_metrics_output(args.sim_metrics, requests=False) if args.sim_metrics else None

@@ -2,8 +2,9 @@
 
 API::
 
-    replicas, agreement, notes = calibrate_replicas(trace, sim_results, sim_metrics, options=..., warmup=0,
+    replicas, agreement, notes = calibrate_replicas(header, real, sim, sim_metrics, options=..., warmup=0,
                                                     rtt_us=0)
+    # real: the trace's TraceColumns; sim: a SimTable (blis_sim.calibrate.table)
 
 For each replica of the trace header's ``pytest_blis.cluster`` block: the requests it served (the
 data's ``replica`` column) paired with their simulated results, TTFT/E2E compared as for one server,
@@ -15,12 +16,14 @@ replica rows are reported but not judged, and the cluster's own verdicts stand.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from blis_sim.calibrate.hitrate import HitRateEntry, compare_definitions
-from blis_sim.calibrate.pairing import prepare_pairs
+from blis_sim.calibrate.pairing import SimIndex, prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
+from blis_sim.calibrate.table import SimTable
 from blis_sim.formats.report import (
     HitRateDefinitionComparison,
     MetricComparison,
@@ -29,25 +32,36 @@ from blis_sim.formats.report import (
     ToleranceVerdict,
     UnpairedHitRate,
 )
+from blis_sim.formats.trace_columns import TraceColumns
 
 
-def calibrate_replicas(trace: Any, sim_results: Sequence[Any], sim_metrics: Any | None, *, options: Any,
+def calibrate_replicas(header: Any, real: TraceColumns, sim: SimTable, sim_metrics: Any | None, *, options: Any,
                        warmup: int, rtt_us: int) -> tuple[list[ReplicaCalibration], RoutingAgreement | None,
                                                           list[str]]:
     """See the module docstring; ``([], None, [])`` for a trace of one server."""
-    ext = getattr(trace.header, "pytest_blis", None)
+    ext = getattr(header, "pytest_blis", None)
     cluster = getattr(ext, "cluster", None)
     if cluster is None:
         return [], None, []
     notes: list[str] = []
     instances = list(getattr(sim_metrics, "instances", None) or ())
-    by_id = {sr.request_id: sr for sr in sim_results}
-    paired = [(rec, by_id[rec.request_id]) for rec in trace.records if rec.request_id in by_id]
-    named = [(rec, sr) for rec, sr in paired if getattr(sr, "instance_id", "")]
+    rid = real.array("request_id")
+    replica = real.array("replica")
+    found, srow = SimIndex.of(sim.request_id).lookup(rid)
+    paired = np.flatnonzero(found)
+    names = sim.instance_id.names
+    named_code = np.asarray([bool(n) for n in names], dtype=bool)
+    inst = sim.instance_id.codes[srow[paired]]
+    named = named_code[inst]
     agreement = None
-    if named:
-        agreed = sum(1 for rec, sr in named if sr.instance_id == f"instance_{rec.replica}")
-        agreement = RoutingAgreement(requests=len(named), agreed=agreed, share=agreed / len(named))
+    if named.any():
+        wanted = {f"instance_{r}" for r in np.unique(replica[paired][named]).tolist()}
+        code_of = {n: k for k, n in enumerate(names) if n in wanted}
+        expected = np.asarray([code_of.get(f"instance_{r}", -1) for r in replica[paired][named].tolist()],
+                              dtype=np.int64)
+        agreed = int((inst[named] == expected).sum())
+        requests = int(named.sum())
+        agreement = RoutingAgreement(requests=requests, agreed=agreed, share=agreed / requests)
     else:
         notes.append("the simulated results name no instance (a single-server replay of a cluster trace): "
                      "no routing agreement, and each replica's requests are compared with their simulated "
@@ -64,17 +78,17 @@ def calibrate_replicas(trace: Any, sim_results: Sequence[Any], sim_metrics: Any 
     out: list[ReplicaCalibration] = []
     for k in range(cluster.num_instances):
         rep = cluster.replicas[k] if k < len(cluster.replicas) else None
-        mine = [rec for rec in trace.records if rec.replica == k]
-        ids = {rec.request_id for rec in mine}
+        mine = np.flatnonzero(replica == k)
         metrics: dict[str, MetricComparison] = {}
         tolerance = None
         matched = 0
-        if mine:
-            pairs = prepare_pairs(mine, [sr for sr in sim_results if sr.request_id in ids],
+        if mine.size:
+            theirs = np.flatnonzero(np.isin(sim.request_id, rid[mine]))
+            pairs = prepare_pairs(real.take(mine), sim.take(theirs),
                                   warmup_requests=warmup, honour_warmup_column=options.warmup_requests != 0,
                                   network_rtt_us=rtt_us, bandwidth_mbps=options.network_bandwidth_mbps)
             matched = pairs.matched
-            if pairs.ttft.real:
+            if pairs.ttft.real.size:
                 metrics = {"ttft": compute_calibration(pairs.ttft.real, pairs.ttft.sim, "ttft"),
                            "e2e": compute_calibration(pairs.e2e.real, pairs.e2e.sim, "e2e")}
                 mape = metrics["ttft"].request_level.mape

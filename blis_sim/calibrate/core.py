@@ -7,8 +7,11 @@ API::
     report = calibrate(trace, sim_results, sim_metrics, options=options, itl_records=None, inputs=None)
     outcome = calibrate_detailed(...)  # CalibrationOutcome(report, pairs, warnings): what the CLI logs
 
-``trace`` is anything with ``.header`` and ``.records`` (``blis_sim.formats.trace.Trace``); ``sim_results`` a
-sequence of SimResult-like objects; ``sim_metrics`` a MetricsOutput-like object or None. Options left None
+``trace`` has a ``.header`` and its rows as columns (a ``ColumnarTrace``: ``.data``; a ``Trace`` of
+records is taken as its records' columns); ``sim_results`` the replay's SimResult columns
+(``Columns`` / ``ColumnChunks``: ``read_sim_columns``, or a replay's ``result_columns()``);
+``sim_metrics`` a MetricsOutput-like object or None. Every per-request step runs on the columns
+(blis_sim.calibrate.table), in the CLI, the plugin and the sweep alike. Options left None
 default to the trace header, as the reference's ``-1`` flag values do. Raises :class:`InputError` (exit 2)
 for unusable inputs or options; never raises for a failed verdict: read ``report.passed`` /
 ``report.verdicts()`` (or use ``blis_sim.calibrate.verdict.raise_if_failed``).
@@ -19,6 +22,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from blis_sim import __version__
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE, capacity_comparison
@@ -32,8 +37,9 @@ from blis_sim.calibrate.hitrate import (
     request_hit_agreement,
     simulated_primary,
 )
-from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, prepare_pairs
+from blis_sim.calibrate.pairing import CalibrationPairs, ItlRecord, SimIndex, prepare_pairs
 from blis_sim.calibrate.stats import compute_calibration
+from blis_sim.calibrate.table import SimTable, real_table
 from blis_sim.calibrate.tier_service import DEFAULT_TIER_SERVICE_TOLERANCE, compare_tier_service, derive_tier_service
 from blis_sim.calibrate.verdict import summarize_verdict
 from blis_sim.errors import InputError, UsageError
@@ -56,7 +62,9 @@ from blis_sim.formats.report import (
 from blis_sim.formats.trace_header import MODELLED_FAULT_KINDS
 
 if TYPE_CHECKING:
-    from blis_sim.formats import KVHitRate, MetricsOutput, SimResult, Trace, TraceHeader, TraceRecord
+    from blis_sim.formats import KVHitRate, MetricsOutput, Trace, TraceHeader
+    from blis_sim.formats.results import ColumnChunks, Columns
+    from blis_sim.formats.trace_columns import ColumnarTrace, TraceColumns
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
 DEFAULT_TTFT_MAPE_THRESHOLD = 0.15
@@ -116,7 +124,7 @@ class CalibrationOutcome:
     warnings: list[str] = field(default_factory=list)  # the reference's warning log lines
 
 
-def calibrate(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: MetricsOutput | None = None, *,
+def calibrate(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks, sim_metrics: MetricsOutput | None = None, *,
               options: CalibrateOptions = CalibrateOptions(), itl_records: Iterable[ItlRecord] | None = None,
               inputs: InputPaths | None = None) -> CalibrationReport:
     """The calibration report; see the module docstring."""
@@ -124,7 +132,7 @@ def calibrate(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: Metri
                               inputs=inputs).report
 
 
-def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metrics: MetricsOutput | None = None,
+def calibrate_detailed(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks, sim_metrics: MetricsOutput | None = None,
                        *,
                        options: CalibrateOptions = CalibrateOptions(),
                        itl_records: Iterable[ItlRecord] | None = None,
@@ -132,11 +140,12 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
     """:func:`calibrate` plus the pairs and warnings the CLI logs."""
     options.validate()
     inputs = inputs or InputPaths()
-    if not sim_results:
+    if not sim_results.n:
         raise InputError("No sim results found — cannot calibrate with empty data", file=inputs.sim_results)
     warmup, rtt_us = _header_defaults(trace.header, options)
     itl = list(itl_records) if itl_records is not None else None
-    pairs = prepare_pairs(trace.records, sim_results, warmup_requests=warmup,
+    real, sim = real_table(trace), SimTable.of(sim_results)
+    pairs = prepare_pairs(real, sim, warmup_requests=warmup,
                           honour_warmup_column=options.warmup_requests != 0, network_rtt_us=rtt_us,
                           bandwidth_mbps=options.network_bandwidth_mbps, itl_records=itl or None)
     _check_pairs(pairs, inputs)
@@ -150,17 +159,17 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
         "ttft": compute_calibration(pairs.ttft.real, pairs.ttft.sim, "ttft"),
         "e2e": compute_calibration(pairs.e2e.real, pairs.e2e.sim, "e2e"),
     }
-    if pairs.itl.real:
+    if pairs.itl.real.size:
         metrics["itl"] = compute_calibration(pairs.itl.real, pairs.itl.sim, "itl")
     ttft = metrics["ttft"].request_level
     ttft_tolerance = ToleranceVerdict(mape=ttft.mape, threshold=options.ttft_mape_threshold,
                                       within=ttft.mape <= options.ttft_mape_threshold)
 
-    goodput = _goodput(trace, sim_results, pairs, options, itl)
+    goodput = _goodput(trace.header, real, sim, pairs, options, itl)
     if goodput is not None and goodput.skipped_itl:
         warnings.append("calibrate goodput: ITL gating skipped — ITL data missing on real or sim side; TTFT/E2E "
                         "rows still computed.")
-    hit = _hit_rates(trace, sim_metrics, options, inputs)
+    hit = _hit_rates(trace.header, real, sim_metrics, options, inputs)
     warnings += hit.warnings
     notes += hit.notes
     tier_rows, tier_fits, tier_notes = tier_service(trace.header, sim_metrics, options)
@@ -169,7 +178,7 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
     notes += [f"{f.count} {f.kind.replace('_', ' ')}s{' on tier ' + f.tier if f.tier else ''} over the window "
               "(the simulator models them from the offload configuration)" for f in faults if f.modelled]
 
-    replicas, agreement, cluster_notes = calibrate_replicas(trace, sim_results, sim_metrics, options=options,
+    replicas, agreement, cluster_notes = calibrate_replicas(trace.header, real, sim, sim_metrics, options=options,
                                                             warmup=warmup, rtt_us=rtt_us)
     notes += cluster_notes
 
@@ -181,8 +190,9 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
         metrics=metrics, config_match=ConfigMatch(), goodput=goodput, hit_rate=hit.primary,
         ttft_tolerance=ttft_tolerance, kv_hit_rates=hit.definitions or None,
         kv_hit_rates_unpaired=hit.unpaired or None,
-        capacity=_capacity(pairs, metrics, options),
-        request_hit_agreement=request_hit_agreement(pairs.matched_records),
+        capacity=_capacity(real, sim, pairs, metrics, options),
+        request_hit_agreement=request_hit_agreement(real.array("cached_tokens")[pairs.matched_rows],
+                                                    sim.cached_tokens[pairs.matched_sim]),
         tier_service=tier_rows or None, tier_service_fits=tier_fits or None, window_faults=faults or None,
         replicas=replicas or None, routing_agreement=agreement, notes=notes or None,
         provenance=Provenance(tool_version=__version__, trace_header=inputs.trace_header,
@@ -196,11 +206,11 @@ def calibrate_detailed(trace: Trace, sim_results: Sequence[SimResult], sim_metri
     return CalibrationOutcome(report=report, pairs=pairs, warnings=warnings)
 
 
-def _capacity(pairs: CalibrationPairs, metrics: dict[str, MetricComparison],
+def _capacity(real: TraceColumns, sim: SimTable, pairs: CalibrationPairs, metrics: dict[str, MetricComparison],
               options: CalibrateOptions) -> CapacityComparison | None:
     """The throughput comparison; at saturation with the E2E MAPE it judges (design D9: TTFT is
     then queueing, reported but not judged), against the TTFT threshold."""
-    c = capacity_comparison(pairs.matched_records, options.capacity_tolerance)
+    c = capacity_comparison(real, sim, pairs.matched_rows, pairs.matched_sim, options.capacity_tolerance)
     if c is None or not c.saturated or "e2e" not in metrics:
         return c
     return c.model_copy(update={"e2e_mape": metrics["e2e"].request_level.mape,
@@ -248,7 +258,7 @@ def _check_pairs(pairs: CalibrationPairs, inputs: InputPaths) -> None:
     if pairs.matched == 0:
         raise InputError("No matching request IDs found between trace and sim results — check that both files "
                          "use the same request ID numbering" + (f" ({where})" if where else ""))
-    if not pairs.ttft.real:
+    if not pairs.ttft.real.size:
         raise InputError("No valid latency pairs after filtering — all matched requests may have corrupt timing "
                          "data (negative latencies)" + (f" ({inputs.trace_data})" if inputs.trace_data else ""))
 
@@ -262,10 +272,9 @@ class _HitRates:
     notes: list[str] = field(default_factory=list)
 
 
-def _hit_rates(trace: Trace, sim_metrics: MetricsOutput | None, options: CalibrateOptions,
-               inputs: InputPaths) -> _HitRates:
+def _hit_rates(header: TraceHeader, real: TraceColumns, sim_metrics: MetricsOutput | None,
+               options: CalibrateOptions, inputs: InputPaths) -> _HitRates:
     """The guide's primary block, every like-for-like definition, and the caveats that go with them."""
-    header = trace.header
     out = _HitRates()
     out.primary, out.warnings, out.notes = _primary_hit_rate(header, sim_metrics, options, inputs)
     observed = [HitRateEntry.of(e) for e in _observed_entries(header)]
@@ -279,20 +288,20 @@ def _hit_rates(trace: Trace, sim_metrics: MetricsOutput | None, options: Calibra
         out.notes.append("the trace header carries per-definition observed hit-rates but the simulated metrics "
                          "carry no kv_hit_rates; only the primary hit_rate block was compared")
     if out.primary is not None or out.definitions:
-        out.notes += _window_notes(header, trace.records)
+        out.notes += _window_notes(header, real)
     return out
 
 
-def _goodput(trace: Trace, sim_results: Sequence[SimResult], pairs: CalibrationPairs, options: CalibrateOptions,
-             itl: list[Any] | None) -> GoodputComparison | None:
+def _goodput(header: TraceHeader, real: TraceColumns, sim: SimTable, pairs: CalibrationPairs,
+             options: CalibrateOptions, itl: list[Any] | None) -> GoodputComparison | None:
     targets = merge_targets(options.slo_ttft_ms, options.slo_itl_ms, options.slo_e2e_ms,
-                            getattr(trace.header, "goodput_slo_targets", None))
+                            getattr(header, "goodput_slo_targets", None))
     if not targets:
         return None
-    matched = {rec.request_id for rec, _sr in pairs.matched_records}
-    sim_by_id = {sr.request_id: sr for sr in sim_results}
-    return goodput_comparison(trace.records, sim_by_id, matched, itl, targets,
-                              runtime_seconds(trace.records, matched))
+    rid = real.array("request_id")
+    rows = np.flatnonzero(np.isin(rid, rid[pairs.matched_rows]))  # every row of a matched id
+    _found, sim_rows = SimIndex.of(sim.request_id).lookup(rid[rows])
+    return goodput_comparison(real, sim, rows, sim_rows, itl, targets, runtime_seconds(real, rows))
 
 
 def _observed_entries(header: TraceHeader) -> list[KVHitRate]:
@@ -300,7 +309,7 @@ def _observed_entries(header: TraceHeader) -> list[KVHitRate]:
     return list(getattr(ours, "kv_hit_rates", None) or ())
 
 
-def _window_notes(header: TraceHeader, records: Sequence[TraceRecord]) -> list[str]:
+def _window_notes(header: TraceHeader, real: TraceColumns) -> list[str]:
     """The guide's caveat: warm-up traffic and the counter window (phases say which side of it they ran)."""
     phases = list(getattr(getattr(header, "pytest_blis", None), "phases", None) or ())
     warm = [p for p in phases if getattr(p, "warmup", False)]
@@ -317,7 +326,7 @@ def _window_notes(header: TraceHeader, records: Sequence[TraceRecord]) -> list[s
                          "before the observed counter window: the simulated hit-rates are like-for-like only if "
                          "the replay counts over the same window")
         return notes
-    marked = sum(1 for r in records if getattr(r, "warmup", False))
+    marked = int(real.array("warmup").sum())
     if marked:
         return [f"the trace marks {marked} warm-up request(s) and records no phases: they are assumed to be inside "
                 "the observed counter window, and a replay of the whole trace counts them too"]

@@ -5,7 +5,9 @@ API::
     parse_go_duration_ms("1m30.5s") -> 90500.0        Go time.ParseDuration, in ms; None if unparseable
     parse_slo_flag("critical=100ms,standard=500ms", "--slo-ttft") -> {"critical": 100.0, ...}   UsageError if bad
     merge_targets(cli_ttft, cli_itl, cli_e2e, header_targets) -> {class: SLODimTargets} | None
-    goodput_comparison(records, sim_by_id, matched_ids, itl_records, targets, runtime_s) -> GoodputComparison | None
+    goodput_comparison(real, sim, rows, sim_rows, itl_records, targets, runtime_s) -> GoodputComparison | None
+        real: TraceColumns; sim: SimTable; rows: the trace rows counted, sim_rows: each one's result (-1: none)
+    runtime_seconds(real, rows) -> float
 
 Semantics, as the reference: precedence CLI > trace header per dimension; a record without an slo_class is
 class "default"; only ``ok``/``error``/``timeout`` records of the matched set count; only ``ok`` records can be
@@ -17,12 +19,15 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
+
+from blis_sim.calibrate.table import SimTable
 from blis_sim.errors import UsageError
 from blis_sim.formats.report import GoodputClassComparison, GoodputComparison, SLODimTargets
+from blis_sim.formats.trace_columns import TraceColumns
 
 _NS_PER_UNIT = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
                 "m": 60_000_000_000, "h": 3_600_000_000_000}
@@ -89,26 +94,6 @@ def merge_targets(cli_ttft: Mapping[str, float] | None, cli_itl: Mapping[str, fl
     return out or None
 
 
-@dataclass
-class _Acc:
-    count: int = 0
-    real_good: int = 0
-    sim_good: int = 0
-    met: dict[str, int] | None = None
-    n: dict[str, int] | None = None
-
-    def __post_init__(self) -> None:
-        self.met = {k: 0 for k in ("real_ttft", "real_itl", "real_e2e", "sim_ttft", "sim_itl", "sim_e2e")}
-        self.n = dict(self.met)
-
-    def gate(self, key: str, value_ms: float, limit_ms: float) -> bool:
-        assert self.met is not None and self.n is not None
-        self.n[key] += 1
-        ok = value_ms <= limit_ms
-        self.met[key] += int(ok)
-        return ok
-
-
 def _itl_mean_ms(chunks: list[Any] | None) -> float | None:
     if not chunks or len(chunks) < 2:
         return None
@@ -118,67 +103,87 @@ def _itl_mean_ms(chunks: list[Any] | None) -> float | None:
     return sum(positive) / len(positive) / 1000.0 if positive else None
 
 
-def goodput_comparison(records: Iterable[Any], sim_by_id: Mapping[int, Any], matched_ids: set[int],
+class _Gates:
+    """One side's gating of a class's requests, dimension after dimension (TTFT, E2E, ITL): a
+    dimension counts only the requests every earlier gate passed, as the reference's ``&&`` chain."""
+
+    def __init__(self, good: np.ndarray) -> None:
+        self.good = good
+        self.met: dict[str, int] = {}
+        self.n: dict[str, int] = {}
+
+    def gate(self, dim: str, value_ms: np.ndarray, limit_ms: float, present: np.ndarray | None = None) -> None:
+        if limit_ms <= 0:
+            return
+        asked = self.good if present is None else self.good & present
+        ok = asked & (value_ms <= limit_ms)
+        self.n[dim], self.met[dim] = int(asked.sum()), int(ok.sum())
+        self.good = ok
+
+
+def goodput_comparison(real: TraceColumns, sim: SimTable, rows: np.ndarray, sim_rows: np.ndarray,
                        itl_records: Iterable[Any] | None, targets: Mapping[str, SLODimTargets] | None,
                        runtime_s: float) -> GoodputComparison | None:
-    """The reference's ``ComputeGoodputComparison``; None when no targets are configured."""
+    """The reference's ``ComputeGoodputComparison``; None when no targets are configured. ``rows``:
+    the trace rows of the matched ids; ``sim_rows``: each one's sim row."""
     if not targets:
         return None
     itl_by_request: dict[int, list[Any]] = {}
     for c in itl_records or ():
         itl_by_request.setdefault(c.request_id, []).append(c)
-    accs = {cls: _Acc() for cls in targets}
+    status = real.strings("status")
+    counted = {status.names.index(s) for s in ("ok", "error", "timeout") if s in status.names}
+    code = status.codes[rows]
+    rows, sim_rows, code = (a[np.isin(code, list(counted))] for a in (rows, sim_rows, code))
+    ok_code = status.names.index("ok") if "ok" in status.names else -1
+    slo = real.strings("slo_class")
+    cls_of = [n or "default" for n in slo.names]
     itl_missing = False
-    for rec in records:
-        if rec.status not in ("ok", "error", "timeout") or rec.request_id not in matched_ids:
-            continue
-        cls = rec.slo_class or "default"
-        if cls not in targets:
-            continue
-        a, t = accs[cls], targets[cls]
-        a.count += 1
-        if rec.status == "ok":
-            ttft = (rec.first_chunk_time_us - rec.send_time_us) / 1000.0
-            e2e = (rec.last_chunk_time_us - rec.send_time_us) / 1000.0
-            good = ttft > 0 and e2e > 0 and e2e >= ttft
-            if t.ttft_ms > 0:
-                good = good and a.gate("real_ttft", ttft, t.ttft_ms)
-            if t.e2e_ms > 0:
-                good = good and a.gate("real_e2e", e2e, t.e2e_ms)
-            if t.itl_ms > 0 and good:
-                mean = _itl_mean_ms(itl_by_request.get(rec.request_id))
-                if mean is None:
-                    itl_missing, good = True, False
-                else:
-                    good = a.gate("real_itl", mean, t.itl_ms)
-            a.real_good += int(good)
-        sr = sim_by_id.get(rec.request_id)
-        if sr is not None:
-            ttft, e2e = sr.ttft_us / 1000.0, sr.e2e_us / 1000.0
-            good = ttft > 0 and e2e > 0 and e2e >= ttft
-            if t.ttft_ms > 0:
-                good = good and a.gate("sim_ttft", ttft, t.ttft_ms)
-            if t.e2e_ms > 0:
-                good = good and a.gate("sim_e2e", e2e, t.e2e_ms)
-            if t.itl_ms > 0 and good:
-                itl = (getattr(sr, "itl_mean_us", 0.0) or 0.0) / 1000.0
-                if itl > 0:
-                    good = a.gate("sim_itl", itl, t.itl_ms)
-                else:
-                    itl_missing, good = True, False
-            a.sim_good += int(good)
     per_class: dict[str, GoodputClassComparison] = {}
     for cls in sorted(targets):
-        a, t = accs[cls], targets[cls]
-        assert a.met is not None and a.n is not None
+        t = targets[cls]
+        mine = np.isin(slo.codes[rows], [k for k, name in enumerate(cls_of) if name == cls])
+        at, srows = rows[mine], sim_rows[mine]
+        is_ok = code[mine] == ok_code
+        count = int(at.size)
+        # real side: ok requests only
+        send = real.array("send_time_us")[at]
+        ttft = (real.array("first_chunk_time_us")[at] - send) / 1000.0
+        e2e = (real.array("last_chunk_time_us")[at] - send) / 1000.0
+        real_g = _Gates(is_ok & (ttft > 0) & (e2e > 0) & (e2e >= ttft))
+        real_g.gate("ttft", ttft, t.ttft_ms)
+        real_g.gate("e2e", e2e, t.e2e_ms)
+        if t.itl_ms > 0:
+            asked = np.flatnonzero(real_g.good)
+            means = np.zeros(at.size)
+            present = np.zeros(at.size, dtype=bool)
+            for i in asked.tolist():
+                m = _itl_mean_ms(itl_by_request.get(int(real.array("request_id")[at[i]])))
+                if m is not None:
+                    means[i], present[i] = m, True
+            itl_missing |= bool((real_g.good & ~present).any())
+            real_g.gate("itl", means, t.itl_ms, present)
+        # sim side: every counted request with a result
+        has = srows >= 0
+        s = np.where(has, srows, 0)
+        sim_ttft, sim_e2e = sim.ttft_us[s] / 1000.0, sim.e2e_us[s] / 1000.0
+        sim_g = _Gates(has & (sim_ttft > 0) & (sim_e2e > 0) & (sim_e2e >= sim_ttft))
+        sim_g.gate("ttft", sim_ttft, t.ttft_ms)
+        sim_g.gate("e2e", sim_e2e, t.e2e_ms)
+        if t.itl_ms > 0:
+            itl = sim.itl_mean_us[s] / 1000.0
+            present = itl > 0
+            itl_missing |= bool((sim_g.good & ~present).any())
+            sim_g.gate("itl", itl, t.itl_ms, present)
+        real_good, sim_good = int(real_g.good.sum()), int(sim_g.good.sum())
         dims = [d for d, limit in (("ttft", t.ttft_ms), ("itl", t.itl_ms), ("e2e", t.e2e_ms)) if limit > 0]
-        by_dim = {side: {d: _ratio(a.met[f"{side}_{d}"], a.n[f"{side}_{d}"]) for d in dims}
-                  for side in ("real", "sim")}
+        by_dim = {side: {d: _ratio(g.met.get(d, 0), g.n.get(d, 0)) for d in dims}
+                  for side, g in (("real", real_g), ("sim", sim_g))}
         per_class[cls] = GoodputClassComparison(
-            count=a.count, real_slo_attainment=_ratio(a.real_good, a.count),
-            sim_slo_attainment=_ratio(a.sim_good, a.count),
-            real_goodput_rps=a.real_good / runtime_s if runtime_s > 0 else 0.0,
-            sim_goodput_rps=a.sim_good / runtime_s if runtime_s > 0 else 0.0,
+            count=count, real_slo_attainment=_ratio(real_good, count),
+            sim_slo_attainment=_ratio(sim_good, count),
+            real_goodput_rps=real_good / runtime_s if runtime_s > 0 else 0.0,
+            sim_goodput_rps=sim_good / runtime_s if runtime_s > 0 else 0.0,
             real_attainment_by_dim=by_dim["real"] or None, sim_attainment_by_dim=by_dim["sim"] or None)
     return GoodputComparison(targets=dict(targets), per_class=per_class, skipped_itl=itl_missing)
 
@@ -187,13 +192,10 @@ def _ratio(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
-def runtime_seconds(records: Iterable[Any], matched_ids: set[int]) -> float:
-    """Wall-clock span of the matched real requests: first send to last chunk (0 if not positive)."""
-    first: int | None = None
-    last = 0
-    for rec in records:
-        if rec.request_id not in matched_ids:
-            continue
-        first = rec.send_time_us if first is None else min(first, rec.send_time_us)
-        last = max(last, rec.last_chunk_time_us)
-    return (last - first) / 1e6 if first is not None and last > first else 0.0
+def runtime_seconds(real: TraceColumns, rows: np.ndarray) -> float:
+    """Wall-clock span of the given real requests: first send to last chunk (0 if not positive)."""
+    if not rows.size:
+        return 0.0
+    first = int(real.array("send_time_us")[rows].min())
+    last = max(0, int(real.array("last_chunk_time_us")[rows].max()))
+    return (last - first) / 1e6 if last > first else 0.0

@@ -7,7 +7,7 @@ API::
     HitRateEntry.of(obj) -> HitRateEntry                   a shared-shape entry from a dict or a model
     simulated_primary(source, sim_entries, cache_hit_rate) -> (rate, sim_source) | None
     compare_definitions(observed, simulated, tolerance_pp) -> (comparisons, unpaired)
-    request_hit_agreement(matched_records) -> RequestHitAgreement | None
+    request_hit_agreement(real_cached, sim_cached) -> RequestHitAgreement | None    per matched pair, -1: not reported
 
 Design D2: a hit-rate is only compared with the same hit-rate. Entries are matched on (definition, tier)
 and must carry the same unit; the legacy ``gpu_prefix_cache`` counters count the same tokens as
@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from blis_sim.formats.report import HitRateComparison, HitRateDefinitionComparison, RequestHitAgreement, UnpairedHitRate
 
@@ -167,28 +169,17 @@ def _unpaired(e: HitRateEntry, side: str, reason: str) -> UnpairedHitRate:
     return UnpairedHitRate(definition=e.definition, tier=e.tier, unit=e.unit, side=side, reason=reason)
 
 
-def request_hit_agreement(matched_records: Iterable[tuple[Any, Any]]) -> RequestHitAgreement | None:
-    """Per-request cached tokens, real (server usage) vs simulated; None when either side never reports."""
-    compared = matching = not_reported = 0
-    abs_diff = 0
-    real_total = sim_total = 0
-    any_real = any_sim = False
-    for rec, sr in matched_records:
-        real = getattr(rec, "cached_tokens", None)
-        sim = getattr(sr, "cached_tokens", None)
-        real_ok = real is not None and real >= 0  # -1: the server did not report it
-        any_real |= real_ok
-        any_sim |= sim is not None
-        if real is None or not real_ok or sim is None:
-            not_reported += 1
-            continue
-        compared += 1
-        matching += int(real == sim)
-        abs_diff += abs(real - sim)
-        real_total += real
-        sim_total += sim
-    if not (any_real and any_sim) or compared == 0:
+def request_hit_agreement(real_cached: np.ndarray, sim_cached: np.ndarray) -> RequestHitAgreement | None:
+    """Per-request cached tokens of the matched pairs, real (server usage) vs simulated (-1 where a
+    side does not report it); None when either side never reports."""
+    real_ok, sim_ok = real_cached >= 0, sim_cached >= 0
+    both = real_ok & sim_ok
+    compared = int(both.sum())
+    if not (real_ok.any() and sim_ok.any()) or compared == 0:
         return None
+    r, s = real_cached[both], sim_cached[both]
+    matching = int((r == s).sum())
     return RequestHitAgreement(requests=compared, matching=matching, match_share=matching / compared,
-                               mean_abs_diff_tokens=abs_diff / compared, real_cached_tokens=real_total,
-                               sim_cached_tokens=sim_total, not_reported=not_reported)
+                               mean_abs_diff_tokens=int(np.abs(r - s).sum()) / compared,
+                               real_cached_tokens=int(r.sum()), sim_cached_tokens=int(s.sum()),
+                               not_reported=int(real_cached.size) - compared)

@@ -41,7 +41,7 @@ def _breakdown_lines(title: str, key: str, table: dict[str, BreakdownPairs]) -> 
     out = [("info", title)]
     for name in sorted(table):
         p = table[name]
-        if p.ttft.real:
+        if p.ttft.real.size:
             ttft, e2e = mape_pct(p.ttft.real, p.ttft.sim) * 100, mape_pct(p.e2e.real, p.e2e.sim) * 100
             out.append(("info", f"  {key}={name}: n={len(p.ttft.real)} TTFT-MAPE={ttft:.1f}% E2E-MAPE={e2e:.1f}%"))
     return out

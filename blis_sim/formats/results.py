@@ -2,7 +2,8 @@
 
 API::
 
-    results = load_sim_results("sim.json")          # -> list[SimResult] (sorted by request_id when written)
+    cols = read_sim_columns("sim.json")             # -> Columns of SimResult (sorted by request_id when written)
+    results = load_sim_results("sim.json")          # -> list[SimResult]: the same rows as objects
     metrics = load_metrics_output("simagg.json")    # -> MetricsOutput
     write_sim_results(results, "sim.json")          # sorts by request_id; [] when empty, never null
     write_metrics_output(metrics, "simagg.json")
@@ -188,22 +189,55 @@ MetricsOutput.model_rebuild()
 # --------------------------------------------------------------------------------------------- JSON I/O
 
 
-def load_sim_results(path: str | Path) -> list[SimResult]:
-    """Read a SimResult array (``replay --results-path``)."""
+def read_sim_columns(path: str | Path) -> "Columns":
+    """Read a SimResult array (``replay --results-path``) as :class:`Columns`: each row validated
+    (strict, located errors), its values kept in one array per field, no object per row."""
     file = str(path)
     text = read_text(path)
     data = _parse(text, file)
+    del text  # the parsed rows are what is left to hold
     if not isinstance(data, list):
         raise FormatError(f"expected a JSON array of sim results, got {type(data).__name__}", file=file, line=1)
-    out: list[SimResult] = []
+    names = list(SimResult.model_fields)
+    values: list[list[Any]] = [[] for _ in names]
+    appends = [v.append for v in values]
     validate = SimResult.model_validate
     for i, item in enumerate(data):
         try:
-            out.append(validate(item))
+            row = validate(item).__dict__
         except ValidationError as exc:
-            raise _located(exc, (i,), text, file) from None
-        data[i] = None  # each parsed row goes once validated: the rows are not held twice
-    return out
+            raise _located(exc, (i,), read_text(path), file) from None
+        for append, name in zip(appends, names):
+            append(row[name])
+        data[i] = None  # each parsed row goes once read: the rows are not held twice
+    n = len(data)
+    del data
+    cols = {name: _sim_column(name, v) for name, v in zip(names, values)}
+    return Columns(SimResult, n, cols)
+
+
+_SIM_DTYPES = {"request_id": np.int64, "ttft_us": np.float64, "e2e_us": np.float64, "input_tokens": np.int64,
+               "output_tokens": np.int64, "itl_mean_us": np.float64}
+
+
+def _sim_column(name: str, values: list[Any]) -> Any:
+    """One field's values as an array (numbers), or the list (strings, maps, counts some rows lack),
+    or one value when every row has it (the writer lays each out as the row objects would be)."""
+    dtype = _SIM_DTYPES.get(name)
+    if dtype is None and name == "cached_tokens" and None not in values:
+        dtype = np.int64
+    if dtype is not None:
+        return np.asarray(values, dtype=dtype)
+    if values and all(v is None for v in values):
+        return None
+    if values and all(type(v) is str for v in values) and values.count(values[0]) == len(values):
+        return values[0]
+    return values
+
+
+def load_sim_results(path: str | Path) -> list[SimResult]:
+    """:func:`read_sim_columns`'s rows as SimResult objects."""
+    return read_sim_columns(path).records()
 
 
 def load_metrics_output(path: str | Path, *, requests: bool = True) -> MetricsOutput:
