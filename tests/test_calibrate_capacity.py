@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from blis_sim.calibrate.capacity import MIN_REQUESTS, backlog, capacity_comparison, is_saturated
+from blis_sim.calibrate.capacity import MIN_REQUESTS, backlog, capacity_comparison as _capacity, is_saturated
 from blis_sim.calibrate.verdict import render_table
 from blis_sim.formats.report import CalibrationReport, TraceInfo
+from tests.calibrate_columns import paired
 
 
 def pairs(n: int, *, gap_us: float, service_us: float, sim_service_us: float, burst: bool = False,
@@ -28,6 +29,11 @@ def pairs(n: int, *, gap_us: float, service_us: float, sim_service_us: float, bu
                               last_chunk_time_us=real_free, output_tokens=output)
         out.append((rec, SimpleNamespace(request_id=i, e2e_us=sim_free - send, output_tokens=output)))
     return out
+
+
+def capacity_comparison(matched: list[tuple[Any, Any]], tolerance: float = 0.05) -> Any:
+    """The comparison of these matched pairs, as columns."""
+    return _capacity(*paired(matched), tolerance)
 
 
 def report_with(capacity: object) -> CalibrationReport:

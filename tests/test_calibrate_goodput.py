@@ -4,12 +4,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from blis_sim.calibrate.goodput import (goodput_comparison, merge_targets, parse_go_duration_ms, parse_slo_flag,
-                                        runtime_seconds)
+from blis_sim.calibrate.goodput import goodput_comparison as _goodput
+from blis_sim.calibrate.goodput import merge_targets, parse_go_duration_ms, parse_slo_flag
+from blis_sim.calibrate.goodput import runtime_seconds as _runtime
 from blis_sim.cli import main
+from tests.calibrate_columns import matched_rows, real_columns, sim_table
 from blis_sim.errors import UsageError
 from blis_sim.formats.report import SLODimTargets
 
@@ -65,6 +69,18 @@ class Sim:
     ttft_us: float
     e2e_us: float
     itl_mean_us: float = 0.0
+
+
+def goodput_comparison(recs: list[Rec], sims: dict[int, Sim], ids: set[int], itl: Any, targets: Any,
+                       runtime_s: float) -> Any:
+    """The goodput of the rows of ``ids``, as columns."""
+    real, sim = real_columns(recs), sim_table(list(sims.values()))
+    return _goodput(real, sim, *matched_rows(real, sim, ids), itl, targets, runtime_s)
+
+
+def runtime_seconds(recs: list[Rec], ids: set[int]) -> float:
+    real = real_columns(recs)
+    return _runtime(real, np.flatnonzero(np.isin(real.array("request_id"), sorted(ids))))
 
 
 def test_goodput_hand_computed() -> None:

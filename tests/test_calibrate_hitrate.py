@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pytest
 
-from blis_sim.calibrate.hitrate import (HitRateEntry, compare_definitions, compare_hit_rate, request_hit_agreement,
-                                        simulated_primary)
+from blis_sim.calibrate.hitrate import HitRateEntry, compare_definitions, compare_hit_rate, simulated_primary
+from blis_sim.calibrate.hitrate import request_hit_agreement as _agreement
 
 
 @pytest.mark.parametrize("real,sim,pp,within", [
@@ -120,6 +122,14 @@ class R:
 @dataclass
 class S:
     cached_tokens: int | None
+
+
+def request_hit_agreement(pairs: list[tuple[Any, Any]]) -> Any:
+    """The agreement of these matched pairs, as calibrate's columns (-1: not reported)."""
+    real = np.asarray([r.cached_tokens for r, _ in pairs], dtype=np.int64)
+    sim = np.asarray([-1 if getattr(s, "cached_tokens", None) is None else s.cached_tokens for _, s in pairs],
+                     dtype=np.int64)
+    return _agreement(real, sim)
 
 
 def test_request_hit_agreement_hand_computed() -> None:

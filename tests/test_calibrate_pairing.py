@@ -3,10 +3,12 @@ calibrate_test.go)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from blis_sim.calibrate.pairing import prepare_pairs, upload_delay_us
+from blis_sim.calibrate.pairing import CalibrationPairs, prepare_pairs as _prepare_pairs, upload_delay_us
+from tests.calibrate_columns import real_columns, sim_table
 
 
 @dataclass
@@ -39,15 +41,20 @@ class Chunk:
     timestamp_us: int
 
 
+def prepare_pairs(recs: list[Rec], sims: list[Sim], **options: Any) -> CalibrationPairs:
+    """Pairing of these rows and results, as columns."""
+    return _prepare_pairs(real_columns(recs), sim_table(sims), **options)
+
+
 def test_matching_by_id_in_any_order() -> None:
     p = prepare_pairs([Rec(2, send_time_us=10, first_chunk_time_us=500), Rec(1)], [Sim(1), Sim(2)])
-    assert p.matched == 2 and p.ttft.real == [490.0, 500.0] and p.ttft.sim == [450.0, 450.0]
+    assert p.matched == 2 and p.ttft.real.tolist() == [490.0, 500.0] and p.ttft.sim.tolist() == [450.0, 450.0]
 
 
 def test_rtt_is_added_once_to_sim_side_only() -> None:
     p = prepare_pairs([Rec(0, send_time_us=100, first_chunk_time_us=6000)], [Sim(0, ttft_us=500)],
                       network_rtt_us=5000)
-    assert p.ttft.real == [5900.0] and p.ttft.sim == [5500.0] and p.e2e.sim == [5900.0]
+    assert p.ttft.real.tolist() == [5900.0] and p.ttft.sim.tolist() == [5500.0] and p.e2e.sim.tolist() == [5900.0]
 
 
 def test_bandwidth_adds_upload_and_download() -> None:
@@ -55,7 +62,7 @@ def test_bandwidth_adds_upload_and_download() -> None:
     assert upload_delay_us(1.0, 10) == pytest.approx(320.0)
     assert upload_delay_us(0.0, 10) == 0.0
     p = prepare_pairs([Rec(0)], [Sim(0)], bandwidth_mbps=1.0)
-    assert p.ttft.sim == [pytest.approx(450 + 320)] and p.e2e.sim == [pytest.approx(900 + 320 + 160)]
+    assert p.ttft.sim.tolist() == [pytest.approx(450 + 320)] and p.e2e.sim.tolist() == [pytest.approx(900 + 320 + 160)]
 
 
 def test_warmup_by_id_and_unmatched_real() -> None:
@@ -91,7 +98,7 @@ def test_negative_latency_counts_as_matched_and_unmatched() -> None:
 def test_breakdowns_only_for_non_empty_keys() -> None:
     p = prepare_pairs([Rec(0), Rec(1)], [Sim(0, slo_class="batch", model="m"), Sim(1)])
     assert list(p.by_slo) == ["batch"] and list(p.by_model) == ["m"]
-    assert p.by_slo["batch"].ttft.real == [500.0]
+    assert p.by_slo["batch"].ttft.real.tolist() == [500.0]
 
 
 def test_itl_skips_negative_deltas_and_drops_all_negative_requests() -> None:
@@ -100,16 +107,16 @@ def test_itl_skips_negative_deltas_and_drops_all_negative_requests() -> None:
               Chunk(2, 0, 1000)]                                          # one chunk: no ITL
     sims = [Sim(0, ttft_us=100, e2e_us=500, output_tokens=5), Sim(1), Sim(2)]
     p = prepare_pairs([Rec(0), Rec(1), Rec(2)], sims, itl_records=chunks)
-    assert p.itl.real == [30.0] and p.itl.sim == [100.0]                  # (500 − 100) / (5 − 1)
+    assert p.itl.real.tolist() == [30.0] and p.itl.sim.tolist() == [100.0]                  # (500 − 100) / (5 − 1)
     assert p.itl_dropped == 1 and "request 1 ITL dropped" in p.warnings[0]
 
 
 def test_sim_itl_is_zero_for_single_token_outputs() -> None:
     chunks = [Chunk(0, 0, 0), Chunk(0, 1, 40)]
     p = prepare_pairs([Rec(0)], [Sim(0, output_tokens=1)], itl_records=chunks)
-    assert p.itl.real == [40.0] and p.itl.sim == [0.0]
+    assert p.itl.real.tolist() == [40.0] and p.itl.sim.tolist() == [0.0]
 
 
 def test_duplicate_sim_ids_last_wins_and_are_reported() -> None:
     p = prepare_pairs([Rec(0)], [Sim(0, ttft_us=1), Sim(0, ttft_us=2)])
-    assert p.ttft.sim == [2.0] and p.duplicate_sim_ids == [0]
+    assert p.ttft.sim.tolist() == [2.0] and p.duplicate_sim_ids == [0]

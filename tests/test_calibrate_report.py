@@ -11,7 +11,7 @@ from blis_sim.calibrate import CalibrateOptions, calibrate, raise_if_failed, ren
 from blis_sim.errors import EXIT_VERDICT_FAILED, FormatError, UsageError, VerdictFailed
 from blis_sim.formats.report import (REFERENCE_KNOWN_LIMITATIONS, CalibrationReport, dump_report, load_report,
                                      write_report)
-from blis_sim.formats.results import load_metrics_output, load_sim_results
+from blis_sim.formats.results import load_metrics_output, read_sim_columns
 from blis_sim.formats.trace import ITLRecord, load_trace
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "blis"
@@ -20,7 +20,7 @@ SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "blis"
 @pytest.fixture(scope="module")
 def sample_inputs() -> tuple:
     return (load_trace(SAMPLES / "trace-observed.yaml", SAMPLES / "trace.csv"),
-            load_sim_results(SAMPLES / "sim.json"), load_metrics_output(SAMPLES / "simagg.json"))
+            read_sim_columns(SAMPLES / "sim.json"), load_metrics_output(SAMPLES / "simagg.json"))
 
 
 def test_reference_report_loads_and_writes_back_byte_identical() -> None:

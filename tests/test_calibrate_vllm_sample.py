@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from blis_sim.calibrate import CalibrationReport, calibrate
-from blis_sim.engine import EngineOptions, replay
+from blis_sim.engine import EngineOptions, replay_outcome
 from blis_sim.formats.hitrate import KVHitRate
 from blis_sim.formats.trace import KVGeometry, ObservedKVMetrics, PytestBlisHeader, load_trace
 from blis_sim.observe.metrics import derive_window, kv_geometry, parse_exposition
@@ -33,8 +33,8 @@ def report() -> CalibrationReport:
         "pytest_blis": PytestBlisHeader(kv_geometry=KVGeometry(**geometry),
                                         kv_hit_rates=[KVHitRate(**e) for e in window.hit_rates])})
     trace = trace.model_copy(update={"header": header})
-    results, metrics = replay(trace, EngineOptions(model="tiny-llama"))
-    return calibrate(trace, results, metrics)
+    out = replay_outcome(trace, EngineOptions(model="tiny-llama"))
+    return calibrate(trace, out.result_columns(), out.metrics())
 
 
 def test_primary_block_is_like_for_like(report: CalibrationReport) -> None:

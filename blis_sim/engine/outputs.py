@@ -421,6 +421,10 @@ class SimulatedOutputs:
     def results(self) -> list[SimResult]:
         return sim_results(self.outcome)
 
+    def result_columns(self) -> ColumnChunks:
+        """The completed requests as SimResult columns (what calibrate takes), made a chunk at a time."""
+        return sim_result_columns(self.outcome)
+
     def metrics(self, include_requests: bool = True) -> MetricsOutput:
         return metrics_output(self.outcome, include_requests=include_requests,
                               provenance=sim_provenance(self.outcome, self.options))
