@@ -101,7 +101,7 @@ def peak_kv_blocks(trace: Any) -> int:
 
 def judged(trace: Any, blocks: int, coeffs: Any) -> dict[str, Any]:
     out = replay_outcome(trace, options(blocks, coeffs))
-    report = calibrate_detailed(trace, out.results, out.metrics()).report
+    report = calibrate_detailed(trace, out.result_columns(), out.metrics()).report
     c = report.capacity
     return {"ttft": report.metrics["ttft"].request_level.mape, "e2e": report.metrics["e2e"].request_level.mape,
             "saturated": bool(c and c.saturated), "signs": list(c.saturation) if c else [],

@@ -163,10 +163,10 @@ def main() -> int:
                                  ObserveOptions(model="tiny-llama", max_concurrency=MAX_NUM_SEQS, progress=False))
                 write_result(result, out / f"{name}.yaml", out / f"{name}.csv")
                 replay = replay_outcome(result.trace, engine_options(limits, coeffs))
-                detailed = calibrate_detailed(result.trace, replay.results, replay.metrics())
+                detailed = calibrate_detailed(result.trace, replay.result_columns(), replay.metrics())
                 report = detailed.report
                 best = replay_outcome(result.trace, engine_options(limits, emulator_shape()))
-                ceiling = calibrate_detailed(result.trace, best.results, best.metrics()).report.metrics
+                ceiling = calibrate_detailed(result.trace, best.result_columns(), best.metrics()).report.metrics
                 c = report.capacity
                 if load == "burst" and c is not None:
                     capacity = c.real_rps

@@ -310,7 +310,7 @@ def judge(lane: Lane, trace: Trace, coeffs: LatencyCoefficients | None, folder: 
           ) -> dict[str, Any]:
     """Replay ``trace`` with ``coeffs``, calibrate, and compare throughput (kept in ``folder`` when given)."""
     outcome = replay_outcome(trace, lane.engine(coeffs))
-    report = calibrate(trace, outcome.results, outcome.metrics(),
+    report = calibrate(trace, outcome.result_columns(), outcome.metrics(),
                        options=CalibrateOptions(hit_rate_tolerance_pp=1.0, ttft_mape_threshold=0.15))
     if folder is not None:
         outcome.write_outputs(folder / "sim.json", folder / "simagg.json")

@@ -11,12 +11,15 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, VerdictRow
+from blis_sim.calibrate.pairing import SimIndex
+from blis_sim.calibrate.table import SimTable, real_table
 from blis_sim.engine.capacity import burst_capacity
+from blis_sim.formats.results import ColumnChunks, Columns
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions
 from pytest_blis import _allure, _html
@@ -150,16 +153,16 @@ def summarize(nodeid: str, path: str, report: CalibrationReport, note: str = "")
     return cell
 
 
-def ttft_pairs(trace: Trace, sim_results: list[Any]) -> tuple[list[float], list[float]]:
+def ttft_pairs(trace: Trace, sim_results: Columns | ColumnChunks) -> tuple[list[float], list[float]]:
     """Real and simulated TTFT (µs) of the requests both sides completed, as calibrate pairs them
-    (real: first chunk − send, client side)."""
-    sim = {r.request_id: r.ttft_us for r in sim_results}
-    real_out, sim_out = [], []
-    for rec in trace.records:
-        if rec.status == "ok" and rec.first_chunk_time_us > rec.send_time_us > 0 and rec.request_id in sim:
-            real_out.append(float(rec.first_chunk_time_us - rec.send_time_us))
-            sim_out.append(float(sim[rec.request_id]))
-    return real_out, sim_out
+    (real: first chunk − send, client side), from the columns calibrate reads."""
+    real, sim = real_table(trace), SimTable.of(sim_results)
+    found, sim_rows = SimIndex.of(sim.request_id).lookup(real.array("request_id"))
+    send, first = real.array("send_time_us"), real.array("first_chunk_time_us")
+    status = real.strings("status")
+    ok = status.codes == (status.names.index("ok") if "ok" in status.names else -1)
+    keep = ok & (first > send) & (send > 0) & found
+    return (first[keep] - send[keep]).astype(float).tolist(), sim.ttft_us[sim_rows[keep]].tolist()
 
 
 def ttft_noise_floor(trace: Trace) -> float | None:
@@ -176,7 +179,7 @@ def ttft_noise_floor(trace: Trace) -> float | None:
     return sum(abs(d - mid) / (r.first_chunk_time_us - r.send_time_us) for d, r in zip(delays, ok)) / len(ok)
 
 
-def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: list[Any],
+def write_plots(ctx: CellContext, point: SweepPoint, trace: Trace, sim_results: Columns | ColumnChunks,
                 report: CalibrationReport) -> list[tuple[Path, str]]:
     """The cell's three plots as SVG files beside its other artifacts: (path, caption) each."""
     real, sim = ttft_pairs(trace, sim_results)

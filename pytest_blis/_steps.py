@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from blis_sim.calibrate import CalibrateOptions, CalibrationReport, calibrate, write_report
 from blis_sim.errors import ServerError
-from blis_sim.formats.results import MetricsOutput, SimResult
+from blis_sim.formats.results import ColumnChunks, MetricsOutput
 from blis_sim.formats.trace import Trace
 from blis_sim.observe.run import ObserveOptions, ObserveResult, observe, write_result
 from blis_sim.workload import WorkloadPlan
@@ -88,9 +88,10 @@ def observe_cluster_step(urls: tuple[str, ...], routing: Any, plan: WorkloadPlan
     return result
 
 
-def replay_step(trace: Trace, replay_options: EngineOptions, paths: CellPaths) -> tuple[list[SimResult], MetricsOutput]:
+def replay_step(trace: Trace, replay_options: EngineOptions, paths: CellPaths) -> tuple[ColumnChunks, MetricsOutput]:
     """Replay a trace through the simulator and write SimResult + MetricsOutput (a cluster's trace, with its
-    ``pytest_blis.cluster`` block, on as many replicas with the recorded routing)."""
+    ``pytest_blis.cluster`` block, on as many replicas with the recorded routing). The results come
+    back as the columns calibrate takes (no object per request)."""
     from blis_sim.engine import replay_outcome  # the engine is only imported when a cell replays
 
     ext = trace.header.pytest_blis
@@ -101,10 +102,10 @@ def replay_step(trace: Trace, replay_options: EngineOptions, paths: CellPaths) -
     else:
         out = replay_outcome(trace, replay_options)
     out.write_outputs(paths.sim_results, paths.sim_metrics)  # the files straight from the columns
-    return out.results, out.metrics()
+    return out.result_columns(), out.metrics()
 
 
-def calibrate_step(trace: Trace, results: list[SimResult], metrics: MetricsOutput,
+def calibrate_step(trace: Trace, results: ColumnChunks, metrics: MetricsOutput,
                    options: CalibrateOptions, paths: CellPaths) -> CalibrationReport:
     report = calibrate(trace, results, metrics, options=options)
     write_report(report, paths.report)

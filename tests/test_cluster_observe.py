@@ -107,7 +107,7 @@ def test_calibrate_judges_each_replica_of_a_recorded_replay(observed: dict[str, 
     opts = EngineOptions(model="tiny-llama", sequential=True)
     trace = observed["prefix-affinity"].trace
     out = replay_cluster(trace, opts)
-    report = calibrate(trace, out.results, out.metrics(), options=CalibrateOptions(ttft_mape_threshold=100.0))
+    report = calibrate(trace, out.result_columns(), out.metrics(), options=CalibrateOptions(ttft_mape_threshold=100.0))
     assert report.routing_agreement is not None and report.routing_agreement.share == 1.0
     assert [r.replica for r in report.replicas] == [0, 1] and all(r.judged for r in report.replicas)
     rows = {row.metric: row for row in report.verdicts()}
@@ -117,7 +117,7 @@ def test_calibrate_judges_each_replica_of_a_recorded_replay(observed: dict[str, 
         assert f"replica[{k}].ttft_mape" in rows
     assert report.passed
     rerouted = replay_cluster(trace, opts, routing=RoutingSpec("round-robin"))
-    again = calibrate(trace, rerouted.results, rerouted.metrics(),
+    again = calibrate(trace, rerouted.result_columns(), rerouted.metrics(),
                       options=CalibrateOptions(ttft_mape_threshold=100.0))
     assert again.routing_agreement.share < 1.0 and not any(r.judged for r in again.replicas)
     assert not any(row.metric.startswith("replica[") for row in again.verdicts())

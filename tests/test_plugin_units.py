@@ -122,12 +122,12 @@ def test_a_ttft_failure_shows_what_the_latency_fit_said_about_itself() -> None:
 
 def _sample_report() -> object:
     from blis_sim.calibrate import calibrate
-    from blis_sim.formats.results import load_metrics_output, load_sim_results
+    from blis_sim.formats.results import load_metrics_output, read_sim_columns
     from blis_sim.formats.trace import load_trace
 
     blis = Path(__file__).resolve().parents[1] / "samples" / "blis"
     return calibrate(load_trace(blis / "trace-observed.yaml", blis / "trace.csv"),
-                     load_sim_results(blis / "sim.json"), load_metrics_output(blis / "simagg.json"))
+                     read_sim_columns(blis / "sim.json"), load_metrics_output(blis / "simagg.json"))
 
 
 def test_verdict_rows_follow_the_cells_expectations() -> None:

@@ -124,7 +124,8 @@ class CalibrationOutcome:
     warnings: list[str] = field(default_factory=list)  # the reference's warning log lines
 
 
-def calibrate(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks, sim_metrics: MetricsOutput | None = None, *,
+def calibrate(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks,
+              sim_metrics: MetricsOutput | None = None, *,
               options: CalibrateOptions = CalibrateOptions(), itl_records: Iterable[ItlRecord] | None = None,
               inputs: InputPaths | None = None) -> CalibrationReport:
     """The calibration report; see the module docstring."""
@@ -132,8 +133,8 @@ def calibrate(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks,
                               inputs=inputs).report
 
 
-def calibrate_detailed(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks, sim_metrics: MetricsOutput | None = None,
-                       *,
+def calibrate_detailed(trace: Trace | ColumnarTrace, sim_results: Columns | ColumnChunks,
+                       sim_metrics: MetricsOutput | None = None, *,
                        options: CalibrateOptions = CalibrateOptions(),
                        itl_records: Iterable[ItlRecord] | None = None,
                        inputs: InputPaths | None = None) -> CalibrationOutcome:

@@ -65,19 +65,22 @@ from blis_sim.formats.trace_header import KVGeometry, LatencyModelInfo, SettingS
 _Float = Field(default=0.0, allow_inf_nan=False)
 
 
+_INT64_MAX = 2**63 - 1  # the reference's Go int64: a larger count or id is not a SimResult
+
+
 class SimResult(StrictModel):
     """One completed request of a replay (µs, measured from injection)."""
 
-    request_id: int
+    request_id: int = Field(ge=-_INT64_MAX - 1, le=_INT64_MAX)
     ttft_us: float = Field(ge=0.0, allow_inf_nan=False)
     e2e_us: float = Field(ge=0.0, allow_inf_nan=False)
-    input_tokens: int = Field(ge=0)
-    output_tokens: int = Field(ge=0)
+    input_tokens: int = Field(ge=0, le=_INT64_MAX)
+    output_tokens: int = Field(ge=0, le=_INT64_MAX)
     slo_class: str = ""
     model: str = ""
     itl_mean_us: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     # ours
-    cached_tokens: int | None = Field(default=None, ge=0)
+    cached_tokens: int | None = Field(default=None, ge=0, le=_INT64_MAX)
     cached_tokens_by_source: dict[str, int] | None = None
     instance_id: str = ""  # the cluster replica that served it (``instance_<i>``; docs/cluster.md §4)
 
