@@ -155,3 +155,52 @@ def test_metrics_output_read_without_its_request_rows() -> None:
     aggregates = load_metrics_output(BLIS / "simagg.json", requests=False)
     assert aggregates.requests == []
     assert aggregates == whole.model_copy(update={"requests": []})
+
+
+def test_the_streaming_readers_read_what_the_whole_text_holds(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 7 characters cut every number, string and key somewhere: the rows read a block at
+    a time are the ones the whole text holds, and a file with some rows lacking a field, or a map,
+    keeps them as they were."""
+    from blis_sim.formats import _json
+    from blis_sim.formats.results import read_sim_columns
+
+    whole = [SimResult.model_validate(r) for r in json.loads((BLIS / "sim.json").read_text())]
+    whole_metrics = MetricsOutput.model_validate(
+        {k: v for k, v in json.loads((BLIS / "simagg.json").read_text()).items() if k != "requests"})
+    mixed = [SimResult(request_id=i, ttft_us=1.5, e2e_us=3.0, input_tokens=2, output_tokens=1,
+                       cached_tokens=None if i % 3 else i, slo_class="" if i % 2 else "batch",
+                       cached_tokens_by_source={"host": i} if i % 5 else None) for i in range(20_000)]
+    write_sim_results(mixed, tmp_path / "mixed.json")
+    monkeypatch.setattr(_json, "_STREAM_CHARS", 7)
+    assert load_sim_results(BLIS / "sim.json") == whole
+    assert load_metrics_output(BLIS / "simagg.json", requests=False) == whole_metrics
+    assert read_sim_columns(tmp_path / "mixed.json").records() == mixed
+
+
+@pytest.mark.parametrize("text,where", [
+    ('[{"request_id": 1, "request_id": 2}]', "sim.json:1"),
+    ('[\n{"request_id": 1, "ttft_us": 1, "e2e_us": 1, "input_tokens": 1, "output_tokens": 1},\n]', "sim.json:3"),
+    ('[\n{"request_id": 1, "ttft_us": NaN}]', "sim.json:2"),
+    ('[] []', "sim.json:1"),
+])
+def test_a_file_the_stream_does_not_take_is_reported_from_the_whole_text(tmp_path: Path, text: str,
+                                                                          where: str) -> None:
+    from blis_sim.errors import FormatError
+
+    (tmp_path / "sim.json").write_text(text)
+    with pytest.raises(FormatError) as exc:
+        load_sim_results(tmp_path / "sim.json")
+    assert where in str(exc.value) and "invalid JSON" in str(exc.value)
+
+
+def test_aggregates_only_still_reject_what_the_whole_file_rejects(tmp_path: Path) -> None:
+    from blis_sim.errors import FormatError
+
+    for text, where in (('{"completed_requests": 1,\n "completed_requests": 2}', "simagg.json:2"),
+                        ('{"requests": [{"a": 1, "a": 2}]}', "simagg.json:1"),
+                        ('{"requests": [],\n "cache_hit_rate": 2}', "simagg.json:2")):
+        (tmp_path / "simagg.json").write_text(text)
+        with pytest.raises(FormatError) as exc:
+            load_metrics_output(tmp_path / "simagg.json", requests=False)
+        assert where in str(exc.value)

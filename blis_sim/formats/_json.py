@@ -9,11 +9,15 @@ API::
     lines, dup = json_lines(text)                # line of every key/item by path; first duplicate key
     json_path((3, "ttft_us"))                    # -> "[3].ttft_us"
     located(validation_error, (3,), text, file)  # -> FormatError("sim.json:28: field '[3].ttft_us': ...")
+    for item in stream_array("sim.json"): ...    # a file-long array's items, a block of text at a time
+    stream_object("simagg.json", skip="requests")  # the object without that (big) array, never held whole
+    # both raise NotStreamable on text they do not take as it is: read the whole file then, for its error
 """
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +147,139 @@ def located(exc: ValidationError, prefix: tuple[Any, ...], text: str, file: str)
         if line is not None:
             break
     return FormatError(describe(exc, file=file).reason, file=file, line=line, field=json_path(loc) or None)
+
+
+class NotStreamable(Exception):
+    """The streaming reader met text it does not take as it is (invalid JSON, a duplicate top-level
+    key, bytes that are not UTF-8...): the caller reads the whole file instead, which reports it."""
+
+
+_WS = " \t\n\r"
+_STREAM_CHARS = 1 << 22  # characters read at a time
+
+
+class _Stream:
+    """A UTF-8 file read a block at a time; ``buf[pos:]`` is the text not consumed yet."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            self.f = open(path, encoding="utf-8")  # noqa: SIM115 (closed by close())
+        except OSError:  # missing, a directory, unreadable: read_text names it
+            raise NotStreamable from None
+        self.buf, self.pos, self.eof = "", 0, False
+        self.decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+    def close(self) -> None:
+        self.f.close()
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            block = self.f.read(_STREAM_CHARS)
+        except (UnicodeDecodeError, OSError):
+            raise NotStreamable from None
+        if not block:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.pos:] + block
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """The next character after whitespace ("" at the end of the file)."""
+        while True:
+            buf, pos = self.buf, self.pos
+            while pos < len(buf) and buf[pos] in _WS:
+                pos += 1
+            self.pos = pos
+            if pos < len(buf):
+                return buf[pos]
+            if not self._more():
+                return ""
+
+    def expect(self, chars: str) -> str:
+        c = self.peek()
+        if not c or c not in chars:
+            raise NotStreamable
+        self.pos += 1
+        return c
+
+    def value(self) -> Any:
+        """The next JSON value. A value that ends where the text read so far ends might go on
+        (a number cut by the block boundary): more is read before it is taken."""
+        self.peek()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except (_Rejected, RecursionError):
+                raise NotStreamable from None
+            except json.JSONDecodeError:
+                if self._more():  # the value may go on past the text read so far
+                    continue
+                raise NotStreamable from None
+            if end == len(self.buf) and self._more():
+                continue
+            self.pos = end
+            return value
+
+    def end(self) -> None:
+        if self.peek():
+            raise NotStreamable
+
+
+def stream_array(path: str | Path) -> Iterator[Any]:
+    """The items of the JSON array that is the whole file, one at a time, strict as
+    :func:`parse_json`; raises :class:`NotStreamable` where the file is not such an array."""
+    s = _Stream(path)
+    try:
+        s.expect("[")
+        if s.peek() == "]":
+            s.pos += 1
+        else:
+            while True:
+                yield s.value()
+                if s.expect(",]") == "]":
+                    break
+        s.end()
+    finally:
+        s.close()
+
+
+def stream_object(path: str | Path, skip: str) -> dict[str, Any]:
+    """The JSON object that is the whole file, strict as :func:`parse_json`, without the array
+    under key ``skip`` (its items are read one at a time and dropped, never held together)."""
+    s = _Stream(path)
+    out: dict[str, Any] = {}
+    try:
+        s.expect("{")
+        if s.peek() == "}":
+            s.pos += 1
+            s.end()
+            return out
+        while True:
+            if s.peek() != '"':
+                raise NotStreamable
+            key = s.value()
+            if key in out:
+                raise NotStreamable
+            s.expect(":")
+            if key == skip and s.peek() == "[":
+                s.pos += 1
+                if s.peek() == "]":
+                    s.pos += 1
+                else:
+                    while True:
+                        s.value()
+                        if s.expect(",]") == "]":
+                            break
+                out[key] = None
+            else:
+                out[key] = s.value()
+            if s.expect(",}") == "}":
+                break
+        s.end()
+        out.pop(skip, None)
+        return out
+    finally:
+        s.close()

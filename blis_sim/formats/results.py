@@ -56,7 +56,7 @@ from pydantic import BaseModel, Field, ValidationError
 from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._io import atomic_write_chunks
-from blis_sim.formats._json import located as _located, parse_json as _parse
+from blis_sim.formats._json import NotStreamable, located as _located, parse_json as _parse, stream_array, stream_object
 from blis_sim.formats._model import StrictModel, _is_zero, to_go
 from blis_sim.formats._strict import read_text
 from blis_sim.formats.hitrate import KVHitRate
@@ -193,49 +193,128 @@ MetricsOutput.model_rebuild()
 
 
 def read_sim_columns(path: str | Path) -> "Columns":
-    """Read a SimResult array (``replay --results-path``) as :class:`Columns`: each row validated
-    (strict, located errors), its values kept in one array per field, no object per row."""
+    """Read a SimResult array (``replay --results-path``) as :class:`Columns`: the file a block of
+    text at a time, each row validated (strict), its values put in one array per field; no object
+    per row is kept, nor the whole text. A file the streaming pass does not take (bad JSON, a bad
+    row) is read whole to report the first problem located (file, line, field)."""
+    acc = _SimAccumulator()
+    validate = SimResult.model_validate
+    try:
+        rows: list[dict[str, Any]] = []
+        for item in stream_array(path):
+            rows.append(validate(item).__dict__)
+            if len(rows) == CHUNK_ROWS:
+                acc.add(rows)
+                rows = []
+        acc.add(rows)
+    except (NotStreamable, ValidationError):
+        _sim_error(path)
+    return acc.finish()
+
+
+def _sim_error(path: str | Path) -> None:
+    """The first problem of a SimResult file, located, read whole (the streaming pass met one)."""
     file = str(path)
     text = read_text(path)
     data = _parse(text, file)
-    del text  # the parsed rows are what is left to hold
     if not isinstance(data, list):
         raise FormatError(f"expected a JSON array of sim results, got {type(data).__name__}", file=file, line=1)
-    names = list(SimResult.model_fields)
-    values: list[list[Any]] = [[] for _ in names]
-    appends = [v.append for v in values]
-    validate = SimResult.model_validate
     for i, item in enumerate(data):
         try:
-            row = validate(item).__dict__
+            SimResult.model_validate(item)
         except ValidationError as exc:
-            raise _located(exc, (i,), read_text(path), file) from None
-        for append, name in zip(appends, names):
-            append(row[name])
-        data[i] = None  # each parsed row goes once read: the rows are not held twice
-    n = len(data)
-    del data
-    cols = {name: _sim_column(name, v) for name, v in zip(names, values)}
-    return Columns(SimResult, n, cols)
+            raise _located(exc, (i,), text, file) from None
+    raise FormatError("unreadable sim results", file=file)  # the streaming pass and this one disagree
 
 
 _SIM_DTYPES = {"request_id": np.int64, "ttft_us": np.float64, "e2e_us": np.float64, "input_tokens": np.int64,
-               "output_tokens": np.int64, "itl_mean_us": np.float64}
+               "output_tokens": np.int64, "itl_mean_us": np.float64, "cached_tokens": np.int64}
+_MIXED = object()  # a field whose rows do not all hold one value
 
 
-def _sim_column(name: str, values: list[Any]) -> Any:
-    """One field's values as an array (numbers), or the list (strings, maps, counts some rows lack),
-    or one value when every row has it (the writer lays each out as the row objects would be)."""
-    dtype = _SIM_DTYPES.get(name)
-    if dtype is None and name == "cached_tokens" and None not in values:
-        dtype = np.int64
-    if dtype is not None:
-        return np.asarray(values, dtype=dtype)
-    if values and all(v is None for v in values):
-        return None
-    if values and all(type(v) is str for v in values) and values.count(values[0]) == len(values):
-        return values[0]
-    return values
+class _SimAccumulator:
+    """Chunks of validated rows joined into SimResult columns: numbers into int64/float64 arrays
+    grown in place, a field every row holds the same value of as that value, any other field
+    (strings, maps, counts some rows lack) as its per-row values, strings shared."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.arrays: dict[str, np.ndarray] = {}
+        self.const: dict[str, Any] = {}
+        self.lists: dict[str, list[Any]] = {}
+        self.maps: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+        self.shared: dict[str, str] = {}
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        start, stop = self.n, self.n + len(rows)
+        for name in SimResult.model_fields:
+            values = [r[name] for r in rows]
+            dtype = _SIM_DTYPES.get(name)
+            if dtype is not None and (name in self.arrays or not start) and None not in values:
+                buf = self.arrays.get(name)
+                if buf is None:
+                    buf = self.arrays[name] = np.empty(max(stop, 4 * CHUNK_ROWS), dtype=dtype)
+                elif buf.shape[0] < stop:
+                    buf.resize(max(stop, 2 * buf.shape[0]), refcheck=False)
+                buf[start:stop] = values
+                continue
+            if name in self.arrays:  # a count some rows lack: per-row values from here
+                self.lists[name] = self.arrays.pop(name)[:start].tolist()
+            self._add_values(name, values, start)
+        self.n = stop
+
+    def _add_values(self, name: str, values: list[Any], start: int) -> None:
+        if name not in self.lists and name not in self.maps:
+            first = self.const.get(name, values[0]) if start else values[0]
+            if all(type(v) is type(first) and v == first for v in values):
+                self.const[name] = first
+                return
+        if name not in self.lists and all(isinstance(v, dict) for v in values):
+            keys = tuple(sorted(values[0]))
+            prior = self.maps.get(name)
+            same = all(tuple(sorted(v)) == keys for v in values) and (prior is None or prior[0] == keys)
+            const = self.const.get(name)
+            if same and (prior is not None or not start or (isinstance(const, dict) and tuple(sorted(const)) == keys)):
+                block = np.asarray([[v[k] for k in keys] for v in values], dtype=np.int64)
+                if prior is None:
+                    head = np.tile(np.asarray([const[k] for k in keys], dtype=np.int64), (start, 1)) \
+                        if start else np.empty((0, len(keys)), dtype=np.int64)
+                    self.const.pop(name, None)
+                    self.maps[name] = (keys, np.concatenate([head, block]))
+                else:
+                    self.maps[name] = (keys, np.concatenate([prior[1], block]))
+                return
+        if name not in self.lists:
+            self.lists[name] = self._rows_so_far(name, start)
+        if all(type(v) is str for v in values):
+            values = list(map(self.shared.setdefault, values, values))
+        self.lists[name] += values
+
+    def _rows_so_far(self, name: str, start: int) -> list[Any]:
+        if name in self.maps:
+            keys, table = self.maps.pop(name)
+            return [dict(zip(keys, row)) for row in table.tolist()]
+        return [self.const.pop(name)] * start if start else []
+
+    def finish(self) -> "Columns":
+        data: dict[str, Any] = {}
+        for name, f in SimResult.model_fields.items():
+            if name in self.arrays:
+                buf = self.arrays[name]
+                buf.resize(self.n, refcheck=False)
+                data[name] = buf
+            elif name in self.maps:
+                keys, table = self.maps[name]
+                data[name] = IntMapColumn(keys, table)
+            elif name in self.lists:
+                data[name] = self.lists[name]
+            elif name in self.const:
+                data[name] = self.const[name]
+            elif f.is_required():
+                data[name] = np.zeros(0, dtype=_SIM_DTYPES[name])
+        return Columns(SimResult, self.n, data)
 
 
 def load_sim_results(path: str | Path) -> list[SimResult]:
@@ -248,6 +327,11 @@ def load_metrics_output(path: str | Path, *, requests: bool = True) -> MetricsOu
     per-request rows are left out, unread (a reader of the aggregates only: ``calibrate``, whose
     input from a 1M-request replay would otherwise hold a million row objects)."""
     file = str(path)
+    if not requests:  # the rows streamed past, never held (a 10M-request file is gigabytes of them)
+        try:
+            return MetricsOutput.model_validate(stream_object(path, skip="requests"))
+        except (NotStreamable, ValidationError):
+            pass  # read whole below, for the located error
     text = read_text(path)
     data = _parse(text, file)
     if not isinstance(data, dict):
