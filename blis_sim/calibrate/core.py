@@ -59,11 +59,11 @@ from blis_sim.formats.report import (
     UnpairedHitRate,
     WindowFault,
 )
+from blis_sim.formats.results import ColumnChunks, Columns
 from blis_sim.formats.trace_header import MODELLED_FAULT_KINDS
 
 if TYPE_CHECKING:
     from blis_sim.formats import KVHitRate, MetricsOutput, Trace, TraceHeader
-    from blis_sim.formats.results import ColumnChunks, Columns
     from blis_sim.formats.trace_columns import ColumnarTrace, TraceColumns
 
 DEFAULT_HIT_RATE_TOLERANCE_PP = 5.0
@@ -141,6 +141,9 @@ def calibrate_detailed(trace: Trace | ColumnarTrace, sim_results: Columns | Colu
     """:func:`calibrate` plus the pairs and warnings the CLI logs."""
     options.validate()
     inputs = inputs or InputPaths()
+    if not isinstance(sim_results, (Columns, ColumnChunks)):
+        raise TypeError("calibrate takes the replay's SimResult columns (read_sim_columns(path), "
+                        f"outcome.result_columns()), not {type(sim_results).__name__}")
     if not sim_results.n:
         raise InputError("No sim results found — cannot calibrate with empty data", file=inputs.sim_results)
     warmup, rtt_us = _header_defaults(trace.header, options)

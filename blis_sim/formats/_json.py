@@ -38,11 +38,13 @@ def _reject_constant(name: str) -> Any:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Rejected(f"duplicate key '{k}'")
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):  # one object in millions: look for which key only then
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Rejected(f"duplicate key '{k}'")
+            seen.add(k)
     return out
 
 
@@ -223,13 +225,30 @@ class _Stream:
             self.pos = end
             return value
 
+    def items(self) -> list[Any]:
+        """The complete array items in the text read so far that end in ``},``, decoded at once
+        (each one's trailing comma consumed); [] when there are none. The cut is right: cut inside
+        a nested value or a string, the wrapped text does not decode (unbalanced brackets, an
+        unterminated string), and the items are taken one at a time instead."""
+        self.peek()
+        cut = self.buf.rfind("},", self.pos)
+        if cut < 0:
+            return []
+        try:
+            block = json.loads("[" + self.buf[self.pos:cut + 1] + "]", object_pairs_hook=_no_duplicates,
+                               parse_constant=_reject_constant)
+        except (json.JSONDecodeError, _Rejected, RecursionError):
+            return []
+        self.pos = cut + 2
+        return list(block)
+
     def end(self) -> None:
         if self.peek():
             raise NotStreamable
 
 
-def stream_array(path: str | Path) -> Iterator[Any]:
-    """The items of the JSON array that is the whole file, one at a time, strict as
+def stream_array(path: str | Path) -> Iterator[list[Any]]:
+    """The items of the JSON array that is the whole file, a block of them at a time, strict as
     :func:`parse_json`; raises :class:`NotStreamable` where the file is not such an array."""
     s = _Stream(path)
     try:
@@ -238,9 +257,13 @@ def stream_array(path: str | Path) -> Iterator[Any]:
             s.pos += 1
         else:
             while True:
-                yield s.value()
-                if s.expect(",]") == "]":
-                    break
+                block = s.items()
+                if block:
+                    yield block
+                else:
+                    yield [s.value()]
+                    if s.expect(",]") == "]":
+                        break
         s.end()
     finally:
         s.close()

@@ -201,9 +201,9 @@ def read_sim_columns(path: str | Path) -> "Columns":
     validate = SimResult.model_validate
     try:
         rows: list[dict[str, Any]] = []
-        for item in stream_array(path):
-            rows.append(validate(item).__dict__)
-            if len(rows) == CHUNK_ROWS:
+        for block in stream_array(path):
+            rows += [validate(item).__dict__ for item in block]
+            if len(rows) >= CHUNK_ROWS:
                 acc.add(rows)
                 rows = []
         acc.add(rows)
@@ -242,7 +242,7 @@ class _SimAccumulator:
         self.arrays: dict[str, np.ndarray] = {}
         self.const: dict[str, Any] = {}
         self.lists: dict[str, list[Any]] = {}
-        self.maps: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+        self.maps: dict[str, tuple[tuple[str, ...], list[np.ndarray]]] = {}  # keys, blocks of rows
         self.shared: dict[str, str] = {}
 
     def add(self, rows: list[dict[str, Any]]) -> None:
@@ -271,31 +271,37 @@ class _SimAccumulator:
             if all(type(v) is type(first) and v == first for v in values):
                 self.const[name] = first
                 return
-        if name not in self.lists and all(isinstance(v, dict) for v in values):
-            keys = tuple(sorted(values[0]))
-            prior = self.maps.get(name)
-            same = all(tuple(sorted(v)) == keys for v in values) and (prior is None or prior[0] == keys)
-            const = self.const.get(name)
-            if same and (prior is not None or not start or (isinstance(const, dict) and tuple(sorted(const)) == keys)):
-                block = np.asarray([[v[k] for k in keys] for v in values], dtype=np.int64)
-                if prior is None:
-                    head = np.tile(np.asarray([const[k] for k in keys], dtype=np.int64), (start, 1)) \
-                        if start else np.empty((0, len(keys)), dtype=np.int64)
-                    self.const.pop(name, None)
-                    self.maps[name] = (keys, np.concatenate([head, block]))
-                else:
-                    self.maps[name] = (keys, np.concatenate([prior[1], block]))
-                return
+        if name not in self.lists and self._add_map(name, values, start):
+            return
         if name not in self.lists:
             self.lists[name] = self._rows_so_far(name, start)
         if all(type(v) is str for v in values):
             values = list(map(self.shared.setdefault, values, values))
         self.lists[name] += values
 
+    def _add_map(self, name: str, values: list[Any], start: int) -> bool:
+        """Maps with the same keys in every row so far: a row of counts each (False: they are not)."""
+        if not all(isinstance(v, dict) for v in values):
+            return False
+        keys = tuple(sorted(values[0]))
+        if any(tuple(sorted(v)) != keys for v in values):
+            return False
+        if name not in self.maps:
+            first = self.const.get(name) if start else {}
+            if not isinstance(first, dict) or (start and tuple(sorted(first)) != keys):
+                return False
+            self.const.pop(name, None)
+            head = np.tile(np.asarray([first[k] for k in keys], dtype=np.int64), (start, 1)) if start else None
+            self.maps[name] = (keys, [] if head is None else [head])
+        elif self.maps[name][0] != keys:
+            return False
+        self.maps[name][1].append(np.asarray([[v[k] for k in keys] for v in values], dtype=np.int64))
+        return True
+
     def _rows_so_far(self, name: str, start: int) -> list[Any]:
         if name in self.maps:
-            keys, table = self.maps.pop(name)
-            return [dict(zip(keys, row)) for row in table.tolist()]
+            keys, blocks = self.maps.pop(name)
+            return [dict(zip(keys, row)) for block in blocks for row in block.tolist()]
         return [self.const.pop(name)] * start if start else []
 
     def finish(self) -> "Columns":
@@ -306,8 +312,8 @@ class _SimAccumulator:
                 buf.resize(self.n, refcheck=False)
                 data[name] = buf
             elif name in self.maps:
-                keys, table = self.maps[name]
-                data[name] = IntMapColumn(keys, table)
+                keys, blocks = self.maps[name]
+                data[name] = IntMapColumn(keys, np.concatenate(blocks))
             elif name in self.lists:
                 data[name] = self.lists[name]
             elif name in self.const:
