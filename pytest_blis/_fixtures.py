@@ -102,7 +102,7 @@ def blis_observe() -> Callable[..., Any]:
 
 @pytest.fixture(scope="session")
 def blis_replay() -> Callable[..., Any]:
-    """``blis_replay(trace, ReplayOptions, CellPaths) -> (sim results, MetricsOutput)``."""
+    """``blis_replay(trace, ReplayOptions, CellPaths) -> (SimResult columns, MetricsOutput)``."""
     from pytest_blis import _steps
 
     return _steps.replay_step
