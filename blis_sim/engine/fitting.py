@@ -400,12 +400,12 @@ def _backtrack(cases: list[_Case], leader: _Iterate, step_to: np.ndarray, tried:
     return leader
 
 
-def _residuals(it: _Iterate) -> np.ndarray:
+def _residuals(it: _Iterate) -> tuple[np.ndarray, np.ndarray]:
     """Every fitted request's relative TTFT and ITL error at ``it`` (the terms of the objective,
-    in a fixed order: the same requests whatever the coefficients), each trace's and each kind's
-    scaled by 1/√(its count) so that the sum of squares weighs them as the objective does. A
-    request the replay did not finish counts as 100 % off."""
-    parts = []
+    in a fixed order: the same requests whatever the coefficients), and each one's weight: 1/(its
+    trace's and kind's count × the traces), so that the weighted sum is the objective's mean over
+    traces of TTFT MAPE + ITL MAPE. A request the replay did not finish counts as 100 % off."""
+    errors, weights = [], []
     k = len(it.outcomes)
     for out, obs in zip(it.outcomes, it.obs):
         lp = out.loop
@@ -416,9 +416,11 @@ def _residuals(it: _Iterate) -> np.ndarray:
             if not ok.any():
                 continue
             r = (sim[ok] - ref[ok]) / ref[ok]
-            r = np.where(np.isfinite(r), r, 1.0)
-            parts.append(r / np.sqrt(ok.sum() * k))
-    return np.concatenate(parts) if parts else np.zeros(1)
+            errors.append(np.where(np.isfinite(r), r, 1.0))
+            weights.append(np.full(r.size, 1.0 / (ok.sum() * k)))
+    if not errors:
+        return np.zeros(1), np.zeros(1)
+    return np.concatenate(errors), np.concatenate(weights)
 
 
 def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
@@ -486,7 +488,7 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     one request at a time (:func:`blis_sim.probe.plan.one_at_a_time`).
     """
     from blis_sim.engine import fit_checks
-    from blis_sim.engine.fit_search import search
+    from blis_sim.engine.fit_search import robust, search
     from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
     from blis_sim.engine.prior import fit_bounds
 
@@ -558,9 +560,9 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     def scored(coef: np.ndarray) -> np.ndarray:
         if np.array_equal(coef, lead.coef) and lead.outcomes is not None:
             # scipy's first call is its start: scored already
-            return np.concatenate([_residuals(lead), penalty(coef)])
+            return np.concatenate([robust(*_residuals(lead)), penalty(coef)])
         it = _replayed(cases, coef, "search", shape, phases)
-        res = _residuals(it)
+        res = robust(*_residuals(it))
         tried.append(it)
         _keep_best_and_last(tried)
         return np.concatenate([res, penalty(coef)])
