@@ -68,21 +68,23 @@ def test_the_answer_is_never_worse_than_any_start(saturated) -> None:
         step=StepCoefficients(base_us=20000.0, per_prefill_token_us=20.0, per_decode_seq_us=150.0,
                               per_context_token_us=0.01, per_prefill_attention_us=0.001),
         frontend=FrontendCoefficients(base_us=40000.0, per_inflight_us=0.0))
-    # the truth as a start: no candidate may be returned that replays worse than it
-    for start in (TRUTH, wrong):
+    # the truth as a start: no candidate may be returned that replays worse than it; given
+    # beside another (``starts``: e.g. ``--latency-coefficients``), it is as much a start
+    for start, more in ((TRUTH, ()), (wrong, ()), (wrong, (("truth", TRUTH),))):
         assert np.all((_vector(start) >= low) & (_vector(start) <= high))  # starts within bounds
         c = fit(saturated, replace(OPTS, latency=start.to_step_model()), prior=QWEN_H100,
-                max_iterations=3, bootstrap_resamples=0, search_evaluations=12)
+                max_iterations=3, bootstrap_resamples=0, search_evaluations=12, starts=more)
         got = objective(c.fit)
         assert got == pytest.approx(scored(saturated, c), abs=1e-12)  # the objective it reports
         physical = _to_coefficients(np.array([v if v is not None else _vector(start)[j]
                                               for j, v in enumerate(QWEN_H100.values)]))
-        for s in (start, physical):
+        for s in (start, physical, *(m for _, m in more)):
             assert got <= scored(saturated, s) + 1e-12
         # every candidate it scored is in the report, and the answer is the best of them
         assert got == pytest.approx(min(it.objective for it in c.fit.convergence), abs=1e-12)
         kinds = [it.kind for it in c.fit.convergence]
-        assert kinds[:2] == ["start", "prior"] and "iterate" in kinds and "search" in kinds
+        assert kinds[:2 + len(more)] == ["start"] * (1 + len(more)) + ["prior"]
+        assert "iterate" in kinds and "search" in kinds
         for e in c.fit.coefficients:  # bounded, not merely reported
             assert e.plausible_low <= e.value <= e.plausible_high, e
 

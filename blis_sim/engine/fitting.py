@@ -288,6 +288,7 @@ class _Iterate:
     outcomes: list[SimOutcome]
     obs: list[Observed]
     designs: list[Design]
+    label: str = ""             # a start's: where it came from
 
     @property
     def objective(self) -> float:
@@ -449,7 +450,8 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
         name: str | Sequence[str] = "", prior: PhysicsPrior | None = None, prior_label: str = "",
         prior_strength: float = 0.01, bootstrap_resamples: int = 100, seed: int = 0,
         start: str = "", shape: str = "linear", phases: Collection[str] | None = None,
-        search_evaluations: int = SEARCH_EVALUATIONS) -> LatencyCoefficients:
+        search_evaluations: int = SEARCH_EVALUATIONS,
+        starts: Sequence[tuple[str, LatencyCoefficients]] = ()) -> LatencyCoefficients:
     """Fit the model to ``trace`` — or to several traces at once (a list; ``options`` and ``name``
     then one per trace, or one for all): one model, each trace's error in the report's
     ``traces``. ``options`` sets the KV and scheduler knobs of each replay, and the starting
@@ -461,7 +463,8 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     ≥ 0 and the frontend's heuristic range): implausible values are not returned. Stages:
 
     1. **Starts**, each replayed and scored: ``options.latency`` (the user's, else the bundled
-       default) and, with a prior, the prior's values (its frontend from the first start).
+       default), each of ``starts`` ((label, coefficients): more of the user's, e.g. a fit of
+       another trace) and, with a prior, the prior's values (its frontend from the first start).
     2. **Regression** from the better start: replay, solve the rows of that schedule
        (:func:`fit_solve.solve`, toward ``prior``), repeat; plus the coordinate-wise median of
        the iterates after ``burn_in``. A replay is chaotic in the small, so the iterates jitter,
@@ -508,8 +511,13 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     low, high = (np.array(b, dtype=np.float64) for b in fit_bounds(names, prior))
     bounds = (low, high)
     start_coeffs, start_label = _start(cases[0].options)
+    given = [(start or start_label, start_coeffs), *starts]
     user = _start_vector(start_coeffs, shape, prior)
-    tried = [_replayed(cases, np.clip(user, low, high), "start", shape, phases)]
+    tried = []
+    for label, coeffs in given:
+        tried.append(_replayed(cases, np.clip(_start_vector(coeffs, shape, prior), low, high),
+                               "start", shape, phases))
+        tried[-1].label = label
     if prior is not None:
         physical = np.array([user[j] if v is None else v for j, v in enumerate(prior.values)])
         tried.append(_replayed(cases, np.clip(physical, low, high), "prior", shape, phases))
@@ -571,7 +579,9 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     best_index = min(range(len(tried)), key=lambda i: tried[i].objective)
     best = tried[best_index]
     if best.designs is None:
+        label = best.label
         best = _replayed(cases, best.coef, best.kind, shape, phases)
+        best.label = label
 
     design = best.design
     sol = solve(design, prior, prior_strength, bounds)
@@ -598,13 +608,13 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
                         "scheduler limits and KV size are not the server's")
     if best.kind in ("start", "prior"):
         warnings.append(f"no regression or search candidate beat the {best.kind} "
-                        f"({start_label if best.kind == 'start' else 'prior'}: objective "
+                        f"({best.label if best.kind == 'start' else 'prior'}: objective "
                         f"{best.objective:.3g})")
     history = [FitIteration(iteration=i, kind=t.kind, ttft_mape=t.report.ttft_mape,
                             itl_mape=t.report.itl_mape, objective=t.objective,
                             values=[float(v) for v in t.coef]) for i, t in enumerate(tried)]
     report = report.model_copy(update={
-        "iterations": len(fitted), "start": start or start_label,
+        "iterations": len(fitted), "start": ", ".join(label for label, _ in given),
         "prior": prior_label or (prior.source if prior else "none"),
         "best_iteration": best_index, "convergence": history,
         "condition_number": cond if np.isfinite(cond) else None, "coefficients": ests,
