@@ -6,6 +6,7 @@ API::
     window_throughput(sends_us, completions_us, output_tokens) -> Throughput
     backlog(sends_us, first_tokens_us) -> int       requests still waiting for a first token at the last send
     is_saturated(n, backlog) -> bool
+    window_signs(records) -> WindowSigns            the saturation signs of observed records (blis fit's too)
 
 At saturation a request's TTFT is queueing, so a model whose maximum throughput is a few per cent low
 predicts an unbounded queue. The comparison runs over the matched requests (warm-up excluded), both
@@ -158,6 +159,33 @@ def _send_us(rec: Any) -> float:
     return float(rec.send_time_us or rec.arrival_time_us)
 
 
+@dataclass(frozen=True)
+class WindowSigns:
+    """The observed side's saturation evidence over a window of ``ok`` records."""
+
+    requests: int
+    backlog: int
+    send_lag_us: float
+    waiting_share: float
+    signs: list[str]
+
+
+def _first_us(rec: Any) -> float:
+    return float(rec.first_content_time_us or rec.first_chunk_time_us or rec.last_chunk_time_us)
+
+
+def window_signs(records: Sequence[Any]) -> WindowSigns:
+    """The signs of the module docstring from records (``ok``, completed, sent): one rule for
+    calibrate's verdict and ``blis fit``'s saturation warning."""
+    sends = [_send_us(rec) for rec in records]
+    first = [_first_us(rec) for rec in records]
+    waiting = backlog(sends, first)
+    scheduled = [float(rec.arrival_time_us) for rec in records]
+    share = waiting_share([f - s for f, s in zip(first, sends)], [_prompt(rec) for rec in records])
+    signs = saturation_signs(len(records), waiting, sends_lag(scheduled, sends), share)
+    return WindowSigns(len(records), waiting, send_lag_us(scheduled, sends), share, signs)
+
+
 def capacity_comparison(matched_records: Sequence[tuple[Any, Any]],
                         tolerance: float = DEFAULT_CAPACITY_TOLERANCE) -> CapacityComparison | None:
     """Observed against predicted throughput over the matched ``ok`` requests; None when fewer than two."""
@@ -170,13 +198,8 @@ def capacity_comparison(matched_records: Sequence[tuple[Any, Any]],
     sim_done = [s + float(sr.e2e_us) for s, (_, sr) in zip(sends, pairs)]
     real = window_throughput(sends, real_done, [rec.output_tokens for rec, _ in pairs])
     sim = window_throughput(sends, sim_done, [sr.output_tokens for _, sr in pairs])
-    first = [float(rec.first_content_time_us or rec.first_chunk_time_us or rec.last_chunk_time_us)
-             for rec, _ in pairs]
-    waiting = backlog(sends, first)
-    scheduled = [float(rec.arrival_time_us) for rec, _ in pairs]
-    late = send_lag_us(scheduled, sends)
-    share = waiting_share([f - s for f, s in zip(first, sends)], [_prompt(rec) for rec, _ in pairs])
-    signs = saturation_signs(len(pairs), waiting, sends_lag(scheduled, sends), share)
+    seen = window_signs([rec for rec, _ in pairs])
+    signs = seen.signs
     saturated = bool(signs)
     arrival = _rate(len(sends) - 1, (max(sends) - min(sends)) / 1e6)
     rps_error = abs(sim.rps - real.rps) / real.rps if real.rps > 0 else math.inf
@@ -184,7 +207,8 @@ def capacity_comparison(matched_records: Sequence[tuple[Any, Any]],
     within = (rps_error <= tolerance and tps_error <= tolerance) if saturated else None
     return CapacityComparison(
         requests=real.requests, window_s=real.seconds, arrival_rps=arrival if math.isfinite(arrival) else None,
-        served_rps=real.rps, backlog=waiting, send_lag_s=late / 1e6, waiting_share=share,
+        served_rps=real.rps, backlog=seen.backlog, send_lag_s=seen.send_lag_us / 1e6,
+        waiting_share=seen.waiting_share,
         saturation=signs, saturated=saturated, real_rps=real.rps, sim_rps=sim.rps, rps_error=rps_error,
         real_output_tps=real.output_tps, sim_output_tps=sim.output_tps, output_tps_error=tps_error,
         tolerance=tolerance, within=within)

@@ -3,18 +3,20 @@ relative TTFT and ITL errors) directly, over replays, from the best start.
 
 The regression (:mod:`blis_sim.engine.fitting`'s fixed point) solves each schedule's rows with the
 schedule held fixed: it cannot see that a slower step makes a queue longer, so on a trace whose TTFT
-is queueing it settles where its own replay is far off (the issue-27 traces: 27-80 % in-sample). Here
-every candidate is replayed, and scipy's ``least_squares`` (trust-region reflective, bounded by the
-physics prior's plausible range) moves the coefficients on a finite-difference Jacobian of the
+is queueing it settles where its own replay is far off (the issue-27 traces: 27-80 % in-sample).
+Here every candidate is replayed, and scipy's ``least_squares`` (trust-region reflective, bounded by
+the physics prior's plausible range) moves the coefficients on a finite-difference Jacobian of the
 replayed residuals. The loss is soft-L1 on each request's *relative* error (:func:`robust`): beyond
-``F_SCALE`` an error counts linearly, as in the MAPE the fit reports, so that the requests of a standing
-queue (off by 30-50 % while the model is still far) do not outweigh the rest as their squares would. The difference step is large (``DIFF_STEP`` of each coefficient): a replay is piecewise
-constant in the small, so a tiny step sees no slope.
+``F_SCALE`` an error counts linearly, as in the MAPE the fit reports, so that the requests of a
+standing queue (off by 30-50 % while the model is still far) do not outweigh the rest as their
+squares would. The difference step is large (``DIFF_STEP`` of each coefficient): a replay is
+piecewise constant in the small, so a tiny step sees no slope.
 
 ``search(evaluate, x0, low, high, free, budget, typical)`` calls ``evaluate(coef)`` (the residuals,
-already robust: :func:`robust` of the replay's, then the prior's rows) at most ``budget`` times (the Jacobian's replays counted: scipy
-does not count them) and returns how many it made: the caller keeps every evaluation and returns the
-best by the objective, so the answer is never worse than any start.
+already robust: :func:`robust` of the replay's, then the prior's rows) at most ``budget`` times (the
+Jacobian's replays counted: scipy does not count them) and returns how many it made: the caller
+keeps every evaluation and returns the best by the objective, so the answer is never worse than any
+start.
 """
 from __future__ import annotations
 

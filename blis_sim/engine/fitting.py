@@ -521,9 +521,8 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     if prior is not None:
         physical = np.array([user[j] if v is None else v for j, v in enumerate(prior.values)])
         tried.append(_replayed(cases, np.clip(physical, low, high), "prior", shape, phases))
-    starts = list(tried)
     fitted: list[np.ndarray] = []
-    current = min(starts, key=lambda t: t.objective)
+    current = min(tried, key=lambda t: t.objective)
     while len(fitted) < EXTENDED * max_iterations:
         c = solve(current.design, prior, prior_strength, bounds).coef
         converged = bool(fitted) and bool(np.all(
@@ -595,8 +594,9 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
         np.concatenate([o.load for o in best.obs]), names,
         zero_when_unused=_zero_when_unused(best.obs[0]), bounds=bounds)
     for case, out, obs in zip(cases, best.outcomes, best.obs):
-        sat = fit_checks.saturation(obs.ttft_us, out.loop.arrival_us, obs.load,
-                                    [r.phase for r in out.table.source])
+        window = [r for r, t in zip(out.table.source, obs.ttft_us)
+                  if np.isfinite(t) and r.last_chunk_time_us > 0]
+        sat = fit_checks.saturation(window, [r.phase for r in out.table.source])
         if sat:
             warnings.insert(0, sat if len(cases) == 1 else f"{case.name}: {sat}")
     report = best.report
