@@ -114,19 +114,25 @@ def sends_lag(scheduled_us: Sequence[float], sends_us: Sequence[float]) -> bool:
     return send_lag_us(scheduled_us, sends_us) >= max(MIN_LAG_US, LAG_SHARE * span)
 
 
-def waiting_share(ttft_us: Sequence[float], prompt_tokens: Sequence[int]) -> float:
-    """The median over requests of (TTFT − its prompt class's floor) / TTFT (0 for no request)."""
+def wait_shares(ttft_us: Sequence[float], prompt_tokens: Sequence[int]) -> list[float]:
+    """Each request's (TTFT − its prompt class's floor) / TTFT (0 where it has no TTFT)."""
     ok = [(t, p) for t, p in zip(ttft_us, prompt_tokens) if t > 0]
     if not ok:
-        return 0.0
+        return [0.0] * len(ttft_us)
     every = sorted(t for t, _ in ok)
     classes: dict[int, list[float]] = {}
     for t, p in ok:
         classes.setdefault(max(int(p), 1).bit_length(), []).append(t)
     floors = {k: _percentile(sorted(v) if len(v) >= MIN_CLASS else every, FLOOR_PERCENTILE)
               for k, v in classes.items()}
-    shares = [max(0.0, 1.0 - floors[max(int(p), 1).bit_length()] / t) for t, p in ok]
-    return float(statistics.median(shares))
+    return [max(0.0, 1.0 - floors[max(int(p), 1).bit_length()] / t) if t > 0 else 0.0
+            for t, p in zip(ttft_us, prompt_tokens)]
+
+
+def waiting_share(ttft_us: Sequence[float], prompt_tokens: Sequence[int]) -> float:
+    """The median over requests of (TTFT − its prompt class's floor) / TTFT (0 for no request)."""
+    shares = [w for w, t in zip(wait_shares(ttft_us, prompt_tokens), ttft_us) if t > 0]
+    return float(statistics.median(shares)) if shares else 0.0
 
 
 def _percentile(ordered: list[float], q: float) -> float:
