@@ -46,7 +46,7 @@ from blis_sim.engine.coefficients import (
     StepCoefficients,
     TraceError,
 )
-from blis_sim.engine.fit_solve import Design
+from blis_sim.engine.fit_solve import Design, one_blas_thread
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.settings import resolve_settings
@@ -462,6 +462,7 @@ def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
     return [_Case(prepare_trace(t), resolve_settings(o, t.header), n) for t, o, n in zip(traces, opts, names)]
 
 
+@one_blas_thread
 def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = None, *,
         max_iterations: int = 10, burn_in: int = 3, tolerance: float = 1e-6,
         name: str | Sequence[str] = "", prior: PhysicsPrior | None = None, prior_label: str = "",
