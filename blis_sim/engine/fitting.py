@@ -27,7 +27,8 @@ Which requests: ``status ok`` rows with a first token (in observe traces, stream
 non-streamed response has no first-token time); TTFT = first content (else first chunk) − send;
 ITL mean = (last chunk − first chunk) / (output tokens − 1) for rows with ≥ 2 outputs.
 Rows outside the comparison window (warm-up) are simulated but not fitted; so are a probe trace's ramp
-rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says why).
+rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says why). A request that
+waited most of its TTFT (:func:`queued_rows`) has no TTFT row in the regression; the search scores it.
 """
 from __future__ import annotations
 
