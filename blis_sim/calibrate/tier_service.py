@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from blis_sim.formats.hitrate import PRIMARY_TIER
+
 DEFAULT_TIER_SERVICE_TOLERANCE = 0.10
 #: Smallest ratio between the largest and smallest mean transfer size over the windows for a fit.
 MIN_SIZE_SPREAD = 1.10
@@ -183,13 +185,10 @@ def fitted_tiers(block: Any, fits: Mapping[tuple[str, str], TierFit]) -> list[di
     return tiers
 
 
-PRIMARY = "0:primary"  # the CPU <-> GPU link's tier label (vLLM's connector counters)
-
-
 def fitted_link(fits: Mapping[tuple[str, str], TierFit]) -> dict[str, float] | None:
     """The offload config's ``cpu_link`` from the primary tier's fits (read = CPU -> GPU loads, write = GPU ->
     CPU stores), bytes/µs and µs; None unless both directions were fitted."""
-    read, write = fits.get((PRIMARY, "read")), fits.get((PRIMARY, "write"))
+    read, write = fits.get((PRIMARY_TIER, "read")), fits.get((PRIMARY_TIER, "write"))
     if read is None or write is None:
         return None
     costs = [f.fixed_cost_s * 1e6 for f in (read, write) if f.fixed_cost_s is not None]

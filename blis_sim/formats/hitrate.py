@@ -25,6 +25,9 @@ from blis_sim.formats._model import StrictModel
 
 Definition = Literal["prefix_cache", "external", "by_source", "tiered", "gpu_prefix_cache"]
 DEFINITIONS: tuple[str, ...] = ("prefix_cache", "external", "by_source", "tiered", "gpu_prefix_cache")
+# The primary (CPU) tier's label: vLLM's own for its tiering counters, and the one observe records the
+# connector's unlabelled GPU <-> CPU counters under (vLLM's rule: docs/vllm-semantics.md §4).
+PRIMARY_TIER = "0:primary"
 
 
 class KVHitRate(StrictModel):

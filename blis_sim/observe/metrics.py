@@ -37,6 +37,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from blis_sim.errors import ScrapeError
+from blis_sim.formats.hitrate import PRIMARY_TIER
 
 SOURCE_TIERED = "tiered"
 SOURCE_GPU_FALLBACK = "gpu-prefix-cache-fallback"
@@ -60,8 +61,7 @@ TIER_IO_FAMILIES = {
     "write_time_s": "vllm:kv_offload_tiering_write_time",
 }
 # The connector's GPU <-> CPU transfers (vLLM 0.32 OffloadingConnector, unlabelled beyond
-# model_name/engine): recorded as tier "0:primary", read = load (CPU -> GPU), write = store.
-PRIMARY_TIER = "0:primary"
+# model_name/engine): recorded as tier PRIMARY_TIER, read = load (CPU -> GPU), write = store.
 CONNECTOR_IO_FAMILIES = {
     "read_bytes": "vllm:kv_offload_load_bytes",
     "read_time_s": "vllm:kv_offload_load_time",
