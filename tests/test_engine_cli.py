@@ -98,10 +98,6 @@ def test_replay_reads_the_reference_sample_files(tmp_path: Path) -> None:
     (["replay", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
       BLIS / "trace.csv", "--latency-model", "roofline", "--latency-coefficients", BLIS / "sim.json"],
      "--latency-coefficients applies to --latency-model linear only"),
-    # fit's starting point has its own flag: --latency-coefficients there is refused
-    (["fit", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
-      BLIS / "trace.csv", "--latency-coefficients", BLIS / "sim.json"],
-     "to start the fit from a file, pass --initial-coefficients FILE"),
     (["fit", "--model", "qwen/qwen3-14b", "--trace-header", BLIS / "trace.yaml", "--trace-data",
       BLIS / "trace.csv", "--max-iterations", "0"], "--max-iterations must be ≥ 1"),
 ])
@@ -171,6 +167,34 @@ def test_fit_states_its_start_prints_its_report_and_writes_it(run_trace: Path) -
     assert no_prior.returncode == 0, no_prior.stderr
     assert "blis fit: starting from default coefficients" in no_prior.stderr
     assert json.loads(no_prior.stdout)["fit"]["prior"].startswith("none: no --hardware")
+
+
+def test_fit_takes_latency_coefficients_as_a_start_beside_the_initial_ones(run_trace: Path) -> None:
+    """Any coefficient file the user gives is a start (issue 27): ``--latency-coefficients`` beside
+    ``--initial-coefficients`` is a second start, replayed and scored as the first is."""
+    first, second = run_trace / "first.yaml", run_trace / "second.yaml"
+    first.write_text("step:\n  base_us: 9000\n  per_prefill_token_us: 5\n  per_decode_seq_us: 5\n"
+                     "  per_context_token_us: 0.1\n")
+    second.write_text("step:\n  base_us: 4000\n  per_prefill_token_us: 20\n  per_decode_seq_us: 30\n"
+                      "  per_context_token_us: 0.01\n")
+    out = blis("fit", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
+               run_trace / "t.yaml", "--trace-data", run_trace / "t.csv", "--max-iterations", "1",
+               "--initial-coefficients", first, "--latency-coefficients", second,
+               "--bootstrap-resamples", "0", "--search-evaluations", "0")
+    assert out.returncode == 0, out.stderr
+    assert f"blis fit: starting from {first} and {second} coefficients" in out.stderr
+    fit = json.loads(out.stdout)["fit"]
+    assert fit["start"] == f"{first}, {second}"
+    runs = fit["convergence"]
+    assert [c["kind"] for c in runs[:2]] == ["start", "start"]
+    assert runs[0]["values"][0] == 9000 and runs[1]["values"][0] == 4000
+    assert runs[fit["best_iteration"]]["objective"] <= min(c["objective"] for c in runs[:2])
+    alone = blis("fit", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000", "--trace-header",
+                 run_trace / "t.yaml", "--trace-data", run_trace / "t.csv", "--max-iterations", "1",
+                 "--latency-coefficients", second, "--bootstrap-resamples", "0",
+                 "--search-evaluations", "0")
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["fit"]["convergence"][0]["values"][0] == 4000
 
 
 VLLM = REPO / "samples" / "vllm-cpu"

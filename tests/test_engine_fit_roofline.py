@@ -4,6 +4,7 @@ probe trace is not warned as saturated (its ramp saturates by design)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -143,15 +144,44 @@ PROBE_PHASES = ["warmup-0", "cold-64-0", "seed-64", "cached-64-0", "decode-8", "
                 "mixed-4-512", "ramp-8", "ramp-16"]
 
 
+def _records(send_s: np.ndarray, ttft_s: np.ndarray, late_s: np.ndarray | None = None,
+             prompt: int = 1000) -> list[SimpleNamespace]:
+    """Observed records: sent at ``send_s`` (scheduled ``late_s`` earlier), first token after
+    ``ttft_s``, done 1 s later."""
+    late = np.zeros_like(send_s) if late_s is None else late_s
+    return [SimpleNamespace(status="ok", arrival_time_us=(s - d) * 1e6, send_time_us=s * 1e6,
+                            first_content_time_us=(s + t) * 1e6, first_chunk_time_us=(s + t) * 1e6,
+                            last_chunk_time_us=(s + t + 1) * 1e6, server_input_tokens=prompt,
+                            input_tokens=prompt)
+            for s, t, d in zip(send_s, ttft_s, late)]
+
+
 def test_a_probe_trace_is_not_warned_as_saturated_but_the_same_latencies_otherwise_are() -> None:
     n = 30
-    ttft = np.concatenate([np.full(10, 1e4), np.full(10, 2e4), np.full(10, 1e5)])  # grows 10x
-    order, load = np.arange(n, dtype=np.float64), np.arange(n, dtype=np.float64)
+    ttft = np.concatenate([np.full(10, 0.01), np.full(10, 0.2), np.full(10, 1.0)])  # waiting
+    records = _records(np.arange(n, dtype=np.float64), ttft)
     probe = [PROBE_PHASES[min(i // 4, len(PROBE_PHASES) - 1)] for i in range(n)]
-    assert saturation(ttft, order, load, probe) is None
+    assert saturation(records, probe) is None
     # the plugin's probe for sequential cells: no ramp, its TTFT grows with the prompt lengths
     no_ramp = ["decode-1-ctx2048" if p.startswith("ramp") else p for p in probe]
-    assert saturation(ttft, order, load, no_ramp) is None
+    assert saturation(records, no_ramp) is None
     for phases in (None, [""] * n, ["steady"] * n, [p.replace("ramp", "rampage") for p in probe]):
-        warning = saturation(ttft, order, load, phases)
-        assert warning is not None and warning.startswith("the trace looks saturated")
+        warning = saturation(records, phases)
+        assert warning is not None and warning.startswith("the trace looks saturated (waiting: ")
+
+
+def test_the_fit_sees_saturation_by_calibrates_signs_sends_that_lag_included() -> None:
+    """One rule for calibrate's verdict and the fit's warning (issue 27): a client that could not
+    send on schedule (its slots held by requests the server had not finished) is saturation even
+    though every TTFT is short and none grows; a load the server keeps up with is not, though its
+    TTFT triples (the warning's former rule: a long prompt class late in the trace)."""
+    n = 100
+    send = np.arange(n, dtype=np.float64) * 0.1
+    lagging = _records(send, np.full(n, 0.05), late_s=np.linspace(0.0, 3.0, n))
+    warning = saturation(lagging, None)
+    assert warning is not None and "sends lag: the last sends left" in warning
+    assert "waiting" not in warning and "backlog" not in warning
+    longer = np.where(np.arange(n) < 2 * n // 3, 0.05, 0.2)  # the last third's prompts 4x longer
+    prompts = _records(send[: 2 * n // 3], longer[: 2 * n // 3]) + \
+        _records(send[2 * n // 3:], longer[2 * n // 3:], prompt=4000)
+    assert saturation(prompts, None) is None

@@ -7,6 +7,9 @@ API::
     window_throughput(sends_us, completions_us, output_tokens) -> Throughput
     backlog(sends_us, first_tokens_us) -> int       requests still waiting for a first token at the last send
     is_saturated(n, backlog) -> bool
+    window_signs(records) -> WindowSigns            the saturation signs of observed records (blis fit's too)
+    signs_of(sends_us, first_tokens_us, scheduled_us, prompt_tokens) -> WindowSigns   the same, of arrays
+    wait_shares(ttft_us, prompt_tokens) -> array    each request's waiting share of its TTFT
 
 At saturation a request's TTFT is queueing, so a model whose maximum throughput is a few per cent low
 predicts an unbounded queue. The comparison runs over the matched requests (warm-up excluded), both
@@ -46,6 +49,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -126,12 +130,13 @@ def _prompt_class(prompt_tokens: np.ndarray) -> np.ndarray:
     return np.frexp(p)[1].astype(np.int64)  # p = m · 2**e with m in [0.5, 1): e is its bit length
 
 
-def waiting_share(ttft_us: Sequence[float] | np.ndarray, prompt_tokens: Sequence[int] | np.ndarray) -> float:
-    """The median over requests of (TTFT − its prompt class's floor) / TTFT (0 for no request)."""
+def wait_shares(ttft_us: Sequence[float] | np.ndarray, prompt_tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Each request's (TTFT − its prompt class's floor) / TTFT (0 where it has no TTFT)."""
     t_all = np.asarray(ttft_us, dtype=np.float64)
+    out = np.zeros(t_all.size)
     keep = t_all > 0
     if not keep.any():
-        return 0.0
+        return out
     t = t_all[keep]
     cls = _prompt_class(np.asarray(prompt_tokens)[keep])
     every = np.sort(t)
@@ -140,8 +145,15 @@ def waiting_share(ttft_us: Sequence[float] | np.ndarray, prompt_tokens: Sequence
         mine = cls == k
         v = t[mine]
         floor_of[mine] = _percentile(np.sort(v) if v.size >= MIN_CLASS else every, FLOOR_PERCENTILE)
-    shares = np.maximum(0.0, 1.0 - floor_of / t)
-    return float(statistics.median(shares.tolist()))
+    out[keep] = np.maximum(0.0, 1.0 - floor_of / t)
+    return out
+
+
+def waiting_share(ttft_us: Sequence[float] | np.ndarray, prompt_tokens: Sequence[int] | np.ndarray) -> float:
+    """The median over requests of (TTFT − its prompt class's floor) / TTFT (0 for no request)."""
+    t = np.asarray(ttft_us, dtype=np.float64)
+    shares = wait_shares(t, prompt_tokens)[t > 0]
+    return float(statistics.median(shares.tolist())) if shares.size else 0.0
 
 
 def _percentile(ordered: np.ndarray, q: float) -> float:
@@ -165,6 +177,40 @@ def _rate(count: int, span_s: float) -> float:
     return count / span_s if span_s > 0 else math.inf
 
 
+@dataclass(frozen=True)
+class WindowSigns:
+    """The observed side's saturation evidence over a window of ``ok`` records."""
+
+    requests: int
+    backlog: int
+    send_lag_us: float
+    waiting_share: float
+    signs: list[str]
+
+
+def signs_of(sends_us: np.ndarray, first_tokens_us: np.ndarray, scheduled_us: np.ndarray,
+             prompt_tokens: np.ndarray) -> WindowSigns:
+    """The signs of the module docstring, from each request's send, first token, scheduled send
+    and prompt length: one rule for calibrate's verdict and ``blis fit``'s saturation warning."""
+    waiting = backlog(sends_us, first_tokens_us)
+    share = waiting_share(first_tokens_us - sends_us, prompt_tokens)
+    signs = saturation_signs(int(sends_us.size), waiting, sends_lag(scheduled_us, sends_us), share)
+    return WindowSigns(int(sends_us.size), waiting, send_lag_us(scheduled_us, sends_us), share, signs)
+
+
+def window_signs(records: Sequence[Any]) -> WindowSigns:
+    """:func:`signs_of` records (``ok``, completed, sent)."""
+    def col(values: Any) -> np.ndarray:
+        return np.asarray(list(values), dtype=np.float64)
+
+    return signs_of(col(float(r.send_time_us or r.arrival_time_us) for r in records),
+                    col(float(r.first_content_time_us or r.first_chunk_time_us or r.last_chunk_time_us)
+                        for r in records),
+                    col(float(r.arrival_time_us) for r in records),
+                    np.asarray([int(getattr(r, "server_input_tokens", 0) or getattr(r, "input_tokens", 0) or 0)
+                                for r in records], dtype=np.int64))
+
+
 def capacity_comparison(real: TraceColumns, sim: SimTable, rows: np.ndarray, sim_rows: np.ndarray,
                         tolerance: float = DEFAULT_CAPACITY_TOLERANCE) -> CapacityComparison | None:
     """Observed against predicted throughput over the matched ``ok`` requests (trace rows ``rows``,
@@ -186,14 +232,11 @@ def capacity_comparison(real: TraceColumns, sim: SimTable, rows: np.ndarray, sim
     first = real.array("first_content_time_us")[at]
     first = np.where(first != 0, first, real.array("first_chunk_time_us")[at])
     first = np.where(first != 0, first, last_all[keep]).astype(np.float64)
-    waiting = backlog(sends, first)
     scheduled = real.array("arrival_time_us")[at].astype(np.float64)
-    late = send_lag_us(scheduled, sends)
     prompt = real.array("server_input_tokens")[at]
     prompt = np.where(prompt != 0, prompt, real.array("input_tokens")[at])
-    share = waiting_share(first - sends, prompt)
-    n = int(sends.size)
-    signs = saturation_signs(n, waiting, sends_lag(scheduled, sends), share)
+    seen = signs_of(sends, first, scheduled, prompt)
+    n, signs = seen.requests, seen.signs
     saturated = bool(signs)
     arrival = _rate(n - 1, (float(sends.max()) - float(sends.min())) / 1e6)
     rps_error = abs(sim_tp.rps - real_tp.rps) / real_tp.rps if real_tp.rps > 0 else math.inf
@@ -202,7 +245,8 @@ def capacity_comparison(real: TraceColumns, sim: SimTable, rows: np.ndarray, sim
     within = (rps_error <= tolerance and tps_error <= tolerance) if saturated else None
     return CapacityComparison(
         requests=real_tp.requests, window_s=real_tp.seconds, arrival_rps=arrival if math.isfinite(arrival) else None,
-        served_rps=real_tp.rps, backlog=waiting, send_lag_s=late / 1e6, waiting_share=share,
+        served_rps=real_tp.rps, backlog=seen.backlog, send_lag_s=seen.send_lag_us / 1e6,
+        waiting_share=seen.waiting_share,
         saturation=signs, saturated=saturated, real_rps=real_tp.rps, sim_rps=sim_tp.rps, rps_error=rps_error,
         real_output_tps=real_tp.output_tps, sim_output_tps=sim_tp.output_tps, output_tps_error=tps_error,
         tolerance=tolerance, within=within)

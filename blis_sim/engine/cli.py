@@ -10,8 +10,8 @@ linear model's YAML/JSON, e.g. written by ``blis fit``), ``--model-config config
 ``PREFIX.csv``). stdout gets the MetricsOutput without ``requests`` and ``cache_hit_rate`` (as the
 reference prints it). Errors: one line and exit code 2 (blis_sim.cli handles BlisError).
 
-Flags are honoured or refused: ``--latency-coefficients`` with ``--latency-model roofline`` and
-on ``blis fit`` (whose start is ``--initial-coefficients``) is an error; an observed trace
+Flags are honoured or refused: ``--latency-coefficients`` with ``--latency-model roofline`` is an
+error; on ``blis fit`` it is a start, as ``--initial-coefficients`` is; an observed trace
 replayed or fitted on default KV size / batch limits gets one stderr warning naming them.
 """
 from __future__ import annotations
@@ -149,7 +149,8 @@ def register(subparsers: Any) -> None:
                    help="replay-and-solve iterations (default %(default)s; up to 3x as many while each new "
                         "iterate still improves on every earlier one by 1 %%)")
     p.add_argument("--initial-coefficients", default=None,
-                   help="start the iteration from these coefficients (default: the bundled ones)")
+                   help="start the fit from these coefficients (default: the bundled ones); "
+                        "--latency-coefficients is a start too (both given: two starts)")
     p.add_argument("--no-prior", action="store_true",
                    help="fit without the roofline prior (by default: from --model-config or a "
                         "bundled --model or the header's model, with --hardware)")
@@ -363,18 +364,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.latency_model != "linear":
         raise UsageError("blis fit fits a fitted-shape model (--step-shape); drop --latency-model "
                          "roofline")
-    if args.latency_coefficients:
-        raise UsageError("--latency-coefficients is the model a replay runs; to start "
-                         "the fit from a file, pass --initial-coefficients FILE")
     if args.bootstrap_resamples < 0 or args.prior_strength < 0:
         raise UsageError("--bootstrap-resamples and --prior-strength must be ≥ 0")
     if args.max_iterations < 1:
         raise UsageError(f"--max-iterations must be ≥ 1, got {args.max_iterations}")
+    # every coefficient file the user gives is a start (issue 27): the first through the options,
+    # as a replay would load it, the other scored beside it
+    files = list(dict.fromkeys(str(f) for f in (args.initial_coefficients,
+                                                args.latency_coefficients) if f))
     start_args = argparse.Namespace(**{**vars(args),
-                                       "latency_coefficients": args.initial_coefficients})
+                                       "latency_coefficients": files[0] if files else None})
     options = [options_from_args(start_args, t.header) for _, t in loaded]
-    start = str(args.initial_coefficients) if args.initial_coefficients else "default"
-    print(f"blis fit: starting from {start} coefficients", file=sys.stderr)
+    start = files[0] if files else "default"
+    starts = [(f, load_coefficients(f)) for f in files[1:]]
+    print(f"blis fit: starting from {' and '.join(files) or 'default'} coefficients",
+          file=sys.stderr)
     prior, label = (None, "none: --no-prior") if args.no_prior else resolve_prior(
         model=args.model, model_config=args.model_config, hardware=args.hardware, tp=args.tp,
         header=trace.header, shape=args.step_shape)
@@ -384,7 +388,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                  name=[n for n, _ in loaded], prior=prior, prior_label=label,
                  prior_strength=args.prior_strength, bootstrap_resamples=args.bootstrap_resamples,
                  seed=args.seed, start=start, shape=args.step_shape,
-                 search_evaluations=args.search_evaluations)
+                 search_evaluations=args.search_evaluations, starts=starts)
     if coeffs.fit is not None:
         sys.stderr.write(coeffs.fit.text() + "\n")
     if args.output:

@@ -3,6 +3,7 @@ would pin down the others), which leave the physics prior's plausible range, and
 was saturated (its TTFT is then queueing, and the step coefficients absorb it)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,6 @@ CI_LIMIT = 1.0
 #: ... where a coefficient without a prior is measured against the value that would move the
 #: average prediction by this fraction, when it is smaller than that (a coefficient near 0).
 NOTICEABLE = 0.01
-#: TTFT of the last third of a trace over its first third above this: the queue was growing.
-SATURATION_RATIO = 3.0
 
 
 #: design columns, in the fitted vector's order
@@ -133,25 +132,26 @@ def estimates(coef: np.ndarray, center: np.ndarray, samples: np.ndarray, vif: np
     return out, warnings
 
 
-def saturation(ttft_us: np.ndarray, send_order: np.ndarray, load: np.ndarray,
-               phases: list[str] | None = None) -> str | None:
-    """A warning when the trace's TTFT grows through it (the queue never drained). Not for a
-    probe trace (``blis probe``'s phases): its phases are drained one after the other (its TTFT
-    grows with its prompt lengths, not with a queue), and its ramp saturates the server by design
-    (its top levels measure the maximum throughput)."""
+def saturation(records: Sequence[Any], phases: list[str] | None = None) -> str | None:
+    """A warning when the fitted requests (``ok`` records with a first token and a last chunk)
+    show calibrate's saturation signs (:func:`blis_sim.calibrate.capacity.window_signs`: a
+    backlog at the last send, sends that lag their schedule, or waiting that dominates TTFT):
+    one rule for the verdict and the fit. Not for a probe trace (``blis probe``'s phases): its
+    phases are drained one after the other (its TTFT grows with its prompt lengths, not with a
+    queue), and its ramp saturates the server by design (its top levels measure the maximum
+    throughput)."""
+    from blis_sim.calibrate.capacity import window_signs
     from blis_sim.probe.plan import is_probe_trace
 
     if phases is not None and is_probe_trace(phases):
         return None
-    ok = np.flatnonzero(np.isfinite(ttft_us) & (ttft_us > 0))
-    if ok.size < 9:
+    seen = window_signs(records)
+    if not seen.signs:
         return None
-    ok = ok[np.argsort(send_order[ok], kind="stable")]
-    third = ok.size // 3
-    first, last = float(np.median(ttft_us[ok[:third]])), float(np.median(ttft_us[ok[-third:]]))
-    if last <= SATURATION_RATIO * first:
-        return None
-    return (f"the trace looks saturated: median TTFT grows from {first / 1e3:.1f} ms (first third) "
-            f"to {last / 1e3:.1f} ms (last third), up to {int(np.max(load[ok]))} requests in "
-            "flight; queueing dominates its TTFT, so the step coefficients absorb it: fit on a "
-            "trace below capacity")
+    said = {"backlog": f"{seen.backlog} of {seen.requests} requests still waited for a first token "
+                       "at the last send",
+            "sends lag": f"the last sends left {seen.send_lag_us / 1e6:.1f} s behind their schedule",
+            "waiting": f"the median request waited {seen.waiting_share:.0%} of its TTFT"}
+    return (f"the trace looks saturated ({'; '.join(f'{s}: {said[s]}' for s in seen.signs)}): "
+            "queueing dominates its TTFT, so the step coefficients absorb it and the model is of "
+            "this queue, not of the server: fit on a trace below capacity, or beside one")

@@ -27,7 +27,8 @@ Which requests: ``status ok`` rows with a first token (in observe traces, stream
 non-streamed response has no first-token time); TTFT = first content (else first chunk) − send;
 ITL mean = (last chunk − first chunk) / (output tokens − 1) for rows with ≥ 2 outputs.
 Rows outside the comparison window (warm-up) are simulated but not fitted; so are a probe trace's ramp
-rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says why).
+rows when it has a sustain phase (:func:`blis_sim.probe.plan.replayed_only` says why). A request that
+waited most of its TTFT (:func:`queued_rows`) has no TTFT row in the regression; the search scores it.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from blis_sim.engine.coefficients import (
     StepCoefficients,
     TraceError,
 )
-from blis_sim.engine.fit_solve import Design
+from blis_sim.engine.fit_solve import Design, one_blas_thread
 from blis_sim.engine.prior import COEFFICIENT_NAMES, SHAPE_NAMES, PhysicsPrior
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.settings import resolve_settings
@@ -105,6 +106,7 @@ class Observed:
     itl_us: np.ndarray    # NaN where not usable
     load: np.ndarray      # requests in flight (sent earlier, last chunk not yet seen) at each send
     send_us: np.ndarray   # each send (the admission queue's arrivals)
+    queued: np.ndarray    # its TTFT is mostly a wait (:func:`queued_rows`): no regression row
 
 
 def observed(outcome: SimOutcome, mode: str = "generated",
@@ -135,7 +137,23 @@ def observed(outcome: SimOutcome, mode: str = "generated",
             ttft[i] = first - r.send_time_us
         if r.output_tokens >= 2 and r.last_chunk_time_us > r.first_chunk_time_us > 0:
             itl[i] = (r.last_chunk_time_us - r.first_chunk_time_us) / (r.output_tokens - 1)
-    return Observed(ttft, itl, load, send)
+    return Observed(ttft, itl, load, send, queued_rows(ttft, outcome.table.prompt_len))
+
+
+def queued_rows(ttft_us: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
+    """The requests whose observed TTFT is at least 4× its prompt class's floor: it waited
+    ``WAIT_SHARE`` (75 %) of it or more, calibrate's rule for waiting that dominates TTFT
+    (:func:`blis_sim.calibrate.capacity.wait_shares`). The regression leaves their TTFT rows out:
+    for a schedule held fixed such a TTFT is the sum of the steps it queued through, but how many
+    it queues through grows with every step's cost, so its row overstates how far the step must
+    move (the iterates alternated between a long queue and none, at 36 and 47 % TTFT MAPE, on the
+    emulator's 1k trace at 1.2× capacity). The search still scores them: it replays the queue."""
+    from blis_sim.calibrate.capacity import WAIT_SHARE, wait_shares
+
+    ok = np.isfinite(ttft_us) & (ttft_us > 0)
+    shares = np.zeros(ttft_us.size)
+    shares[ok] = wait_shares(ttft_us[ok].tolist(), prompt_len[ok].tolist())
+    return shares >= WAIT_SHARE
 
 
 class _StepIntegral:
@@ -171,7 +189,7 @@ def _design(outcome: SimOutcome, obs: Observed, coef: np.ndarray, shape: str = "
     done = ~np.isnan(lp.finish_us)
     load = obs.load
     rows, targets, weights, requests = [], [], [], []
-    sel = np.flatnonzero(done & ~np.isnan(obs.ttft_us) & (obs.ttft_us > 0))
+    sel = np.flatnonzero(done & ~np.isnan(obs.ttft_us) & (obs.ttft_us > 0) & ~obs.queued)
     if sel.size:
         g0, b0 = integ(lp.arrival_us[sel])
         g1, b1 = integ(lp.first_token_us[sel])
@@ -288,6 +306,7 @@ class _Iterate:
     outcomes: list[SimOutcome]
     obs: list[Observed]
     designs: list[Design]
+    label: str = ""             # a start's: where it came from
 
     @property
     def objective(self) -> float:
@@ -400,12 +419,12 @@ def _backtrack(cases: list[_Case], leader: _Iterate, step_to: np.ndarray, tried:
     return leader
 
 
-def _residuals(it: _Iterate) -> np.ndarray:
+def _residuals(it: _Iterate) -> tuple[np.ndarray, np.ndarray]:
     """Every fitted request's relative TTFT and ITL error at ``it`` (the terms of the objective,
-    in a fixed order: the same requests whatever the coefficients), each trace's and each kind's
-    scaled by 1/√(its count) so that the sum of squares weighs them as the objective does. A
-    request the replay did not finish counts as 100 % off."""
-    parts = []
+    in a fixed order: the same requests whatever the coefficients), and each one's weight: 1/(its
+    trace's and kind's count × the traces), so that the weighted sum is the objective's mean over
+    traces of TTFT MAPE + ITL MAPE. A request the replay did not finish counts as 100 % off."""
+    errors, weights = [], []
     k = len(it.outcomes)
     for out, obs in zip(it.outcomes, it.obs):
         lp = out.loop
@@ -416,9 +435,11 @@ def _residuals(it: _Iterate) -> np.ndarray:
             if not ok.any():
                 continue
             r = (sim[ok] - ref[ok]) / ref[ok]
-            r = np.where(np.isfinite(r), r, 1.0)
-            parts.append(r / np.sqrt(ok.sum() * k))
-    return np.concatenate(parts) if parts else np.zeros(1)
+            errors.append(np.where(np.isfinite(r), r, 1.0))
+            weights.append(np.full(r.size, 1.0 / (ok.sum() * k)))
+    if not errors:
+        return np.zeros(1), np.zeros(1)
+    return np.concatenate(errors), np.concatenate(weights)
 
 
 def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
@@ -442,12 +463,14 @@ def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
     return [_Case(prepare_trace(t), resolve_settings(o, t.header), n) for t, o, n in zip(traces, opts, names)]
 
 
+@one_blas_thread
 def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = None, *,
         max_iterations: int = 10, burn_in: int = 3, tolerance: float = 1e-6,
         name: str | Sequence[str] = "", prior: PhysicsPrior | None = None, prior_label: str = "",
         prior_strength: float = 0.01, bootstrap_resamples: int = 100, seed: int = 0,
         start: str = "", shape: str = "linear", phases: Collection[str] | None = None,
-        search_evaluations: int = SEARCH_EVALUATIONS) -> LatencyCoefficients:
+        search_evaluations: int = SEARCH_EVALUATIONS,
+        starts: Sequence[tuple[str, LatencyCoefficients]] = ()) -> LatencyCoefficients:
     """Fit the model to ``trace`` — or to several traces at once (a list; ``options`` and ``name``
     then one per trace, or one for all): one model, each trace's error in the report's
     ``traces``. ``options`` sets the KV and scheduler knobs of each replay, and the starting
@@ -459,7 +482,8 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     ≥ 0 and the frontend's heuristic range): implausible values are not returned. Stages:
 
     1. **Starts**, each replayed and scored: ``options.latency`` (the user's, else the bundled
-       default) and, with a prior, the prior's values (its frontend from the first start).
+       default), each of ``starts`` ((label, coefficients): more of the user's, e.g. a fit of
+       another trace) and, with a prior, the prior's values (its frontend from the first start).
     2. **Regression** from the better start: replay, solve the rows of that schedule
        (:func:`fit_solve.solve`, toward ``prior``), repeat; plus the coordinate-wise median of
        the iterates after ``burn_in``. A replay is chaotic in the small, so the iterates jitter,
@@ -486,7 +510,7 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     one request at a time (:func:`blis_sim.probe.plan.one_at_a_time`).
     """
     from blis_sim.engine import fit_checks
-    from blis_sim.engine.fit_search import search
+    from blis_sim.engine.fit_search import robust, search
     from blis_sim.engine.fit_solve import bootstrap, collinearity, solve
     from blis_sim.engine.prior import fit_bounds
 
@@ -506,14 +530,18 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     low, high = (np.array(b, dtype=np.float64) for b in fit_bounds(names, prior))
     bounds = (low, high)
     start_coeffs, start_label = _start(cases[0].options)
+    given = [(start or start_label, start_coeffs), *starts]
     user = _start_vector(start_coeffs, shape, prior)
-    tried = [_replayed(cases, np.clip(user, low, high), "start", shape, phases)]
+    tried = []
+    for label, coeffs in given:
+        tried.append(_replayed(cases, np.clip(_start_vector(coeffs, shape, prior), low, high),
+                               "start", shape, phases))
+        tried[-1].label = label
     if prior is not None:
         physical = np.array([user[j] if v is None else v for j, v in enumerate(prior.values)])
         tried.append(_replayed(cases, np.clip(physical, low, high), "prior", shape, phases))
-    starts = list(tried)
     fitted: list[np.ndarray] = []
-    current = min(starts, key=lambda t: t.objective)
+    current = min(tried, key=lambda t: t.objective)
     while len(fitted) < EXTENDED * max_iterations:
         c = solve(current.design, prior, prior_strength, bounds).coef
         converged = bool(fitted) and bool(np.all(
@@ -558,9 +586,9 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     def scored(coef: np.ndarray) -> np.ndarray:
         if np.array_equal(coef, lead.coef) and lead.outcomes is not None:
             # scipy's first call is its start: scored already
-            return np.concatenate([_residuals(lead), penalty(coef)])
+            return np.concatenate([robust(*_residuals(lead)), penalty(coef)])
         it = _replayed(cases, coef, "search", shape, phases)
-        res = _residuals(it)
+        res = robust(*_residuals(it))
         tried.append(it)
         _keep_best_and_last(tried)
         return np.concatenate([res, penalty(coef)])
@@ -569,7 +597,9 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
     best_index = min(range(len(tried)), key=lambda i: tried[i].objective)
     best = tried[best_index]
     if best.designs is None:
+        label = best.label
         best = _replayed(cases, best.coef, best.kind, shape, phases)
+        best.label = label
 
     design = best.design
     sol = solve(design, prior, prior_strength, bounds)
@@ -583,8 +613,9 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
         np.concatenate([o.load for o in best.obs]), names,
         zero_when_unused=_zero_when_unused(best.obs[0]), bounds=bounds)
     for case, out, obs in zip(cases, best.outcomes, best.obs):
-        sat = fit_checks.saturation(obs.ttft_us, out.loop.arrival_us, obs.load,
-                                    [r.phase for r in out.table.source])
+        window = [r for r, t in zip(out.table.source, obs.ttft_us)
+                  if np.isfinite(t) and r.last_chunk_time_us > 0]
+        sat = fit_checks.saturation(window, [r.phase for r in out.table.source])
         if sat:
             warnings.insert(0, sat if len(cases) == 1 else f"{case.name}: {sat}")
     report = best.report
@@ -596,13 +627,13 @@ def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = No
                         "scheduler limits and KV size are not the server's")
     if best.kind in ("start", "prior"):
         warnings.append(f"no regression or search candidate beat the {best.kind} "
-                        f"({start_label if best.kind == 'start' else 'prior'}: objective "
+                        f"({best.label if best.kind == 'start' else 'prior'}: objective "
                         f"{best.objective:.3g})")
     history = [FitIteration(iteration=i, kind=t.kind, ttft_mape=t.report.ttft_mape,
                             itl_mape=t.report.itl_mape, objective=t.objective,
                             values=[float(v) for v in t.coef]) for i, t in enumerate(tried)]
     report = report.model_copy(update={
-        "iterations": len(fitted), "start": start or start_label,
+        "iterations": len(fitted), "start": ", ".join(label for label, _ in given),
         "prior": prior_label or (prior.source if prior else "none"),
         "best_iteration": best_index, "convergence": history,
         "condition_number": cond if np.isfinite(cond) else None, "coefficients": ests,
