@@ -512,6 +512,9 @@ def offload_transfer_config(block: dict[str, Any], *, port: int, fs_root: Path |
     if tiers:
         if fs_root is None:
             raise VllmCpuError("a server with an fs tier needs an fs root")
+        # Absolute: the server runs in the cache directory, where a relative root would name another directory
+        # than the caller's, one that outlives the caller's clean-up and turns a fresh window's seeds into hits.
+        fs_root = Path(fs_root).absolute()
         spec["secondary_tiers"] = [{"type": "fs", "root_dir": str(fs_root if i == 0 else fs_root / f"tier{i}"),
                                     **{k: t[k] for k in _VLLM_FS_KEYS if k in t}} for i, t in enumerate(tiers)]
     if fail_fs_store_every:
@@ -599,6 +602,7 @@ def start(paths: CachePaths | None = None, *, num_gpu_blocks: int | None = None,
             fs_root, owned = paths.root / f"fs-tier-{port}", True
             shutil.rmtree(fs_root, ignore_errors=True)
         if tiered and fs_root is not None:
+            fs_root = fs_root.absolute()
             fs_root.mkdir(parents=True, exist_ok=True)
         transfer = offload_transfer_config(block, port=port, fs_root=fs_root, fail_fs_store_every=fail_fs_store_every)
         extra = [*extra, "--kv-transfer-config", json.dumps(transfer, sort_keys=True)]

@@ -304,3 +304,14 @@ def test_the_offload_lane_table_is_built_from_the_artifacts(tmp_path: Path) -> N
                         "| 27/28 | store_failure/1:fs 2 |")
     empty = run_tool("offload_lane_table", str(tmp_path / "tiered" / cell.name))
     assert empty.returncode == 1 and "no calibration.json" in empty.stderr
+
+
+def test_a_relative_fs_root_reaches_the_server_as_the_callers_directory(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server runs in the cache directory: a relative root must name the caller's directory (the one the
+    caller cleans), not one under the cache that keeps an earlier run's files and warms a fresh window."""
+    monkeypatch.chdir(tmp_path)
+    block = lane.read_offload_file(LANE_OFFLOAD / "tiered.yaml")
+    tier = lane.offload_transfer_config(block, port=1, fs_root=Path("stale/root"))[
+        "kv_connector_extra_config"]["secondary_tiers"][0]
+    assert tier["root_dir"] == str(tmp_path / "stale" / "root")
