@@ -9,15 +9,16 @@ replay runs on 1000 GPU blocks of 16 tokens. Traces are generated once into
 a fresh subprocess, so peak RSS (ru_maxrss) is that replay's alone.
 
     python benchmarks/bench_replay.py                          # 10k, 50k, 200k, 1M requests
-    python benchmarks/bench_replay.py --sizes 10000            # the start-up target
+    python benchmarks/bench_replay.py --sizes 10000 --cli-only --repeat 9   # the 10k median
     python benchmarks/bench_replay.py --sizes 10000 --repeat 15 --floor   # and the libraries' share
     python benchmarks/bench_replay.py --sizes 1000000 --cli-only
     python benchmarks/bench_replay.py --sizes 10000,100000,1000000,10000000 --cli-only \
         --fs-max-bytes 2199023255552                          # the cost curve, a 2 TiB fs tier
     BLIS_PURE_PYTHON=1 python benchmarks/bench_replay.py --sizes 10000   # the pure-Python twin
 
-Targets: the whole ``blis replay`` command on 10,000 requests ≤ 0.25 s; 50,000 ≤ 3.5 s and
-≤ 250 MB; 1,000,000 ≤ 60 s and ≤ 1 GB peak RSS. The first figure is the whole command in a fresh
+Targets (issue 30): the whole ``blis replay`` command on 10,000 requests ≤ 0.8 s (median);
+1,000,000 ≤ 30 s and ≤ 1 GB peak RSS; 10,000,000 ≤ 6 min and ≤ 2 GB. (The earlier 0.25 s start-up target
+is retired: the numpy + pydantic import floor alone is ~0.24 s here, and users feel scale.) The first figure is the whole command in a fresh
 interpreter (start-up and imports included), timed from outside with its own CPU time and peak
 RSS. Before timing, the package is byte-compiled (``python -m compileall``), as ``pip install``
 does: this environment sets ``PYTHONDONTWRITEBYTECODE=1``, so without it every run would compile
@@ -28,7 +29,7 @@ average: on a shared 2-core machine wall time is only meaningful when the load a
 ``--floor`` also times, alternately with the command, fresh interpreters that only import the
 libraries the replay is built on, step by step (:data:`FLOOR_STEPS`: the interpreter; argparse,
 orjson and PyYAML; numpy; pydantic): the last is the part of the command no change to this package
-can remove while it is built on them, and what is left of the 0.25 s target is what remains for ours.
+can remove while it is built on them; the rest of the command's time is ours.
 """
 from __future__ import annotations
 
