@@ -107,6 +107,10 @@ def test_an_interrupted_sweep_resumes_and_keeps_finished_points(tmp_path: Path,
      "sweep.yaml:2: field 'axes.kv_offload.secondary_tiers.0.max_bytes.0'", "smaller than one offload chunk"),
     ("axes:\n  kv_offload.store_threshold: [2]\n", "sweep.yaml:2: field 'axes.kv_offload.store_threshold.0'",
      "store_threshold >= 2 is not supported with secondary tiers"),
+    ("axes:\n  routing_policy: [least-loaded]\n", "sweep.yaml:2: field 'axes.routing_policy",
+     "depends on the requests in flight"),
+    ("axes:\n  routing_policy: [nearest]\n", "sweep.yaml:2: field 'axes.routing_policy", "expected one of"),
+    ("axes:\n  num_instances: [0]\n", "sweep.yaml:2: field 'axes.num_instances.0'", "must be ≥ 1"),
 ])
 def test_a_bad_sweep_file_is_one_line_naming_file_line_and_field(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str, reason: str) -> None:
@@ -125,6 +129,37 @@ def test_a_sweep_over_a_workload_spec(tmp_path: Path) -> None:
         ("4", "512"), ("32", "2048")]
     assert all(r["completed_requests"] == "80" for r in rows)
     assert float(rows[1]["ttft_p99_ms"]) > float(rows[0]["ttft_p99_ms"])  # 8x the load
+
+
+def test_replicas_and_routing_are_axes_whose_points_are_blis_run_over_a_cluster(tmp_path: Path) -> None:
+    """docs/cluster.md §4: a point with cluster axes is `blis run --num-instances N --routing-policy P`."""
+    text = "axes:\n  num_instances: [1, 4]\n  routing_policy: [round-robin, prefix-affinity]\n"
+    assert _sweep(tmp_path, text, "out", "--workers", "2", base=SPEC) == 0
+    rows = {(r["num_instances"], r["routing_policy"]): r for r in _rows(tmp_path / "out" / "sweep.csv")}
+    assert len(rows) == 4 and all(r["completed_requests"] == "80" for r in rows.values())
+    # one replica: the policy cannot matter
+    assert rows["1", "round-robin"]["ttft_p99_ms"] == rows["1", "prefix-affinity"]["ttft_p99_ms"]
+    # four replicas: prefix-affinity keeps each prefix group on one cache, round-robin spreads it over four
+    assert (float(rows["4", "prefix-affinity"]["hit_rate.prefix_cache"])
+            > float(rows["4", "round-robin"]["hit_rate.prefix_cache"]))
+    metrics = tmp_path / "m.json"
+    assert main(["run", *SPEC, "--num-instances", "4", "--routing-policy", "prefix-affinity",
+                 "--metrics-path", str(metrics)]) == 0
+    m = json.loads(metrics.read_text())
+    assert float(rows["4", "prefix-affinity"]["ttft_p99_ms"]) == pytest.approx(m["ttft_p99_ms"], rel=1e-12)
+    assert int(rows["4", "prefix-affinity"]["completed_requests"]) == m["completed_requests"]
+
+
+def test_plan_finds_the_fewest_replicas_under_a_ttft_slo(tmp_path: Path) -> None:
+    args = ["plan", *SPEC[:-1], "400", "--axis", "num_instances", "--range", "1", "8",
+            "--set", "routing_policy=round-robin", "--set", "workload.aggregate_rate=64",
+            "--target", "ttft_p99_ms<=200", "--workers", "2",
+            "--output-dir", str(tmp_path / "p")]
+    assert main(args) == 0
+    answer = json.loads((tmp_path / "p" / "plan.json").read_text())
+    value = answer["value"]
+    assert value == int(value) and 1 < value <= 8
+    assert all(e["meets"] == (e["x"] >= value) for e in answer["evaluations"])
 
 
 def test_plan_finds_the_smallest_cpu_tier_and_shows_its_curve(tmp_path: Path,

@@ -124,6 +124,10 @@ TIER_AXES: dict[str, Callable[[Any], Any]] = {
     "base_latency": _nonneg_float, "n_read_threads": _int(1), "n_write_threads": _int(1),
     "device_class": _string,
 }
+# cluster axis -> reader (docs/cluster.md §4: replicas and their routing, the flags of `blis replay` / `run`)
+CLUSTER_AXES: dict[str, Callable[[Any], Any]] = {
+    "num_instances": _int(1), "routing_policy": _string, "routing_scorers": _string,
+}
 _TIER_RE = re.compile(r"^kv_offload\.secondary_tiers\.(\d+)\.([a-z_]+)$")
 SIZE_AXES = ("kv_offload.cpu_bytes_to_use",)
 
@@ -131,7 +135,7 @@ SIZE_AXES = ("kv_offload.cpu_bytes_to_use",)
 @dataclass(frozen=True)
 class AxisKind:
     """What an axis name refers to. ``target``: engine | latency | offload | tier | rate | workload
-    | num_requests."""
+    | num_requests | cluster."""
 
     name: str
     target: str
@@ -147,12 +151,13 @@ class AxisKind:
     def numeric(self) -> bool:
         """Whether values may be numbers (a capacity search needs a numeric axis)."""
         return self.target != "latency" and self.field not in (
-            "eviction_policy", "offload_prompt_only", "device_class")
+            "eviction_policy", "offload_prompt_only", "device_class", "routing_policy", "routing_scorers")
 
     @property
     def integer(self) -> bool:
         """Whether values are integers (a capacity search then rounds its probes)."""
         return self.read in (parse_size,) or self.target in ("engine", "num_requests") or (
+            self.field == "num_instances") or (
             self.target in ("offload", "tier") and self.field in (
                 "cpu_bytes_to_use", "store_threshold", "blocks_per_chunk", "max_bytes",
                 "n_read_threads", "n_write_threads"))
@@ -165,6 +170,8 @@ def axis_kind(name: str, *, base_kind: str) -> AxisKind:
         return AxisKind(name, "engine", read, field)
     if name == "latency_coefficients":
         return AxisKind(name, "latency", _string)
+    if name in CLUSTER_AXES:
+        return AxisKind(name, "cluster", CLUSTER_AXES[name], name)
     if name.startswith("kv_offload."):
         field = name[len("kv_offload."):]
         if field in OFFLOAD_AXES:
@@ -188,7 +195,7 @@ def axis_kind(name: str, *, base_kind: str) -> AxisKind:
         if not path or any(not p for p in path.split(".")):
             raise ValueError(f"axis '{name}' names no spec field")
         return AxisKind(name, "workload", _any, path)
-    known = [*ENGINE_AXES, "latency_coefficients", "kv_offload.<field>",
+    known = [*ENGINE_AXES, "latency_coefficients", *CLUSTER_AXES, "kv_offload.<field>",
              "kv_offload.secondary_tiers.<i>.<field>", "rate_scale (trace)",
              "num_requests (spec)", "workload.<path> (spec)"]
     raise ValueError(f"unknown axis '{name}' (axes: {', '.join(known)})")

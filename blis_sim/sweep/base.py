@@ -18,12 +18,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from blis_sim import __version__
+from blis_sim.engine.cluster import replay_cluster, run_cluster
 from blis_sim.engine.coefficients import load_coefficients
 from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.run_spec import run_outcome
-from blis_sim.errors import ConfigError, FormatError
+from blis_sim.errors import ConfigError, FormatError, UsageError
 from blis_sim.formats import PytestBlisHeader, Trace
 from blis_sim.formats.workload import workload_spec_from_data
+from blis_sim.routing import RoutingSpec, route_static
 from blis_sim.sweep.axes import SettingError, apply_settings, set_path
 from blis_sim.sweep.rows import row_of
 
@@ -54,6 +56,8 @@ class Task:
     num_requests: int | None = None
     rate_scale: float = 1.0
     key: str = ""
+    num_instances: int | None = None   # cluster axes (docs/cluster.md §4); None: one server
+    routing: RoutingSpec | None = None
 
 
 @dataclass
@@ -85,6 +89,7 @@ class SweepBase:
             return sweep.fail(f"point {index} ({shown}): {reason}", name,
                               positions[name].get(repr(point[name]), 0))
 
+        cluster: dict[str, Any] = {}
         for name, value in point.items():
             target = kinds[name].target
             if target == "rate":
@@ -93,6 +98,9 @@ class SweepBase:
                 num_requests = int(value)
             elif target == "workload":
                 workload.append((name, value))
+            elif target == "cluster":
+                cluster[name] = value
+        num_instances, routing = self._cluster(cluster, fail)
         try:
             options = apply_settings(self.options, point, kinds, device_classes=self.device_classes,
                                      load_latency=lambda path: self._latency(path, sweep))
@@ -102,8 +110,27 @@ class SweepBase:
         if workload:
             spec = self._spec_with(workload, fail)
         task = Task(index=index, values=dict(raw or point), options=options, spec=spec,
-                    num_requests=num_requests, rate_scale=rate)
+                    num_requests=num_requests, rate_scale=rate, num_instances=num_instances, routing=routing)
         return replace(task, key=task_key(self.fingerprint, task))
+
+    def _cluster(self, values: Mapping[str, Any],
+                 fail: Callable[[str, str], FormatError]) -> tuple[int | None, RoutingSpec | None]:
+        """A point's replicas and routing from its cluster axes, with the defaults of `blis replay`
+        (the trace's recorded routing) and `blis run` (round-robin)."""
+        if not values:
+            return None, None
+        n = values.get("num_instances")
+        policy = values.get("routing_policy", "recorded" if self.kind == "trace" else "round-robin")
+        name = "routing_policy" if "routing_policy" in values else next(iter(values))
+        try:
+            routing = RoutingSpec.parse(policy, values.get("routing_scorers"), flag="routing_scorers")
+            if routing.load_dependent:
+                route_static(routing, n or 1, [])  # refuses, with the reason
+        except UsageError as exc:
+            raise fail(name, str(exc)) from None
+        if routing.policy == "recorded" and self.kind != "trace":
+            raise fail(name, "routing_policy 'recorded' needs a trace base (a spec has no recorded replicas)")
+        return n, routing
 
     def _latency(self, path: str, sweep: SweepSpec) -> StepModel:
         p = sweep.base_dir / path
@@ -130,8 +157,11 @@ def task_key(fingerprint: str, task: Task) -> str:
     """A digest of everything the point's result depends on: the base, the tool version and the
     point's resolved inputs (reprs of frozen dataclasses and pydantic models are deterministic)."""
     h = hashlib.sha256()
-    for part in (fingerprint, __version__, repr(task.options), repr(task.spec),
-                 repr(task.num_requests), repr(task.rate_scale)):
+    parts = [fingerprint, __version__, repr(task.options), repr(task.spec), repr(task.num_requests),
+             repr(task.rate_scale)]
+    if task.num_instances is not None or task.routing is not None:  # one-server keys stay as they were
+        parts += [repr(task.num_instances), repr(task.routing)]
+    for part in parts:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:20]
@@ -174,14 +204,22 @@ def with_offload(trace: Trace, cfg: OffloadConfig | None) -> Trace:
 def evaluate(payload: Payload, task: Task) -> dict[str, Any]:
     """One point: replay the trace (or run the spec) with the task's settings; its table row."""
     out: SimulatedOutputs
+    cluster = task.num_instances is not None or task.routing is not None
     if payload.kind == "trace":
         trace = payload.trace
         assert trace is not None  # a trace base's payload carries its trace
         if task.options.kv_offload is not None:
             trace = with_offload(trace, task.options.kv_offload)
-        out = replay_outcome(scaled_trace(trace, task.rate_scale), task.options)
+        trace = scaled_trace(trace, task.rate_scale)
+        out = (replay_cluster(trace, task.options, num_instances=task.num_instances, routing=task.routing)
+               if cluster else replay_outcome(trace, task.options))
     else:
         assert task.spec is not None  # a spec base's every task carries its spec
-        out = run_outcome(task.spec, task.options, seed=payload.workload_seed,
-                          num_requests=task.num_requests)
+        if cluster:
+            out = run_cluster(task.spec, task.options, num_instances=task.num_instances or 1,
+                              routing=task.routing or RoutingSpec(), seed=payload.workload_seed,
+                              num_requests=task.num_requests)
+        else:
+            out = run_outcome(task.spec, task.options, seed=payload.workload_seed,
+                              num_requests=task.num_requests)
     return row_of(out, task)
