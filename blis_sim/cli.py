@@ -13,9 +13,14 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from blis_sim import __version__
 from blis_sim.errors import EXIT_INPUT_ERROR, EXIT_INTERRUPTED, BlisError, error_line, one_line
+
+if TYPE_CHECKING:
+    # what each subcommand module's register() adds its parser to
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 # (subcommand module) in the order they appear in `blis --help`.
 SUBCOMMAND_MODULES = (

@@ -226,6 +226,7 @@ def run_cell(ctx: CellContext, request: pytest.FixtureRequest, replay_options: E
         tokenizer=target.tokenizer)
     with _allure.step("observe"), target.exclusive():
         if target.cluster:
+            assert target.routing is not None  # the pool gives every cluster target its routing
             result = observe_cluster_step(target.urls, target.routing, plan, obs_opts, ctx.paths)
         else:
             result = observe_step(target.url, plan, obs_opts, ctx.paths)

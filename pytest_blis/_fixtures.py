@@ -18,6 +18,9 @@ from pytest_blis import _session
 from pytest_blis._options import BlisOptions
 
 if TYPE_CHECKING:  # the heavy modules load when a fixture is first used, not with the plugin
+    from blis_sim.calibrate import CalibrationReport
+    from blis_sim.engine import LatencyCoefficients
+    from pytest_blis._probe import ProbeFit
     from pytest_blis._scenario import ServerSpec, SweepPoint
     from pytest_blis._server import ServerPool, ServerTarget
 
@@ -54,8 +57,8 @@ def blis_server(pytestconfig: pytest.Config) -> Callable[..., ServerTarget]:
 
 
 def _probe_fit(config: pytest.Config, options: BlisOptions, target: ServerTarget,
-               server_spec: ServerSpec | None, concurrency: int) -> Any:
-    """The probe's fits of ``target`` (pytest_blis._probe.ProbeFit), run once per server, concurrency, step
+               server_spec: ServerSpec | None, concurrency: int) -> ProbeFit:
+    """The probe's fits of ``target``, run once per server, concurrency, step
     shape and worker."""
     from pytest_blis._probe import run_probe
     from pytest_blis._scenario import ServerSpec
@@ -71,14 +74,15 @@ def _probe_fit(config: pytest.Config, options: BlisOptions, target: ServerTarget
 
 
 @pytest.fixture(scope="session")
-def blis_latency_model(pytestconfig: pytest.Config, blis_options: BlisOptions) -> Callable[..., Any]:
+def blis_latency_model(pytestconfig: pytest.Config,
+                       blis_options: BlisOptions) -> Callable[..., LatencyCoefficients]:
     """``blis_latency_model(target, server_spec=None, concurrency=1, sequential=False) -> LatencyCoefficients``:
     the engine's linear latency model fitted on a probe of that server (once per server, concurrency and
     worker; ``concurrency`` is the most requests in flight the cells judged with it will have).
     ``sequential``: the fit on the probe's one-at-a-time phases, for a cell that sends one request at a
     time (pytest_blis._probe.ProbeFit)."""
     def get(target: ServerTarget, server_spec: ServerSpec | None = None, concurrency: int = 1,
-            sequential: bool = False) -> Any:
+            sequential: bool = False) -> LatencyCoefficients:
         return _probe_fit(pytestconfig, blis_options, target, server_spec, concurrency).model(sequential)
     return get
 
@@ -118,13 +122,14 @@ def blis_calibrate() -> Callable[..., Any]:
 
 @pytest.fixture
 def blis_run_cell(request: pytest.FixtureRequest, blis_options: BlisOptions,
-                  blis_server: Callable[..., ServerTarget], blis_artifacts: Path) -> Callable[[SweepPoint], Any]:
+                  blis_server: Callable[..., ServerTarget],
+                  blis_artifacts: Path) -> Callable[[SweepPoint], CalibrationReport]:
     """What a scenario item calls: run one sweep point end to end and assert its verdicts."""
     from pytest_blis._cell import CellContext, run_cell
     from pytest_blis._replay import replay_options
     from pytest_blis._steps import CellPaths
 
-    def run(point: SweepPoint) -> Any:
+    def run(point: SweepPoint) -> CalibrationReport:
         target = blis_server(point.spec.server, Path(point.file).parent)
         # One probe per server covers every cell of the run: fitted up to the run's highest concurrency.
         concurrency = request.config.stash.get(_session.MAX_CONCURRENCY, point.spec.concurrency)

@@ -25,7 +25,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blis_sim.observe.run import ObserveOptions
 from blis_sim.probe import ProbeConfig, ServerLimits, fitted_phases, probe_plan, read_limits
@@ -39,6 +39,8 @@ from pytest_blis._steps import CellPaths, observe_step
 
 if TYPE_CHECKING:
     from blis_sim.engine import LatencyCoefficients
+    from blis_sim.formats.trace import Trace
+    from blis_sim.workload import WorkloadPlan
 
 MAX_PROMPT = 4096  # the scenarios' longest prefix
 
@@ -53,7 +55,7 @@ class ProbeFit:
     sequential: LatencyCoefficients
     repeatability: str = ""
 
-    def model(self, sequential: bool) -> Any:
+    def model(self, sequential: bool) -> LatencyCoefficients:
         """The fit a cell is judged with: ``sequential`` for one that sends one request at a time."""
         return self.sequential if sequential else self.all
 
@@ -72,7 +74,7 @@ def server_limits(target: ServerTarget, max_model_len: int, **limits: int) -> Se
 
 
 def plan_probe(target: ServerTarget, *, max_num_seqs: int, max_num_batched_tokens: int,
-               concurrency: int = 1) -> Any:
+               concurrency: int = 1) -> WorkloadPlan:
     """The probe's workload plan for ``target``, sized for cells up to ``concurrency`` in flight."""
     # max_model_len from /v1/models; the geometry the target already knows (it replays with it)
     limits = read_limits(target.url, model=target.model, block_size=target.block_size,
@@ -108,7 +110,7 @@ def run_probe(target: ServerTarget, artifacts_dir: Path, *, max_num_seqs: int, m
     return ProbeFit(every, sequential, repeats)
 
 
-def write_repeatability(trace: Any, out: Path) -> str:
+def write_repeatability(trace: Trace, out: Path) -> str:
     """The TTFT spread of the probe's identical lone requests (:mod:`blis_sim.probe.repeat`), written to
     ``out`` (JSON); returns its one-line description, empty when the probe sent no repeats."""
     groups = repeat_groups(trace.records)

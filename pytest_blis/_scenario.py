@@ -32,13 +32,16 @@ import textwrap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 from blis_sim.errors import FormatError
 from blis_sim.formats._strict import YamlDoc, describe, load_yaml, parse_yaml
+
+if TYPE_CHECKING:
+    from blis_sim.routing import RoutingSpec
 
 # pytest imports this module at start-up with the plugin: what a cell runs (the engine, the emulator,
 # the scenario schema) is imported inside the functions that use it.
@@ -148,8 +151,8 @@ class ServerSpec(_Strict):
                              "round-robin, least-loaded, always-busiest, prefix-affinity or weighted")
         return self
 
-    def routing(self) -> Any:
-        """The cluster's client-side routing (a :class:`blis_sim.routing.RoutingSpec`)."""
+    def routing(self) -> RoutingSpec:
+        """The cluster's client-side routing."""
         from blis_sim.routing import RoutingSpec
 
         return RoutingSpec.parse(self.routing_policy, self.routing_scorers or None)

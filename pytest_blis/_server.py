@@ -22,13 +22,16 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blis_sim.errors import ServerError
 from blis_sim.formats.offload import OffloadConfig, is_inline, load_offload_config
 from pytest_blis._options import BlisOptions
 from pytest_blis._scenario import Capacity, ServerSpec
 from pytest_blis._session import SessionState, worker_index
+
+if TYPE_CHECKING:
+    from blis_sim.routing import RoutingSpec
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class ServerTarget:
     lock_name: str = ""  # the lock file exclusive() takes (default: one per URL)
     tokenizer: str = ""  # the served model's tokenizer: observe and the probe build prompts with it
     urls: tuple[str, ...] = ()  # a cluster: every replica's URL (``url`` is the first); () = one server
-    routing: Any = None  # a cluster's client-side routing (blis_sim.routing.RoutingSpec)
+    routing: RoutingSpec | None = None  # a cluster's client-side routing
 
     @property
     def cluster(self) -> bool:

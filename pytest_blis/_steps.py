@@ -24,6 +24,7 @@ from blis_sim.workload import WorkloadPlan
 
 if TYPE_CHECKING:
     from blis_sim.engine import EngineOptions
+    from blis_sim.routing import RoutingSpec
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def observe_step(url: str, plan: WorkloadPlan, options: ObserveOptions, paths: C
     return result
 
 
-def observe_cluster_step(urls: tuple[str, ...], routing: Any, plan: WorkloadPlan, options: ObserveOptions,
+def observe_cluster_step(urls: tuple[str, ...], routing: RoutingSpec, plan: WorkloadPlan, options: ObserveOptions,
                          paths: CellPaths) -> ObserveResult:
     """:func:`observe_step` for a cluster: the client routes each request to one of ``urls``."""
     from blis_sim.observe.cluster import observe_cluster

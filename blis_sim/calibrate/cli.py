@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.calibrate.capacity import DEFAULT_CAPACITY_TOLERANCE
 from blis_sim.calibrate.core import (
@@ -28,13 +28,16 @@ from blis_sim.calibrate.verdict import exit_code
 from blis_sim.errors import InputError, UsageError
 from blis_sim.formats.report import write_report
 
+if TYPE_CHECKING:
+    from blis_sim.cli import Subparsers
+
 # What a command runs is imported inside its function: `blis --help` imports every subcommand's
 # module (blis_sim/cli.py), and a command needs only its own dependencies.
 
 _REQUIRED = ("trace_header", "trace_data", "sim_results", "report")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "calibrate", help="compare an observed trace with its simulated replay (verdicts gate the exit code)",
         description="Compare real (trace) and simulated (replay) TTFT/E2E/ITL and KV hit-rates. Exit 0 when "

@@ -9,10 +9,13 @@ vLLM's TieringOffloadingSpec does); :class:`OffloadSpec` checks it again for spe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blis_sim.emulator.config import OffloadSpec, TierSpec
 from blis_sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from blis_sim.formats.offload import OffloadConfig
 
 
 def read(path: str | Path, *, block_size: int, kv_bytes_per_token: int) -> OffloadSpec:
@@ -23,7 +26,7 @@ def read(path: str | Path, *, block_size: int, kv_bytes_per_token: int) -> Offlo
     return spec_from_offload_config(cfg, file=INLINE if is_inline(path) else str(path))
 
 
-def spec_from_offload_config(cfg: Any, *, file: str | None = None) -> OffloadSpec:
+def spec_from_offload_config(cfg: OffloadConfig, *, file: str | None = None) -> OffloadSpec:
     """``formats.offload.OffloadConfig`` (resolved) -> OffloadSpec (bandwidths in bytes/s, seconds)."""
     tiers = tuple(
         TierSpec(type=tier.type, read_bandwidth_Bps=tier.read_bandwidth * 1e6,

@@ -13,12 +13,15 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.emulator import loop as event_loop
 from blis_sim.emulator.config import METRICS_FAULTS, METRICS_PROFILES, EmulatorConfig, FaultConfig
 from blis_sim.emulator.profiles import PROFILES
 from blis_sim.errors import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from blis_sim.cli import Subparsers
 
 # What a command runs is imported inside its function: `blis --help` imports every subcommand's
 # module (blis_sim/cli.py), and a command needs only its own dependencies.
@@ -231,7 +234,7 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "emulate", help="serve a vLLM-compatible emulator (scheduler, prefix cache, offload, /metrics)",
         description="A vLLM-compatible server with vLLM's scheduler, prefix cache, tiered offload "

@@ -30,9 +30,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import IO, TypeVar
 
 from blis_sim.emulator import loop as event_loop
 from blis_sim.emulator.config import EmulatorConfig, FaultConfig
@@ -40,6 +40,8 @@ from blis_sim.emulator.engine import Engine
 from blis_sim.emulator.metrics import Published
 from blis_sim.emulator.server import App, Handlers, build_app
 from blis_sim.errors import ServerError
+
+T = TypeVar("T")
 
 READY_PREFIX = "blis emulate: serving "
 
@@ -90,9 +92,9 @@ class RunningEmulator:
         self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
 
-    def _call(self, fn: Any, *args: Any) -> Any:
+    def _call(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(*args)`` on the emulator's loop and return its result."""
-        async def run() -> Any:
+        async def run() -> T:
             return fn(*args)
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=10)
 
@@ -148,7 +150,7 @@ class SpawnedEmulator:
         self.url = self.urls[0]
 
     @staticmethod
-    def _drain(stream: Any, keep: collections.deque[str] | None) -> None:
+    def _drain(stream: IO[str], keep: collections.deque[str] | None) -> None:
         for line in stream:
             if keep is not None:
                 keep.append(line.rstrip())
@@ -159,7 +161,7 @@ class SpawnedEmulator:
         assert self.proc.stdout is not None
         lines: queue.Queue[str | None] = queue.Queue()
 
-        def read(stream: Any) -> None:
+        def read(stream: IO[str]) -> None:
             for line in stream:
                 lines.put(line)
             lines.put(None)

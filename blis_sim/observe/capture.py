@@ -16,10 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.formats.trace import ITLRecord, TraceRecord
 from blis_sim.observe.records import STATUS_OK, RequestRecord, RunClock
+
+if TYPE_CHECKING:
+    from blis_sim.workload.plan import PlannedRequest
 
 # The reference's InvertForVLLM: the wire priority for an SLO class (0 = most urgent).
 VLLM_PRIORITY = {"critical": 0, "standard": 1, "batch": 5, "sheddable": 6, "background": 7}
@@ -30,7 +33,8 @@ def wire_priority(slo_class: str) -> int | None:
     return VLLM_PRIORITY.get(slo_class, 1) if slo_class else None
 
 
-def to_trace_record(record: RequestRecord, planned: Any, clock: RunClock, phase_offset_us: int) -> TraceRecord:
+def to_trace_record(record: RequestRecord, planned: PlannedRequest, clock: RunClock,
+                    phase_offset_us: int) -> TraceRecord:
     """One CSV row. ``planned`` is the workload's PlannedRequest; times become epoch µs."""
     w = record.wire
     deadline = planned.deadline_us + phase_offset_us if planned.deadline_us > 0 else 0

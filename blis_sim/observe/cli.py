@@ -14,9 +14,15 @@ import logging
 import math
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError, one_line
+
+if TYPE_CHECKING:
+    from blis_sim.cli import Subparsers
+    from blis_sim.formats.workload import WorkloadSpec
+    from blis_sim.observe.run import ObserveOptions
+    from blis_sim.routing import RoutingSpec
 
 # What a command runs is imported inside its function: `blis --help` imports every subcommand's
 # module (blis_sim/cli.py), and a command needs only its own dependencies.
@@ -66,7 +72,7 @@ def require(args: argparse.Namespace, names: tuple[str, ...] = TARGET_FLAGS) -> 
             raise UsageError(f"--{name.replace('_', '-')} is required")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "observe", help="dispatch a workload to a vLLM server and record a TraceV2 (+ KV counter window)",
         description="Send a workload to an OpenAI-compatible vLLM server, record every request's timings in a "
@@ -146,7 +152,7 @@ def _check_required(args: argparse.Namespace) -> None:
         raise UsageError("--rate and --concurrency must be >= 0")
 
 
-def synthesized_spec(args: argparse.Namespace) -> Any:
+def synthesized_spec(args: argparse.Namespace) -> WorkloadSpec:
     """The reference's distribution synthesis (docs/reference-formats.md §2.3): one client, constant arrivals,
     gaussian lengths."""
     from blis_sim.formats.workload import WorkloadSpec
@@ -171,7 +177,7 @@ def synthesized_spec(args: argparse.Namespace) -> Any:
     return WorkloadSpec.model_validate(spec)
 
 
-def options_from_args(args: argparse.Namespace) -> Any:
+def options_from_args(args: argparse.Namespace) -> ObserveOptions:
     from blis_sim.observe.run import ObserveOptions
 
     max_conc = args.max_concurrency if args.max_concurrency is not None else (args.concurrency or 256)
@@ -260,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _routing(args: argparse.Namespace, replicas: int) -> Any:
+def _routing(args: argparse.Namespace, replicas: int) -> RoutingSpec:
     """The client-side routing of several ``--server-url`` (checked before anything is sent)."""
     from blis_sim.routing import RoutingSpec
 
@@ -274,5 +280,5 @@ def _routing(args: argparse.Namespace, replicas: int) -> Any:
     return routing
 
 
-def _bounded(spec: Any) -> bool:
+def _bounded(spec: WorkloadSpec) -> bool:
     return any(p.num_requests > 0 or p.horizon > 0 for p in spec.resolved_phases())

@@ -26,9 +26,11 @@ from typing import Any
 from blis_sim import __version__
 from blis_sim.errors import UsageError
 from blis_sim.formats.hitrate import KVHitRate
-from blis_sim.formats.trace_header import ClusterInfo, KVGeometry, ReplicaInfo, TierIO
+from blis_sim.formats.trace_header import ClusterInfo, KVGeometry, ReplicaInfo, ScrapeInfo, TierIO
+from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import loop as event_loop
 from blis_sim.observe.client import Target
+from blis_sim.observe.dispatch import Sender
 from blis_sim.observe.faults import window_faults
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
@@ -36,6 +38,7 @@ from blis_sim.observe.run import ObserveOptions, ObserveResult, _jobs, _Run, exe
 from blis_sim.observe.scrape import CounterWindow, Scraper
 from blis_sim.routing import Router, RoutingSpec, prefix_key
 from blis_sim.workload.generate import generate_workload
+from blis_sim.workload.plan import PlannedRequest, WorkloadPlan
 
 
 def sum_windows(results: Sequence[KvWindow | None]) -> KvWindow | None:
@@ -110,7 +113,7 @@ class ClusterWindow:
         return sum_windows([w.result for w in self.windows])
 
     @property
-    def info(self) -> Any:
+    def info(self) -> ScrapeInfo | None:
         return self.windows[0].info
 
     @property
@@ -121,10 +124,10 @@ class ClusterWindow:
 class _Routes:
     """The dispatcher's route: a router over the replicas' pools and targets."""
 
-    def __init__(self, router: Router, senders: list[Any], targets: list[Target]) -> None:
+    def __init__(self, router: Router, senders: list[Sender], targets: list[Target]) -> None:
         self.router, self.senders, self.targets = router, senders, targets
 
-    def choose(self, planned: Any, rid: int) -> tuple[Any, Target, int]:
+    def choose(self, planned: PlannedRequest, rid: int) -> tuple[Sender, Target, int]:
         key = prefix_key(planned.prefix_group, planned.session_id, rid)
         r = self.router.choose(key)
         self.router.sent(r, key)
@@ -137,10 +140,10 @@ class _Routes:
 class _ViaRouter:
     """The dispatcher's route in router mode: every request to the router, which names the replica."""
 
-    def __init__(self, sender: Any, target: Target) -> None:
+    def __init__(self, sender: Sender, target: Target) -> None:
         self.sender, self.target = sender, target
 
-    def choose(self, planned: Any, rid: int) -> tuple[Any, Target, int]:
+    def choose(self, planned: PlannedRequest, rid: int) -> tuple[Sender, Target, int]:
         return self.sender, self.target, -1
 
     def done(self, replica: int) -> None:
@@ -160,7 +163,7 @@ def replica_index(name: str, urls: Sequence[str]) -> int:
 
 
 class _ClusterRun(_Run):
-    def __init__(self, urls: list[str], plan: Any, opts: ObserveOptions, routing: RoutingSpec,
+    def __init__(self, urls: list[str], plan: WorkloadPlan, opts: ObserveOptions, routing: RoutingSpec,
                  router_url: str = "", replica_header: str = "") -> None:
         super().__init__(router_url or urls[0], plan, opts)
         self.urls = urls
@@ -278,19 +281,17 @@ class _ClusterRun(_Run):
         return result
 
 
-def observe_cluster(urls: Sequence[str], spec: Any, options: ObserveOptions, *, routing: RoutingSpec,
-                    router_url: str = "", replica_header: str = "") -> ObserveResult:
+def observe_cluster(urls: Sequence[str], spec: WorkloadSpec | WorkloadPlan, options: ObserveOptions, *,
+                    routing: RoutingSpec, router_url: str = "", replica_header: str = "") -> ObserveResult:
     """Observe ``urls`` (one per replica) behind the client-side ``routing``, or behind ``router_url``
     whose responses name the replica in ``replica_header``; see the module docstring."""
     return event_loop.run(observe_cluster_async(urls, spec, options, routing=routing, router_url=router_url,
                                                 replica_header=replica_header))
 
 
-async def observe_cluster_async(urls: Sequence[str], spec: Any, options: ObserveOptions, *,
-                                routing: RoutingSpec, router_url: str = "",
+async def observe_cluster_async(urls: Sequence[str], spec: WorkloadSpec | WorkloadPlan, options: ObserveOptions,
+                                *, routing: RoutingSpec, router_url: str = "",
                                 replica_header: str = "") -> ObserveResult:
-    from blis_sim.workload.plan import WorkloadPlan
-
     options.validate()
     if bool(router_url) != bool(replica_header):
         raise UsageError("--router-url and --replica-header go together: the router's URL, and the response "

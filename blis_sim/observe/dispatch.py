@@ -26,7 +26,7 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
@@ -34,23 +34,37 @@ from blis_sim.observe.client import Target, send
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.records import STATUS_ERROR, RequestRecord, RunClock, WireRequest
 
+if TYPE_CHECKING:
+    from blis_sim.workload.plan import PlannedRequest
+
+# what a request is sent over: the lean HTTP/1.1 pool (http://) or an aiohttp session (https)
+Sender = aiohttp.ClientSession | Http1Pool
+
+
+class Route(Protocol):
+    """A cluster's route (blis_sim.observe.cluster): per request the sender, target and replica index."""
+
+    def choose(self, planned: PlannedRequest, rid: int) -> tuple[Sender, Target, int]: ...
+
+    def done(self, replica: int) -> None: ...
+
 
 class RequestSource(Protocol):
-    def initial(self) -> list[Any]: ...
+    def initial(self) -> list[PlannedRequest]: ...
 
-    def on_complete(self, planned: Any, record: RequestRecord, now_us: int) -> list[Any]: ...
+    def on_complete(self, planned: PlannedRequest, record: RequestRecord, now_us: int) -> list[PlannedRequest]: ...
 
 
 class ListSource:
     """A fixed open-loop list (no follow-ups)."""
 
-    def __init__(self, planned: list[Any]) -> None:
+    def __init__(self, planned: list[PlannedRequest]) -> None:
         self._planned = planned
 
-    def initial(self) -> list[Any]:
+    def initial(self) -> list[PlannedRequest]:
         return list(self._planned)
 
-    def on_complete(self, planned: Any, record: RequestRecord, now_us: int) -> list[Any]:
+    def on_complete(self, planned: PlannedRequest, record: RequestRecord, now_us: int) -> list[PlannedRequest]:
         return []
 
 
@@ -98,7 +112,7 @@ class Dispatcher:
                  max_concurrency: int = 256, warmup_requests: int = 0,
                  stop: asyncio.Event | None = None, grace_s: float = 5.0,
                  on_record: Callable[[RequestRecord], None] | None = None,
-                 route: Any = None) -> None:
+                 route: Route | None = None) -> None:
         self.session, self.target, self.clock = session, target, clock
         # a cluster (blis_sim.observe.cluster): ``route.choose(planned, rid)`` → (session, target,
         # replica) per request, ``route.done(replica)`` at its end
@@ -113,7 +127,7 @@ class Dispatcher:
         self.interrupted = False
         self.origin_ns: int | None = None
 
-    async def run_phase(self, source: RequestSource, build: Callable[[Any, int], WireRequest],
+    async def run_phase(self, source: RequestSource, build: Callable[[PlannedRequest, int], WireRequest],
                         phase_start_ns: int | None = None) -> list[RequestRecord]:
         """Dispatch ``source`` until drained (or stopped). Returns its records in dispatch order.
 
@@ -125,10 +139,10 @@ class Dispatcher:
             self.origin_ns = start_ns  # the trace's arrival times count from the first phase's start
         offset_us = (start_ns - self.origin_ns) // 1000
         tie = itertools.count()
-        heap: list[tuple[int, int, Any]] = [(p.arrival_us, next(tie), p) for p in source.initial()]
+        heap: list[tuple[int, int, PlannedRequest]] = [(p.arrival_us, next(tie), p) for p in source.initial()]
         heapq.heapify(heap)
         records: list[RequestRecord] = []
-        inflight: dict[asyncio.Task[None], tuple[Any, RequestRecord]] = {}
+        inflight: dict[asyncio.Task[None], tuple[PlannedRequest, RequestRecord]] = {}
         wake = _Wakeup()
         stop_wait = asyncio.ensure_future(self.stop.wait())
         stop_wait.add_done_callback(lambda _: wake.set())
@@ -179,8 +193,9 @@ class Dispatcher:
             self.interrupted = self.interrupted or self.stop.is_set()
         return records
 
-    def _launch(self, planned: Any, build: Callable[[Any, int], WireRequest], offset_us: int,
-                scheduled_ns: int, inflight: dict[asyncio.Task[None], tuple[Any, RequestRecord]],
+    def _launch(self, planned: PlannedRequest, build: Callable[[PlannedRequest, int], WireRequest],
+                offset_us: int, scheduled_ns: int,
+                inflight: dict[asyncio.Task[None], tuple[PlannedRequest, RequestRecord]],
                 finished: Callable[[asyncio.Task[None]], None]) -> RequestRecord:
         rid = self.next_id
         self.next_id += 1
@@ -195,7 +210,7 @@ class Dispatcher:
         task.add_done_callback(finished)
         return record
 
-    async def _drain(self, inflight: dict[asyncio.Task[None], Any]) -> None:
+    async def _drain(self, inflight: dict[asyncio.Task[None], tuple[PlannedRequest, RequestRecord]]) -> None:
         """Wait for in-flight requests; after a stop, only ``grace_s`` before cancelling them."""
         if not inflight:
             return

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from blis_sim.workload.plan import PlannedRequest
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -80,7 +83,7 @@ class RequestRecord:
 
     request_id: int
     wire: WireRequest
-    planned: Any = None  # the workload's PlannedRequest this record sends (None for probes)
+    planned: PlannedRequest | None = None  # the workload's request this record sends (None for probes)
     phase_offset_us: int = 0  # the phase's start relative to the run start
     warmup: bool = False
     x_request_id: str = ""

@@ -57,7 +57,7 @@ from blis_sim.formats.trace import (
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe import capture, loop as event_loop
 from blis_sim.observe.client import API_FORMATS, Target, connection_reuse_trace, send
-from blis_sim.observe.dispatch import Dispatcher
+from blis_sim.observe.dispatch import Dispatcher, Route
 from blis_sim.observe.faults import fault_warnings, window_faults
 from blis_sim.observe.http1 import Http1Pool
 from blis_sim.observe.metrics import KvWindow
@@ -182,7 +182,7 @@ async def observe_async(server_url: str, spec: WorkloadSpec | WorkloadPlan,
     return await execute_with_signals(_Run(server_url.rstrip("/"), plan, options), options.handle_signals)
 
 
-async def execute_with_signals(run: Any, handle_signals: bool) -> ObserveResult:
+async def execute_with_signals(run: _Run, handle_signals: bool) -> ObserveResult:
     """``run.execute()``, with SIGINT/SIGTERM calling ``run.interrupt(sig)`` meanwhile when asked (the run
     then ends its window and returns what it collected, as a partial trace)."""
     loop = asyncio.get_running_loop()
@@ -241,7 +241,7 @@ class _Run:
         self._progress = Progress(0, enabled=False)
         self.cpu_s = 0.0
         self.measured = _measured_phases(plan, opts.window_phases)  # checked before anything is sent
-        self.route: Any = None  # a cluster's router (blis_sim.observe.cluster); None: one server
+        self.route: Route | None = None  # a cluster's router (blis_sim.observe.cluster); None: one server
 
     def interrupt(self, sig: int = signal.SIGINT) -> None:
         """First signal: stop sending, give in-flight requests the grace period. Second: cancel them now."""

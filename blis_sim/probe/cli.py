@@ -9,17 +9,20 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from blis_sim.defaults import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from blis_sim.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVER_ERROR, UsageError
 from blis_sim.observe.cli import add_target_flags, require
 
+if TYPE_CHECKING:
+    from blis_sim.cli import Subparsers
+
 # What a command runs is imported inside its function: `blis --help` imports every subcommand's
 # module (blis_sim/cli.py), and a command needs only its own dependencies.
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "probe", help="run a designed workload that identifies the latency model's coefficients (for blis fit)",
         description="Read the server's limits (/v1/models max_model_len; block size and GPU blocks from "

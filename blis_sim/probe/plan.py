@@ -336,7 +336,7 @@ _PHASE_NAME = re.compile(r"warmup-\d+|cold-\d+-\d+|seed-\d+|cached-\d+-\d+|decod
                          r"|mixed-\d+-\d+|ramp-\d+|sustain-\d+")
 
 
-def is_probe_trace(phases: Any) -> bool:
+def is_probe_trace(phases: Iterable[str]) -> bool:
     """Whether a trace's per-request phase names are all the probe's (with or without its ramp: the
     plugin's probe for sequential cells has none)."""
     names = set(phases)

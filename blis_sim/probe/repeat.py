@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
+from blis_sim.formats.trace import TraceRecord
 from blis_sim.probe.plan import one_at_a_time
 
 
@@ -31,7 +31,7 @@ class RepeatGroup:
     spread: float
 
 
-def repeat_groups(records: Iterable[Any]) -> list[RepeatGroup]:
+def repeat_groups(records: Iterable[TraceRecord]) -> list[RepeatGroup]:
     """The groups of identical one-at-a-time requests (two or more, by prompt, cached and output tokens) in a
     probe trace's ``records``, by prompt length; empty for a trace that is not a probe's."""
     records = [r for r in records if r.status == "ok" and not r.warmup and r.first_chunk_time_us > 0]
@@ -50,7 +50,7 @@ def repeat_groups(records: Iterable[Any]) -> list[RepeatGroup]:
     return out
 
 
-def _cached(r: Any) -> int:
+def _cached(r: TraceRecord) -> int:
     """The tokens ``r`` found cached: the server's count, or where it reports none (vLLM without
     ``--enable-prompt-tokens-details``, -1 in the trace) what the probe's phase made cached: its prefix for a
     ``cached-*`` repeat, nothing for the others. Counted as cold, a cached repeat would join the cold samples of

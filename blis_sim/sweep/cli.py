@@ -11,11 +11,12 @@ import argparse
 import hashlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blis_sim.errors import UsageError
 
 if TYPE_CHECKING:
+    from blis_sim.cli import Subparsers
     from blis_sim.sweep.base import SweepBase
     from blis_sim.sweep.runner import Backend
 
@@ -45,7 +46,7 @@ def _base_flags(p: argparse.ArgumentParser) -> None:
                    help="recompute every point (default: points finished in an earlier run are kept)")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "sweep", help="what-if sweep of simulator settings (a grid or a zip of axes)",
         description="Replay a trace (or run a workload spec) at every point of a sweep file; one "
