@@ -1,0 +1,204 @@
+"""Routing by load: the replicas advance on one simulated clock while the router routes (docs/cluster.md §2).
+
+API::
+
+    assign = route_by_load(table, routing, replicas, options, content_seed=seed, keys=keys)
+    # replicas: one Replica(kv, num_gpu_blocks) per instance (the caches are advanced: pass fresh
+    # ones, or a run's shadow caches that have seen the same earlier phases)
+
+A policy that reads the requests in flight (``least-loaded``, ``always-busiest``, ``weighted`` with
+``queue-depth``) needs each replica's state at every arrival. Before arrival ``i`` at time ``t`` is
+routed, every replica with requests in flight is advanced to ``t``: its step loop (``feed``,
+``blis_sim/engine/_loop.pyx``) runs until the first step boundary at or past ``t`` and waits there.
+The router then reads each replica's in-flight count and the request joins the chosen replica's
+loop, which takes it at that boundary as an unrouted loop would have. Each replica's loop runs in a
+thread of its own, but one at a time: the router hands the clock to one replica and waits for it to
+stop, so the run is as deterministic as one loop.
+
+**In flight** is the router's view: sent to the replica (its arrival, at or before ``t``) and not
+finished by ``t`` (its last token's step ended after ``t``, or it has not ended). A request the
+replica cannot hold (over its GPU capacity, dropped at arrival) is never in flight. That is the
+engine's own waiting + running + loading count at ``t``, read exactly at every arrival.
+
+This pass only routes: its loops run against caches that no result is read from. The caller then
+simulates each replica's rows as a recorded routing would (``engine/cluster.py``), so a load-routed
+replay and the replay of its ``--trace-output`` with ``--routing-policy recorded`` are the same
+simulation (INV-13). Not routed by load (refused, with the reason): session rounds (a later round is
+released when the earlier one finishes on its replica, so its row is not known to any one replica's
+loop up front), phases of a replay and sequential replays (a phase's start on each replica depends
+on the routing of the phase before).
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from blis_sim.engine.kvport import CacheOps, kv_port
+from blis_sim.engine.requests import RequestTable
+from blis_sim.engine.simulate import EngineOptions, dropped_rows, run_table_loop
+from blis_sim.errors import UsageError
+from blis_sim.routing import Router, RoutingSpec
+
+
+@dataclass
+class Replica:
+    """One instance's cache and its geometry, as the routing pass advances it."""
+
+    kv: CacheOps
+    num_gpu_blocks: int
+
+
+class _Stop(Exception):
+    """Raised inside a replica's loop when the routing pass ends early (another replica failed)."""
+
+
+class _Lane:
+    """A replica's loop in its own thread, paused at its feed calls."""
+
+    def __init__(self, index: int, to_router: queue.SimpleQueue[Any]) -> None:
+        self.index = index
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.to_router = to_router
+        self.t = 0.0                   # where the loop waits: the first step boundary at or past a feed time
+        self.done = False              # the loop has ended (its horizon): its state stays as it is
+        self.open: list[int] = []      # rows handed to the loop, not finished by where it waits
+        self.later: deque[float] = deque()  # finish times of rows that ended after the last routing time
+        self.pending: list[int] = []   # rows routed here that the loop has not been handed yet
+        self.thread: threading.Thread | None = None
+
+    def feed(self, t: float, arr: np.ndarray, finish: np.ndarray) -> tuple[list[int], float]:
+        self.to_router.put((self.index, t, finish, None))
+        msg = self.inbox.get()
+        if msg is None:
+            raise _Stop
+        return msg
+
+    def resume(self, until: float) -> None:
+        """Hand the loop its new rows and let it run to the first step boundary at or past ``until``."""
+        rows, self.pending = self.pending, []
+        self.open.extend(rows)
+        self.inbox.put((rows, until))
+
+    def paused(self, t: float, finish: np.ndarray) -> None:
+        """The loop waits at ``t``: its rows that have finished by then leave ``open`` (their finish
+        times, all at or before ``t``, are kept until the router's clock passes them)."""
+        self.t = t
+        if self.open:
+            rows = np.asarray(self.open, dtype=np.int64)
+            f = finish[rows]
+            ended = f == f  # not NaN
+            if ended.any():
+                self.open = rows[~ended].tolist()
+                self.later = deque(sorted([*self.later, *f[ended].tolist()]))
+
+    def in_flight(self, t: float) -> int:
+        """Requests in flight at the router's time ``t`` (where the loop waits is at or past ``t``,
+        or the replica is idle)."""
+        later = self.later
+        while later and later[0] <= t:
+            later.popleft()
+        return len(self.open) + len(later) + len(self.pending)
+
+
+def check_load_routable(table: RequestTable, routing: RoutingSpec, *, sequential: bool = False,
+                        phases: int = 1) -> None:
+    """Refuse, with the reason, what a load policy does not route (the module docstring)."""
+    what = f"--routing-policy {routing.policy}" + (f" with --routing-scorers {routing.text()}"
+                                                   if routing.scorers else "")
+    if sequential:
+        raise UsageError(f"{what} reads the requests in flight at each arrival, and a --sequential "
+                         "replay starts each replica's requests when its previous one ends, which "
+                         "depends on the routing; replay without --sequential, or re-route with "
+                         "round-robin or prefix-affinity (docs/cluster.md §2)")
+    if phases > 1:
+        raise UsageError(f"{what} does not route a replay of several phases (each replica's phase "
+                         "starts when its previous phase drained, which depends on the routing); "
+                         "re-route with round-robin or prefix-affinity (docs/cluster.md §2)")
+    if ((table.next_round >= 0) | (table.prev_round >= 0) | (table.session >= 0)).any():
+        raise UsageError(f"{what} does not route session rounds (a later round is released when the "
+                         "earlier one finishes, on whichever replica served it); re-route with "
+                         "round-robin or prefix-affinity (docs/cluster.md §2, §8)")
+
+
+def route_by_load(table: RequestTable, routing: RoutingSpec, replicas: list[Replica], options: EngineOptions,
+                  *, content_seed: int, keys: list[str]) -> np.ndarray:
+    """The replica of each row of ``table`` (sorted by arrival) under a load-dependent ``routing``;
+    ``keys``: each row's prefix key. ``options`` resolved, with the horizon the replicas' own
+    simulation will have; the replicas' caches are advanced."""
+    n = len(replicas)
+    if n == 1:
+        return np.zeros(len(table), dtype=np.int64)
+    check_load_routable(table, routing)
+    block_size = int(options.block_size or 0)
+    content = table.content(content_seed, block_size)
+    router = Router(routing, n)
+    to_router: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    lanes = [_Lane(r, to_router) for r in range(n)]
+    dropped = [dropped_rows(table, rep.num_gpu_blocks, block_size) for rep in replicas]
+    errors: list[BaseException] = []
+
+    def run(lane: _Lane, rep: Replica) -> None:
+        try:
+            port = kv_port(rep.kv, content)
+            run_table_loop(table, port, options, dropped[lane.index], block_size=block_size,
+                           offload=options.kv_offload, feed=lane.feed)
+        except _Stop:
+            pass
+        except BaseException as exc:  # handed to the router's thread, which raises it
+            errors.append(exc)
+        to_router.put((lane.index, math.inf, None, "done"))
+
+    def wait(lane: _Lane) -> None:
+        r, t, finish, state = to_router.get()
+        assert r == lane.index, "one replica runs at a time"
+        if state == "done":
+            lane.done = True
+            lane.thread.join()  # type: ignore[union-attr]
+            if errors:
+                _stop(lanes)
+                raise errors[0]
+        else:
+            lane.paused(t, finish)
+
+    assign = np.full(len(table), -1, dtype=np.int64)
+    try:
+        for lane, rep in zip(lanes, replicas):
+            lane.thread = threading.Thread(target=run, args=(lane, rep), daemon=True,
+                                           name=f"blis-replica-{lane.index}")
+            lane.thread.start()
+            wait(lane)  # the loop's first feed call, before anything is routed
+        arrival = table.arrival_us.tolist()
+        inflight = [0] * n
+        for i, t in enumerate(arrival):
+            for lane in lanes:
+                if not lane.done and lane.t < t and (lane.open or lane.pending):
+                    lane.resume(t)
+                    wait(lane)
+                inflight[lane.index] = lane.in_flight(t)
+            r = router.choose(keys[i], inflight=inflight)
+            router.sent(r, keys[i])
+            assign[i] = r
+            if not dropped[r][i]:
+                lanes[r].pending.append(i)
+        for lane in lanes:  # let each loop run out, so that the caches hold the whole phase
+            if not lane.done:
+                lane.resume(math.inf)
+                wait(lane)
+    finally:
+        _stop(lanes)
+    return assign
+
+
+def _stop(lanes: list[_Lane]) -> None:
+    """End every loop still waiting (an error, or a routing pass left early)."""
+    for lane in lanes:
+        if lane.thread is not None and lane.thread.is_alive() and not lane.done:
+            lane.inbox.put(None)
+            lane.thread.join()
+            lane.done = True
