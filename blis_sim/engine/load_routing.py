@@ -89,13 +89,22 @@ class _Lane:
         """The loop waits at ``t``: its rows that have finished by then leave ``open`` (their finish
         times, all at or before ``t``, are kept until the router's clock passes them)."""
         self.t = t
-        if self.open:
+        if not self.open:
+            return
+        if len(self.open) <= 16:  # the usual few: item reads cost less than an index array
+            ends = [float(finish[j]) for j in self.open]
+            done = [e for e in ends if e == e]  # not NaN
+            if done:
+                self.open = [j for j, e in zip(self.open, ends) if e != e]
+        else:
             rows = np.asarray(self.open, dtype=np.int64)
             f = finish[rows]
-            ended = f == f  # not NaN
-            if ended.any():
+            ended = f == f
+            done = f[ended].tolist()
+            if done:
                 self.open = rows[~ended].tolist()
-                self.later = deque(sorted([*self.later, *f[ended].tolist()]))
+        if done:
+            self.later = deque(sorted([*self.later, *done]))
 
     def in_flight(self, t: float) -> int:
         """Requests in flight at the router's time ``t`` (where the loop waits is at or past ``t``,
