@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.simulate import EngineOptions
 from blis_sim.errors import UsageError
 from blis_sim.formats import Trace, TraceHeader, TraceRecord
+from blis_sim.formats.offload_file import load_offload_config
 from blis_sim.formats.workload import load_workload_spec
 from blis_sim.routing import Router, RoutingSpec
 
@@ -30,7 +32,7 @@ def _trace(rows: list[tuple[int, int, int]], **fields: object) -> Trace:
                     send_time_us=t, **fields) for i, (t, p, o) in enumerate(rows)])
 
 
-def _random_trace(n: int = 240, gap_us: float = 40_000) -> Trace:
+def _random_trace(n: int = 240, gap_us: float = 40_000, mode: str = "generated") -> Trace:
     rng = np.random.default_rng(7)
     records, t = [], 0
     for i in range(n):
@@ -40,7 +42,7 @@ def _random_trace(n: int = 240, gap_us: float = 40_000) -> Trace:
             request_id=i, client_id=f"c{g}", prefix_group=f"sys-{g}", prefix_length=512,
             input_tokens=int(rng.integers(32, 256)), output_tokens=int(rng.integers(1, 64)),
             arrival_time_us=t, send_time_us=t))
-    return Trace(header=TraceHeader(mode="generated", time_unit="microseconds"), records=records)
+    return Trace(header=TraceHeader(mode=mode, time_unit="microseconds"), records=records)
 
 
 def _by_request(out) -> dict[int, int]:
@@ -100,6 +102,22 @@ def test_each_choice_is_the_one_the_simulated_loads_give(policy, scorers, gap_us
             alone = replay_outcome(Trace(header=trace.header, records=mine), OPTS).outcome
             np.testing.assert_array_equal(part.ttft_us, alone.ttft_us)
             assert part.hit_rates == alone.hit_rates
+
+
+@pytest.mark.parametrize("gap_us", [300, 1_000, 3_000])
+def test_with_offload_tiers_each_choice_is_still_the_simulated_loads_one(gap_us) -> None:
+    """With a CPU tier, a blocked queue retries at its own next event only, as an unrouted loop does
+    (a replica waiting for the router's clock moves nothing)."""
+    offload = load_offload_config(SAMPLE.parent / "offload.yaml", kv_bytes_per_token=512, gpu_block_size=16,
+                                  warn=lambda message: None)
+    opts = EngineOptions(model="tiny-llama", num_gpu_blocks=64, block_size=16, kv_offload=offload)
+    spec = RoutingSpec("least-loaded")
+    trace = _random_trace(gap_us=gap_us, mode="real")  # an observation: the offload config may be added
+    for backend in (None, _loop_py):
+        out = replay_cluster(trace, replace(opts, loop_backend=backend), num_instances=2, routing=spec)
+        _decisions_from(out, spec, 2)
+        host = next(e for e in out.outcome.hit_rates if e["definition"] == "by_source" and e["tier"] == "host")
+        assert host["hits"] > 0, out.outcome.hit_rates  # the CPU tier serves some prefixes
 
 
 def test_one_replica_is_the_single_server_replay() -> None:

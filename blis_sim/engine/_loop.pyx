@@ -55,6 +55,21 @@ cdef double _fed(object feed, double t, vector[long]& open_idx, double[::1] arr,
     return feed_t
 
 
+cdef double _wait_fed(object feed, double feed_t, double* nxt, bint* have, vector[long]& open_idx,
+                      double[::1] arr, object finish) except? -1:
+    """The pure twin's ``wait_fed``: the next feed time; ``nxt`` / ``have`` the loop's next event."""
+    cdef size_t k
+    while feed_t < INFINITY and (not have[0] or feed_t <= nxt[0]):
+        k = open_idx.size()
+        feed_t = _fed(feed, feed_t, open_idx, arr, finish)
+        if open_idx.size() > k:
+            if not have[0] or arr[open_idx[k]] < nxt[0]:
+                nxt[0] = arr[open_idx[k]]
+            have[0] = True
+            break
+    return feed_t
+
+
 cdef int _shift_of(long d) noexcept:
     """log2(d) when ``d`` is a power of two, else -1 (see :func:`_div`)."""
     cdef int k = 0
@@ -307,8 +322,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 waiting.push_back(i)
         if running.empty() and waiting.empty():
             have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
-            if feed_t < INFINITY and (not have_nxt or feed_t < nxt):
-                nxt, have_nxt = feed_t, True
+            if feed_t < INFINITY:
+                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, open_idx, arr, finish_np)
             if not have_nxt or nxt > horizon_us:
                 break
             t = nxt
@@ -436,14 +451,14 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 continue
         if nsched == 0:
             have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
-            if feed_t < INFINITY and (not have_nxt or feed_t < nxt):
-                nxt, have_nxt = feed_t, True
             if n_loading:
                 for x in range(<Py_ssize_t>waiting.size()):
                     i = waiting[x]
                     if status[i] == LOADING and (not have_nxt or load_done[i] < nxt):
                         nxt = load_done[i]
                         have_nxt = True
+            if feed_t < INFINITY:
+                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, open_idx, arr, finish_np)
             if not have_nxt:
                 if not waiting.empty() or not running.empty():
                     from blis_sim.engine._loop_py import raise_stuck

@@ -23,8 +23,9 @@ since the previous call;
 ``preempt(i)``; ``finish(i)``.
 
 ``feed`` (a cluster routed by load, :mod:`blis_sim.engine.load_routing`): no open-loop request is
-known up front; the loop calls :func:`fed` at the top of the first iteration at or past each time
-``feed`` named, before that iteration takes its arrivals, and the requests routed here join then.
+known up front; at each time ``feed`` names, the loop calls :func:`fed` at the first step boundary at
+or past it (before that iteration takes its arrivals), or, when nothing runs until later, waits at
+that time (:func:`wait_fed`); the requests routed here join then.
 """
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 waiting.append(i)
         if not running and not waiting:
             nxt = _next_arrival(op, open_idx, arr, heap)
-            if feed_t < math.inf and (nxt is None or feed_t < nxt):
-                nxt = feed_t
+            if feed_t < math.inf:
+                nxt, feed_t = wait_fed(feed, feed_t, nxt, open_idx, arr, finish)
             if nxt is None or nxt > horizon_us:
                 break
             t = nxt
@@ -245,12 +246,12 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         if not scheduled:
             # Nothing can run now: jump to the next arrival or load completion.
             nxt = _next_arrival(op, open_idx, arr, heap)
-            if feed_t < math.inf and (nxt is None or feed_t < nxt):
-                nxt = feed_t
             if n_loading:
                 for i in waiting:
                     if status[i] == LOADING and (nxt is None or load_done[i] < nxt):
                         nxt = float(load_done[i])
+            if feed_t < math.inf:
+                nxt, feed_t = wait_fed(feed, feed_t, nxt, open_idx, arr, finish)
             if nxt is None:
                 if waiting or running:
                     raise_stuck(waiting, plen, num_out)
@@ -363,6 +364,21 @@ def fed(feed: Any, t: float, open_idx: list[int], arr: np.ndarray, finish: np.nd
     new, feed_t = feed(t, arr, finish)
     open_idx.extend(new)
     return float(feed_t)
+
+
+def wait_fed(feed: Any, feed_t: float, nxt: float | None, open_idx: list[int], arr: np.ndarray,
+             finish: np.ndarray) -> tuple[float | None, float]:
+    """Nothing runs before the loop's own next event ``nxt`` (None: none): while the router's
+    ``feed_t`` comes first, wait there with the loop's clock where it is, so that the loop retries
+    nothing an unrouted loop would not; rows routed here arrive at that time, its next event.
+    Returns (next event, next feed time)."""
+    while feed_t < math.inf and (nxt is None or feed_t <= nxt):
+        k = len(open_idx)
+        feed_t = fed(feed, feed_t, open_idx, arr, finish)
+        if len(open_idx) > k:
+            a = float(arr[open_idx[k]])
+            return (a if nxt is None or a < nxt else nxt), feed_t
+    return nxt, feed_t
 
 
 def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,
