@@ -3,7 +3,8 @@ single-replica replay of the same trace, each the whole ``blis replay`` command 
 
 The trace is :mod:`bench_replay`'s (16 prefix groups × 1024-token prefixes, 10 % unique prompts,
 the sample offload config recorded in the header), on 1000 GPU blocks of 16 tokens per replica. The
-4-replica runs re-route it (``--num-instances 4``) with round-robin and with prefix-affinity.
+4-replica runs re-route it (``--num-instances 4``) with round-robin, with prefix-affinity and with
+least-loaded (routed on the replicas' one clock first, then simulated: docs/cluster.md §2).
 
     python benchmarks/bench_cluster.py                    # 100,000 requests, 3 runs each, alternating
     python benchmarks/bench_cluster.py --requests 20000 --repeat 1
@@ -42,7 +43,8 @@ def main() -> None:
     prefix = cached_trace(args.requests)
     cases = {"1 replica": [],
              "4 replicas, round-robin": ["--num-instances", "4", "--routing-policy", "round-robin"],
-             "4 replicas, prefix-affinity": ["--num-instances", "4", "--routing-policy", "prefix-affinity"]}
+             "4 replicas, prefix-affinity": ["--num-instances", "4", "--routing-policy", "prefix-affinity"],
+             "4 replicas, least-loaded": ["--num-instances", "4", "--routing-policy", "least-loaded"]}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     runs: dict[str, list[tuple[float, float, float]]] = {k: [] for k in cases}
     with tempfile.TemporaryDirectory() as out_dir:

@@ -34,11 +34,13 @@ SCORERS = ("prefix-affinity", "queue-depth")
 # Scorers of the reference that need the server's own state; refused with the reason.
 UNSUPPORTED_SCORERS = {
     "precise-prefix-cache": "needs the replicas' KV events (the blocks each one holds)",
-    "kv-utilization": "needs each replica's KV usage at every arrival",
-    "load-aware": "needs each replica's queue at every arrival",
+    "kv-utilization": "needs each replica's KV usage at every arrival, which no routing here reads "
+                      "(docs/cluster.md §8)",
+    "load-aware": "scores each replica's waiting queue against a threshold (llm-d's); queue-depth "
+                  "scores the requests in flight",
 }
-# Policies whose choice depends on requests in flight: the client knows them when it observes; a
-# replay routes before it simulates, so it cannot (docs/cluster.md §2).
+# Policies whose choice depends on requests in flight: the client counts its own when it observes; a
+# replay or run advances the replicas to each arrival first (blis_sim/engine/load_routing.py).
 LOAD_DEPENDENT = frozenset({"least-loaded", "always-busiest"})
 VNODES = 64
 
@@ -170,13 +172,10 @@ class Router:
 
 
 def route_static(spec: RoutingSpec, num_instances: int, keys: Sequence[str]) -> list[int]:
-    """Route requests in order when no choice depends on load (a replay routes before it simulates)."""
+    """Route requests in order when no choice depends on load (a load policy's choices need the
+    replicas' simulation: ``blis_sim.engine.load_routing.route_by_load``)."""
     if spec.load_dependent:
-        raise UsageError(f"--routing-policy {spec.policy}"
-                         + (f" with --routing-scorers {spec.text()}" if spec.scorers else "")
-                         + " depends on the requests in flight at each arrival, which a replay does not "
-                         "know before it simulates; re-route with round-robin, prefix-affinity or "
-                         "weighted prefix-affinity (docs/cluster.md §2)")
+        raise ValueError(f"routing policy {spec.policy!r} depends on load: route it with route_by_load")
     router = Router(spec, num_instances)
     out = []
     for key in keys:

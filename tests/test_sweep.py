@@ -107,8 +107,8 @@ def test_an_interrupted_sweep_resumes_and_keeps_finished_points(tmp_path: Path,
      "sweep.yaml:2: field 'axes.kv_offload.secondary_tiers.0.max_bytes.0'", "smaller than one offload chunk"),
     ("axes:\n  kv_offload.store_threshold: [2]\n", "sweep.yaml:2: field 'axes.kv_offload.store_threshold.0'",
      "store_threshold >= 2 is not supported with secondary tiers"),
-    ("axes:\n  routing_policy: [least-loaded]\n", "sweep.yaml:2: field 'axes.routing_policy",
-     "depends on the requests in flight"),
+    ("axes:\n  routing_policy: [weighted]\n  routing_scorers: ['kv-utilization:1']\n",
+     "sweep.yaml:2: field 'axes.routing_policy", "scorer 'kv-utilization' is not supported"),
     ("axes:\n  routing_policy: [nearest]\n", "sweep.yaml:2: field 'axes.routing_policy", "expected one of"),
     ("axes:\n  num_instances: [0]\n", "sweep.yaml:2: field 'axes.num_instances.0'", "must be ≥ 1"),
 ])
@@ -148,6 +148,19 @@ def test_replicas_and_routing_are_axes_whose_points_are_blis_run_over_a_cluster(
     m = json.loads(metrics.read_text())
     assert float(rows["4", "prefix-affinity"]["ttft_p99_ms"]) == pytest.approx(m["ttft_p99_ms"], rel=1e-12)
     assert int(rows["4", "prefix-affinity"]["completed_requests"]) == m["completed_requests"]
+
+
+def test_a_load_policy_is_an_axis_too(tmp_path: Path) -> None:
+    """docs/cluster.md §2: replay and run route by load, so a sweep point may."""
+    text = "axes:\n  num_instances: [2]\n  routing_policy: [round-robin, least-loaded]\n"
+    assert _sweep(tmp_path, text, "out", "--workers", "1", base=SPEC) == 0
+    rows = {r["routing_policy"]: r for r in _rows(tmp_path / "out" / "sweep.csv")}
+    metrics = tmp_path / "m.json"
+    assert main(["run", *SPEC, "--num-instances", "2", "--routing-policy", "least-loaded",
+                 "--metrics-path", str(metrics)]) == 0
+    m = json.loads(metrics.read_text())
+    assert float(rows["least-loaded"]["ttft_p99_ms"]) == pytest.approx(m["ttft_p99_ms"], rel=1e-12)
+    assert rows["least-loaded"]["ttft_p99_ms"] != rows["round-robin"]["ttft_p99_ms"]
 
 
 def test_plan_finds_the_fewest_replicas_under_a_ttft_slo(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from libcpp.deque cimport deque
 from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
 from libcpp.utility cimport pair
-from libc.math cimport isnan, ceil
+from libc.math cimport isnan, ceil, INFINITY
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -45,6 +45,29 @@ cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] ar
         nxt[0] = -heap.top().first
         have = True
     return have
+
+
+cdef double _fed(object feed, double t, vector[long]& open_idx, double[::1] arr, object finish) except? -1:
+    """The pure twin's ``fed``: a routed cluster's arrivals, handed over at ``t``."""
+    new, feed_t = feed(t, np.asarray(arr), finish)
+    for i in new:
+        open_idx.push_back(i)
+    return feed_t
+
+
+cdef double _wait_fed(object feed, double feed_t, double* nxt, bint* have, vector[long]& open_idx,
+                      double[::1] arr, object finish) except? -1:
+    """The pure twin's ``wait_fed``: the next feed time; ``nxt`` / ``have`` the loop's next event."""
+    cdef size_t k
+    while feed_t < INFINITY and (not have[0] or feed_t <= nxt[0]):
+        k = open_idx.size()
+        feed_t = _fed(feed, feed_t, open_idx, arr, finish)
+        if open_idx.size() > k:
+            if not have[0] or arr[open_idx[k]] < nxt[0]:
+                nxt[0] = arr[open_idx[k]]
+            have[0] = True
+            break
+    return feed_t
 
 
 cdef int _shift_of(long d) noexcept:
@@ -208,7 +231,7 @@ cdef _f64(vector[double]& v):
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
              long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
              double horizon_us, port, long block_size, long store_chunk_tokens,
-             bint store_prompt_only, bint log_steps):
+             bint store_prompt_only, bint log_steps, feed=None):
     cdef Py_ssize_t n = arrival.shape[0]
     cdef double[::1] arr = np.ascontiguousarray(arrival, dtype=np.float64).copy()
     cdef long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
@@ -255,7 +278,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         if j >= 0:
             dynamic[j] = 1
     for i in range(n):
-        if not dynamic[i] and status[i] != DROPPED:
+        if not dynamic[i] and status[i] != DROPPED and feed is None:
             open_idx.push_back(i)
     cdef size_t op = 0
     # min-heap of (arrival, index) via negated keys, so ties break like Python's heapq on tuples
@@ -280,8 +303,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef long budget, k, total, seq, victim, local, external, regular, old, lim, end
     cdef Py_ssize_t idx
     cdef int bs_shift = _shift_of(block_size), ct_shift = _shift_of(store_chunk_tokens)
+    cdef double feed_t = -INFINITY if feed is not None else INFINITY
 
     while True:
+        if t >= feed_t:
+            feed_t = _fed(feed, t, open_idx, arr, finish_np)
         # 1. arrivals up to now
         while op < open_idx.size() and arr[open_idx[op]] <= t:
             i = open_idx[op]
@@ -296,6 +322,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 waiting.push_back(i)
         if running.empty() and waiting.empty():
             have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
+            if feed_t < INFINITY:
+                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, open_idx, arr, finish_np)
             if not have_nxt or nxt > horizon_us:
                 break
             t = nxt
@@ -429,6 +457,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     if status[i] == LOADING and (not have_nxt or load_done[i] < nxt):
                         nxt = load_done[i]
                         have_nxt = True
+            if feed_t < INFINITY:
+                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, open_idx, arr, finish_np)
             if not have_nxt:
                 if not waiting.empty() or not running.empty():
                     from blis_sim.engine._loop_py import raise_stuck

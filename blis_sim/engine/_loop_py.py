@@ -6,7 +6,7 @@ that touches a float is written in the same order in both.
 
 ``run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights, max_num_seqs,
 max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, block_size,
-store_chunk_tokens, store_prompt_only, log_steps)`` simulates vLLM
+store_chunk_tokens, store_prompt_only, log_steps, feed=None)`` simulates vLLM
 V1's scheduler (blis_sim.engine.scheduler documents the rules) and returns a dict of numpy arrays:
 per request ``first_token_us``, ``finish_us``, ``itl_sum_us``, ``num_out``, ``preemptions``,
 ``first_sched_us``, ``arrival_us`` (dynamic arrivals filled in), ``status``; per step, the ITL
@@ -21,6 +21,11 @@ since the previous call;
 ``computed(i, now)`` when a step completed a chunk that may be offloaded (only with
 ``store_chunk_tokens > 0``: the chunk size; ``store_prompt_only``: prompt chunks only);
 ``preempt(i)``; ``finish(i)``.
+
+``feed`` (a cluster routed by load, :mod:`blis_sim.engine.load_routing`): no open-loop request is
+known up front; at each time ``feed`` names, the loop calls :func:`fed` at the first step boundary at
+or past it (before that iteration takes its arrivals), or, when nothing runs until later, waits at
+that time (:func:`wait_fed`); the requests routed here join then.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
              next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
              horizon_us: float, port: LoopPort, block_size: int, store_chunk_tokens: int,
-             store_prompt_only: bool, log_steps: bool) -> dict[str, Any]:
+             store_prompt_only: bool, log_steps: bool, feed: Any = None) -> dict[str, Any]:
     n = arrival.shape[0]
     arr = arrival.astype(np.float64).copy()
     plen = prompt_len.astype(np.int64)
@@ -74,8 +79,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         j = int(next_round[i])
         if j >= 0:
             dynamic[j] = True
-    open_idx = [i for i in range(n) if not dynamic[i] and status[i] != DROPPED]
+    open_idx = [i for i in range(n) if not dynamic[i] and status[i] != DROPPED and feed is None]
     op = 0
+    feed_t = -math.inf if feed is not None else math.inf
     heap: list[tuple[float, int]] = []
 
     waiting: deque[int] = deque()
@@ -91,6 +97,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     n_loading = 0
 
     while True:
+        if t >= feed_t:
+            feed_t = fed(feed, t, open_idx, arr, finish)
         # 1. Arrivals up to now join the waiting queue, in arrival order.
         while op < len(open_idx) and arr[open_idx[op]] <= t:
             i = open_idx[op]
@@ -104,6 +112,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 waiting.append(i)
         if not running and not waiting:
             nxt = _next_arrival(op, open_idx, arr, heap)
+            if feed_t < math.inf:
+                nxt, feed_t = wait_fed(feed, feed_t, nxt, open_idx, arr, finish)
             if nxt is None or nxt > horizon_us:
                 break
             t = nxt
@@ -240,6 +250,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 for i in waiting:
                     if status[i] == LOADING and (nxt is None or load_done[i] < nxt):
                         nxt = float(load_done[i])
+            if feed_t < math.inf:
+                nxt, feed_t = wait_fed(feed, feed_t, nxt, open_idx, arr, finish)
             if nxt is None:
                 if waiting or running:
                     raise_stuck(waiting, plen, num_out)
@@ -343,6 +355,30 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         out["step_dur"] = np.array(log_dur, dtype=np.float64)
         out["step_features"] = np.array(log_feat, dtype=np.float64).reshape(-1, 6)
     return out
+
+
+def fed(feed: Any, t: float, open_idx: list[int], arr: np.ndarray, finish: np.ndarray) -> float:
+    """A routed cluster's arrivals (``feed``: blis_sim.engine.load_routing): at ``t``, the loop hands
+    its arrival and finish times to ``feed``, which returns the requests routed here since (indices
+    in arrival order, appended to the open-loop arrivals) and the time to call it next (> ``t``)."""
+    new, feed_t = feed(t, arr, finish)
+    open_idx.extend(new)
+    return float(feed_t)
+
+
+def wait_fed(feed: Any, feed_t: float, nxt: float | None, open_idx: list[int], arr: np.ndarray,
+             finish: np.ndarray) -> tuple[float | None, float]:
+    """Nothing runs before the loop's own next event ``nxt`` (None: none): while the router's
+    ``feed_t`` comes first, wait there with the loop's clock where it is, so that the loop retries
+    nothing an unrouted loop would not; rows routed here arrive at that time, its next event.
+    Returns (next event, next feed time)."""
+    while feed_t < math.inf and (nxt is None or feed_t <= nxt):
+        k = len(open_idx)
+        feed_t = fed(feed, feed_t, open_idx, arr, finish)
+        if len(open_idx) > k:
+            a = float(arr[open_idx[k]])
+            return (a if nxt is None or a < nxt else nxt), feed_t
+    return nxt, feed_t
 
 
 def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,

@@ -14,7 +14,9 @@ through the single-server replay (:func:`~blis_sim.engine.replay_trace.simulate_
 sequential clients) on a cache of its own. Replicas share nothing but the clock, and their arrivals
 are on one time axis (the trace's first send), so simulating them one after the other is the same
 simulation as interleaving their steps. A policy that needs the requests in flight at each arrival
-(``least-loaded``, ``queue-depth``) would need the replicas' steps interleaved; it is refused.
+(``least-loaded``, ``always-busiest``, ``queue-depth``) is routed first by a pass that interleaves
+the replicas' steps on caches of its own (:mod:`blis_sim.engine.load_routing`); its routing is then
+simulated as a recorded one.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from blis_sim.engine.load_routing import Replica, check_load_routable, route_by_load
 from blis_sim.engine.outputs import SimulatedOutputs, metrics_output, trace_records
 from blis_sim.engine.provenance import sim_provenance
 from blis_sim.engine.replay_trace import BC10_MESSAGE, observed_from_tiers, prepare_trace, simulate_replica
@@ -172,6 +175,8 @@ def route_table(table: RequestTable, routing: RoutingSpec, num_instances: int) -
                               f"the cluster's 0..{num_instances - 1} (--num-instances {num_instances})",
                               field="replica")
         return recorded
+    if num_instances == 1:
+        return np.zeros(len(table), dtype=np.int64)
     return np.asarray(route_static(routing, num_instances, row_keys(table)), dtype=np.int64)
 
 
@@ -198,23 +203,27 @@ def replay_cluster(trace: Any, options: EngineOptions | None = None, *, num_inst
     if n is None:
         n = info.num_instances if info is not None else (
             int(recorded.max()) + 1 if recorded is not None and recorded.size else 1)
-    assign = route_table(table, routing, n)
     block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
-    parts: list[SimOutcome] = []
-    idxs: list[np.ndarray] = []
+    blocks = [num_blocks] * n
     for r in range(n):
-        idx = np.flatnonzero(assign == r)
-        blocks = num_blocks
         if given.num_gpu_blocks is None and info is not None and r < len(info.replicas):
             geom = info.replicas[r].kv_geometry
             if geom is not None and geom.num_gpu_blocks:
-                blocks = int(geom.num_gpu_blocks)
+                blocks[r] = int(geom.num_gpu_blocks)
             if geom is not None and geom.block_size and geom.block_size != block_size:
                 raise ConfigError(f"replica {r} has block size {geom.block_size}, the cluster "
                                   f"{block_size}: one block size per cluster",
                                   field="pytest_blis.cluster.replicas.kv_geometry.block_size")
-        parts.append(simulate_replica(table.take(idx), options, block_size, blocks, offload))
-        idxs.append(idx)
+    if routing.load_dependent and n > 1:
+        check_load_routable(table, routing, sequential=options.sequential, phases=len(table.phases()))
+        replicas = [Replica(build_kv(b, block_size, offload, options.seed, backend=options.kv_backend), b)
+                    for b in blocks]
+        assign = route_by_load(table, routing, replicas, options, content_seed=options.seed,
+                               keys=row_keys(table))
+    else:
+        assign = route_table(table, routing, n)
+    parts = [simulate_replica(table.take(np.flatnonzero(assign == r)), options, block_size, blocks[r], offload)
+             for r in range(n)]
     agreement = None
     if routing.policy != "recorded" and recorded is not None and len(table):
         agreement = float((assign == recorded).mean())
@@ -260,7 +269,7 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
                 seed: int | None = None, num_requests: int | None = None,
                 horizon: int | None = None) -> ClusterRunOutcome:
     """``blis run`` over ``num_instances`` replicas: each phase's requests routed by ``routing`` (in
-    arrival order; no load-dependent policy), each replica simulated on a cache of its own; the next
+    arrival order; a load policy on the replicas' clock), each replica simulated on a cache of its own; the next
     phase starts when every replica has drained."""
     from blis_sim.workload import generate_workload
 
@@ -273,7 +282,16 @@ def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instance
     block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     kvs = [build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend)
            for _ in range(num_instances)]
-    per, starts = simulate_phases(plan, options, kvs, lambda table: route_table(table, routing, num_instances))
+    # a load policy's routing pass runs on caches of its own, which see every phase as the replicas' do
+    shadow = [Replica(build_kv(num_blocks, block_size, offload, options.seed, backend=options.kv_backend),
+                      num_blocks) for _ in range(num_instances)] if routing.load_dependent else []
+
+    def route(table: RequestTable, phase_options: EngineOptions) -> np.ndarray:
+        if not shadow:
+            return route_table(table, routing, num_instances)
+        return route_by_load(table, routing, shadow, phase_options, content_seed=plan.seed,
+                             keys=row_keys(table))
+    per, starts = simulate_phases(plan, options, kvs, route)
     if not per[0]:
         raise ConfigError("the workload generated no request")
     parts = [combine_outcomes(per[r], kvs[r], offload) for r in range(num_instances)]

@@ -132,11 +132,11 @@ def run_outcome(spec: WorkloadSpec, options: EngineOptions | None = None, *, see
 
 
 def simulate_phases(plan: WorkloadPlan, options: EngineOptions, kvs: list[CacheOps],
-                    route: Callable[[RequestTable], np.ndarray] | None = None
+                    route: Callable[[RequestTable, EngineOptions], np.ndarray] | None = None
                     ) -> tuple[list[list[SimOutcome]], list[list[np.ndarray]]]:
-    """Each phase of ``plan`` in turn, its requests on the replicas' caches ``kvs`` (``route`` gives each
-    request's replica; None: all on the one cache), the next phase once every replica has drained. Per
-    replica: its phases' outcomes and each request's phase start (µs)."""
+    """Each phase of ``plan`` in turn, its requests on the replicas' caches ``kvs`` (``route(table,
+    options)`` gives each request's replica; None: all on the one cache), the next phase once every
+    replica has drained. Per replica: its phases' outcomes and each request's phase start (µs)."""
     offload = options.kv_offload
     block_size, num_blocks = int(options.block_size or 0), int(options.num_gpu_blocks or 0)
     per: list[list[SimOutcome]] = [[] for _ in kvs]
@@ -154,11 +154,12 @@ def simulate_phases(plan: WorkloadPlan, options: EngineOptions, kvs: list[CacheO
         h = options.horizon_us
         if h is None and phase.horizon_us > 0:
             h = t0 + phase.horizon_us
-        assign = route(table) if route is not None else None
+        phase_options = replace(options, horizon_us=h)
+        assign = route(table, phase_options) if route is not None else None
         end = float(t0)
         for r, kv in enumerate(kvs):
             sub = table if assign is None else table.take(np.flatnonzero(assign == r))
-            part = simulate_table(sub, kv, replace(options, horizon_us=h), block_size=block_size,
+            part = simulate_table(sub, kv, phase_options, block_size=block_size,
                                   num_gpu_blocks=num_blocks, offload=offload, content_seed=plan.seed)
             per[r].append(part)
             starts[r].append(np.full(len(sub), t0))

@@ -125,12 +125,14 @@ class LoopResult:
 
 def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: SchedulerConfig,
              *, block_size: int = 16, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
-             log_steps: bool = False, backend: Any = None) -> LoopResult:
+             log_steps: bool = False, backend: Any = None, feed: Any = None) -> LoopResult:
     """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests).
 
     ``block_size``: the KV cache's, so the loop calls ``port.grow`` only at block boundaries.
     ``store_chunk_tokens`` > 0 makes the loop call ``port.computed(i, t)`` whenever a step completes
     an offloadable chunk (of the prompt only, with ``store_prompt_only``).
+    ``feed``: the requests arrive as a cluster's router hands them over on one clock
+    (:mod:`blis_sim.engine.load_routing`), not all up front.
     """
     n = len(workload)
     nr = workload.next_round if workload.next_round is not None else np.full(n, -1, np.int64)
@@ -145,5 +147,6 @@ def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: Sc
         np.ascontiguousarray(dropped, dtype=bool), model.weights(),
         int(config.max_num_seqs), int(config.max_num_batched_tokens),
         int(config.long_prefill_token_threshold), float(config.horizon_us), port,
-        int(block_size), int(store_chunk_tokens), bool(store_prompt_only), bool(log_steps))
+        int(block_size), int(store_chunk_tokens), bool(store_prompt_only), bool(log_steps),
+        *((feed,) if feed is not None else ()))
     return LoopResult(**out)

@@ -179,23 +179,11 @@ def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *,
     """Run the step loop over ``table`` against ``kv`` (which may carry state from earlier phases);
     ``options`` resolved (:func:`~blis_sim.engine.settings.resolve_settings`)."""
     assert options.latency is not None, "resolve_settings first"
-    capacity = (num_gpu_blocks - 1) * block_size  # vLLM's null block is never handed out
-    dropped = (table.prompt_len + np.maximum(table.output_len, 1) - 1) > capacity
+    dropped = dropped_rows(table, num_gpu_blocks, block_size)
     first = _window_first(table, dropped)
     port = kv_port(kv, table.content(content_seed, block_size), window_first=first)
-    workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
-                        output_len=table.output_len, next_round=table.next_round,
-                        think_us=table.think_us, dropped=dropped)
-    store_chunk = 0
-    prompt_only = True
-    if offload is not None:
-        store_chunk = int(offload.block_size)
-        prompt_only = bool(offload.offload_prompt_only)
-    with gc_paused():  # the loop makes no cycles; a full collection would walk every trace row
-        loop = simulate(workload, port, options.latency, options.scheduler(horizon_us),
-                        block_size=block_size, store_chunk_tokens=store_chunk,
-                        store_prompt_only=prompt_only,
-                        log_steps=log_steps, backend=options.loop_backend)
+    loop = run_table_loop(table, port, options, dropped, block_size=block_size, offload=offload,
+                          horizon_us=horizon_us, log_steps=log_steps)
     frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
     admitted, cached = port.admitted, port.cached
@@ -207,6 +195,33 @@ def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *,
                       dropped=dropped,
                       tier_io=tier_io(counters, port.window_snapshot if first >= 0 else None)
                       if offload is not None else [])
+
+
+def dropped_rows(table: RequestTable, num_gpu_blocks: int, block_size: int) -> np.ndarray:
+    """The rows that could never fit in the GPU cache (dropped as unservable before the run)."""
+    capacity = (num_gpu_blocks - 1) * block_size  # vLLM's null block is never handed out
+    return (table.prompt_len + np.maximum(table.output_len, 1) - 1) > capacity
+
+
+def run_table_loop(table: RequestTable, port: Any, options: EngineOptions, dropped: np.ndarray, *,
+                   block_size: int, offload: OffloadConfig | None, horizon_us: float | None = None,
+                   log_steps: bool = False, feed: Any = None) -> LoopResult:
+    """The step loop over ``table``'s rows against ``port`` (``feed``: routed by load,
+    :mod:`blis_sim.engine.load_routing`)."""
+    assert options.latency is not None, "resolve_settings first"
+    workload = Workload(arrival_us=table.arrival_us, prompt_len=table.prompt_len,
+                        output_len=table.output_len, next_round=table.next_round,
+                        think_us=table.think_us, dropped=dropped)
+    store_chunk = 0
+    prompt_only = True
+    if offload is not None:
+        store_chunk = int(offload.block_size)
+        prompt_only = bool(offload.offload_prompt_only)
+    with gc_paused():  # the loop makes no cycles; a full collection would walk every trace row
+        return simulate(workload, port, options.latency, options.scheduler(horizon_us),
+                        block_size=block_size, store_chunk_tokens=store_chunk,
+                        store_prompt_only=prompt_only,
+                        log_steps=log_steps, backend=options.loop_backend, feed=feed)
 
 
 def _window_first(table: RequestTable, dropped: np.ndarray) -> int:

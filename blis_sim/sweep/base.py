@@ -25,7 +25,7 @@ from blis_sim.engine.run_spec import run_outcome
 from blis_sim.errors import ConfigError, FormatError, UsageError
 from blis_sim.formats import PytestBlisHeader, Trace
 from blis_sim.formats.workload import workload_spec_from_data
-from blis_sim.routing import RoutingSpec, route_static
+from blis_sim.routing import RoutingSpec
 from blis_sim.sweep.axes import SettingError, apply_settings, set_path
 from blis_sim.sweep.rows import row_of
 
@@ -124,8 +124,6 @@ class SweepBase:
         name = "routing_policy" if "routing_policy" in values else next(iter(values))
         try:
             routing = RoutingSpec.parse(policy, values.get("routing_scorers"), flag="routing_scorers")
-            if routing.load_dependent:
-                route_static(routing, n or 1, [])  # refuses, with the reason
         except UsageError as exc:
             raise fail(name, str(exc)) from None
         if routing.policy == "recorded" and self.kind != "trace":
