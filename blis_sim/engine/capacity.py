@@ -68,8 +68,9 @@ def sustained_capacity(spec: WorkloadSpec, options: EngineOptions | None, *, off
     if not offered > 1.0:
         raise ValueError(f"offered must be above 1 (more than the server serves); got {offered}")
     rate = offered * burst_capacity(spec, options, num_requests=num_requests, seed=seed)
-    loop = run_outcome(with_rate(spec, rate), options, seed=seed, num_requests=num_requests).outcome.loop
-    finish = np.sort(loop.finish_us[~np.isnan(loop.finish_us)])
+    out = run_outcome(with_rate(spec, rate), options, seed=seed, num_requests=num_requests).outcome
+    loop = out.loop
+    finish = np.sort((loop.arrival_us + out.e2e_us)[out.completed])  # E2E with its frontend time, as above
     if finish.size < 8:
         raise ValueError(f"{finish.size} simulated requests completed: too few to measure a steady state")
     start, end = finish[finish.size // 4], finish[3 * finish.size // 4]
