@@ -12,8 +12,9 @@ Run:  python benchmarks/bench_fit_saturation.py [--requests N] [--step-shape roo
    and 1.2x its capacity, the capacity being the sustained service rate of the emulator's own step shape
    in the simulator on the same KV cache (``sustained_capacity``: offered 2x, 2,048 requests, the
    completions over the middle half of the window while the queue stands). Each trace's Poisson gaps are
-   scaled so that its arrivals' mean rate over the window is the level's exactly (``paced``); the rate the
-   client sent at is printed beside it. So are the server's preemptions over the trace (its
+   scaled, 50 at a time, so that its arrivals' mean rate over the window and over every 50 gaps is the
+   level's exactly (``paced``: 1.2x then saturates throughout, 0.8x never for longer than a burst); the rate
+   the client sent at is printed beside it. So are the server's preemptions over the trace (its
    ``vllm:num_preemptions`` counter: the running batch's KV outgrew the GPU blocks) and the peak KV demand
    of the requests in flight (prompt + output blocks, from the observed sends and completions).
 3. Fit (``blis_sim.engine.fit``, the qwen/qwen3-14b H100 prior of the given ``--step-shape``):
@@ -42,6 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from blis_sim.calibrate import calibrate_detailed
 from blis_sim.emulator import EmulatorConfig, spawn_emulator
@@ -62,6 +64,7 @@ LOADS = (("light", 0.25), ("0.8x", 0.8), ("1.2x", 1.2))
 IN_SAMPLE, OUT_OF_SAMPLE, CAPACITY, E2E = 0.10, 0.15, 0.05, 0.15
 # the capacity's own run: enough requests next to 256 sequences that a queue stands through the middle half
 CAPACITY_REQUESTS = 2048
+PACE_STRETCH = 50  # arrivals paced to the level's rate over every 50 gaps (``paced``)
 
 
 def load_average() -> str:
@@ -98,16 +101,24 @@ def capacity(family: str, truth: EngineOptions) -> float:
     return sustained_capacity(family_spec(family, 1.0, CAPACITY_REQUESTS, seed=1), truth)
 
 
-def paced(spec: WorkloadSpec) -> WorkloadPlan:
-    """``spec``'s plan with its Poisson gaps scaled so that the arrivals' mean rate over the window (n - 1
-    gaps from the first to the last) is the spec's rate exactly: a 300-request draw is otherwise off by
-    several percent (sd 1/sqrt(300)), enough to leave 1.2x unsaturated or push 0.8x over."""
+def paced(spec: WorkloadSpec, stretch: int = PACE_STRETCH) -> WorkloadPlan:
+    """``spec``'s Poisson plan with its gaps scaled, ``stretch`` at a time, so that every ``stretch`` gaps after
+    the first arrival span ``stretch`` / rate exactly: the arrivals' mean rate over the window (n - 1 gaps from
+    the first to the last) and over each stretch is the spec's rate. Within a stretch the arrivals are then
+    those of a Poisson process given its count (uniform over the stretch), so the draw keeps its bursts but
+    not a slow or fast run longer than a stretch: one 300-request draw arrived 5 % below its rate over the
+    window, another at its rate but 2 % under capacity for its first two hundred and 30 % over for its last
+    hundred, which left a 1.2x trace on the edge of saturation and can push a 0.8x one over."""
     plan = generate_workload(spec)
     (phase,) = plan.phases
-    first, last = phase.requests[0].arrival_us, phase.requests[-1].arrival_us
-    k = (len(phase.requests) - 1) / float(spec.aggregate_rate or 0) * 1e6 / (last - first)
-    return replace(plan, phases=(replace(phase, requests=tuple(replace(r, arrival_us=round(r.arrival_us * k))
-                                                               for r in phase.requests)),))
+    times = np.array([r.arrival_us for r in phase.requests], dtype=np.float64)
+    gaps = np.diff(times)
+    for lo in range(0, gaps.size, stretch):
+        part = gaps[lo:lo + stretch]
+        part *= part.size / float(spec.aggregate_rate or 0) * 1e6 / part.sum()
+    times = np.concatenate([times[:1], times[0] + np.cumsum(gaps)])
+    return replace(plan, phases=(replace(phase, requests=tuple(replace(r, arrival_us=round(t))
+                                                               for r, t in zip(phase.requests, times))),))
 
 
 def send_rate(trace: Any) -> float:
