@@ -106,9 +106,10 @@ def paced(spec: WorkloadSpec, stretch: int = PACE_STRETCH) -> WorkloadPlan:
     the first arrival span ``stretch`` / rate exactly: the arrivals' mean rate over the window (n - 1 gaps from
     the first to the last) and over each stretch is the spec's rate. Within a stretch the arrivals are then
     those of a Poisson process given its count (uniform over the stretch), so the draw keeps its bursts but
-    not a slow or fast run longer than a stretch: one 300-request draw arrived 5 % below its rate over the
-    window, another at its rate but 2 % under capacity for its first two hundred and 30 % over for its last
-    hundred, which left a 1.2x trace on the edge of saturation and can push a 0.8x one over."""
+    not a slow or fast run longer than a stretch. The 1k 1.2x draw (seed 12) arrived 5.5 % below its rate
+    over the window; scaled as a whole, it came at 1.10x capacity for its first two hundred and 1.46x for its
+    last hundred, so its queue formed late and the window sat on the edge of the waiting sign (75.5 % of TTFT
+    against 75 %)."""
     plan = generate_workload(spec)
     (phase,) = plan.phases
     times = np.array([r.arrival_us for r in phase.requests], dtype=np.float64)
