@@ -9,10 +9,14 @@ Run:  python benchmarks/bench_fit_saturation.py [--requests N] [--step-shape roo
    ``--gpu-blocks`` blocks of 16 tokens (default 4,000: 64k tokens), 256 sequences, 8,192 batched tokens.
 2. Two workload families, 128 output tokens: ``mix`` (a 50/50 mix of 256- and 4,096-token prompts) and
    ``1k`` (~1,000-token prompts, Gaussian, sd 50). Each at three Poisson loads: ``light`` (0.25x), 0.8x
-   and 1.2x its capacity, the capacity being the emulator's own step shape's burst throughput in the
-   simulator (``burst_capacity``) on the same KV cache. The peak KV demand of the requests in flight
-   (prompt + output blocks, from the observed sends and completions) is printed against the GPU blocks:
-   at the higher loads it is above them, so the server preempts and the queue waits for blocks.
+   and 1.2x its capacity, the capacity being the sustained service rate of the emulator's own step shape
+   in the simulator on the same KV cache (``sustained_capacity``: offered 2x, 2,048 requests, the
+   completions over the middle half of the window while the queue stands). Each trace's Poisson gaps are
+   scaled, 50 at a time, so that its arrivals' mean rate over the window and over every 50 gaps is the
+   level's exactly (``paced``: 1.2x then saturates throughout, 0.8x never for longer than a burst); the rate
+   the client sent at is printed beside it. So are the server's preemptions over the trace (its
+   ``vllm:num_preemptions`` counter: the running batch's KV outgrew the GPU blocks) and the peak KV demand
+   of the requests in flight (prompt + output blocks, from the observed sends and completions).
 3. Fit (``blis_sim.engine.fit``, the qwen/qwen3-14b H100 prior of the given ``--step-shape``):
    **in sample** on each trace, replayed on the same trace; **out of sample** from the lightest trace of
    each family, replayed on that family's others; and **jointly** on both light traces (one model for both
@@ -30,21 +34,27 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from blis_sim.calibrate import calibrate_detailed
 from blis_sim.emulator import EmulatorConfig, spawn_emulator
 from blis_sim.engine import EngineOptions, fit, replay_outcome
-from blis_sim.engine.capacity import burst_capacity
+from blis_sim.engine.capacity import sustained_capacity
 from blis_sim.engine.latency import StepModel
 from blis_sim.engine.prior import resolve_prior
 from blis_sim.formats.workload import WorkloadSpec
 from blis_sim.observe.run import ObserveOptions, observe, write_result
+from blis_sim.workload.generate import generate_workload
+from blis_sim.workload.plan import WorkloadPlan
 from bench_latency_fidelity import emulator_shape  # the same profile's roofline in the engine's form
 
 PROFILE = "h100-14b-roofline"
@@ -52,6 +62,9 @@ MAX_NUM_SEQS, MAX_BATCHED, BLOCK = 256, 8192, 16
 OUTPUT = 128
 LOADS = (("light", 0.25), ("0.8x", 0.8), ("1.2x", 1.2))
 IN_SAMPLE, OUT_OF_SAMPLE, CAPACITY, E2E = 0.10, 0.15, 0.05, 0.15
+# the capacity's own run: enough requests next to 256 sequences that a queue stands through the middle half
+CAPACITY_REQUESTS = 2048
+PACE_STRETCH = 50  # arrivals paced to the level's rate over every 50 gaps (``paced``)
 
 
 def load_average() -> str:
@@ -81,6 +94,47 @@ def options(blocks: int, latency: Any = None) -> EngineOptions:
         extra = {"latency": latency.to_step_model(), "latency_source": "fit"}
     return EngineOptions(block_size=BLOCK, num_gpu_blocks=blocks, max_num_seqs=MAX_NUM_SEQS,
                          max_num_batched_tokens=MAX_BATCHED, **extra)
+
+
+def capacity(family: str, truth: EngineOptions) -> float:
+    """The family's sustained service rate on the emulator's own shape in the simulator (req/s)."""
+    return sustained_capacity(family_spec(family, 1.0, CAPACITY_REQUESTS, seed=1), truth)
+
+
+def paced(spec: WorkloadSpec, stretch: int = PACE_STRETCH) -> WorkloadPlan:
+    """``spec``'s Poisson plan with its gaps scaled, ``stretch`` at a time, so that every ``stretch`` gaps after
+    the first arrival span ``stretch`` / rate exactly: the arrivals' mean rate over the window (n - 1 gaps from
+    the first to the last) and over each stretch is the spec's rate. Within a stretch the arrivals are then
+    those of a Poisson process given its count (uniform over the stretch), so the draw keeps its bursts but
+    not a slow or fast run longer than a stretch. The 1k 1.2x draw (seed 12) arrived 5.5 % below its rate
+    over the window; scaled as a whole, it came at 1.10x capacity for its first two hundred and 1.46x for its
+    last hundred, so its queue formed late and the window sat on the edge of the waiting sign (75.5 % of TTFT
+    against 75 %)."""
+    plan = generate_workload(spec)
+    (phase,) = plan.phases
+    times = np.array([r.arrival_us for r in phase.requests], dtype=np.float64)
+    gaps = np.diff(times)
+    for lo in range(0, gaps.size, stretch):
+        part = gaps[lo:lo + stretch]
+        part *= part.size / float(spec.aggregate_rate or 0) * 1e6 / part.sum()
+    times = np.concatenate([times[:1], times[0] + np.cumsum(gaps)])
+    return replace(plan, phases=(replace(phase, requests=tuple(replace(r, arrival_us=round(t))
+                                                               for r, t in zip(phase.requests, times))),))
+
+
+def send_rate(trace: Any) -> float:
+    """The observed sends' mean rate over the window (n - 1 gaps from the first send to the last), req/s."""
+    sends = sorted(r.send_time_us for r in trace.records if r.send_time_us)
+    return (len(sends) - 1) / ((sends[-1] - sends[0]) / 1e6)
+
+
+def server_preemptions(url: str) -> float:
+    """The server's ``vllm:num_preemptions`` counter: vLLM preempts only when the running batch's KV
+    outgrows the GPU blocks."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r"^vllm:num_preemptions_total(?:\{[^}]*\})?\s+(\S+)", text, re.MULTILINE)
+    return float(m.group(1)) if m else float("nan")
 
 
 def peak_kv_blocks(trace: Any) -> int:
@@ -120,7 +174,7 @@ def do_fit(traces: list[Any], blocks: int, names: list[str], shape: str) -> tupl
 def fit_10k(blocks: int, shape: str) -> float:
     from blis_sim.engine.run_spec import run_outcome
 
-    cap = burst_capacity(family_spec("1k", 1.0, 2000, seed=7), options(blocks, emulator_shape()))
+    cap = capacity("1k", options(blocks, emulator_shape()))
     trace = run_outcome(family_spec("1k", 0.8 * cap, 10_000, 7), options(blocks, emulator_shape())).trace("bench")
     c, seconds = do_fit([trace], blocks, ["10k"], shape)
     print(f"fit of a 10,000-request trace (1k family at 0.8x capacity, {cap * 0.8:.1f} req/s, engine-generated "
@@ -134,16 +188,18 @@ def observe_all(args: argparse.Namespace, traces: dict[tuple[str, str], Any], tr
     with spawn_emulator(EmulatorConfig(profile=PROFILE, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED,
                                        block_size=BLOCK, num_gpu_blocks=args.gpu_blocks)) as emu:
         for family in ("mix", "1k"):
-            cap = burst_capacity(family_spec(family, 1.0, args.requests, 1), truth)
+            cap = capacity(family, truth)
             for k, (load, factor) in enumerate(LOADS):
                 spec = family_spec(family, factor * cap, args.requests, seed=10 + k)
-                result = observe(emu.url, spec, ObserveOptions(model="tiny-llama", max_concurrency=MAX_NUM_SEQS,
-                                                                progress=False))
+                before = server_preemptions(emu.url)
+                result = observe(emu.url, paced(spec), ObserveOptions(model="tiny-llama",
+                                                                       max_concurrency=MAX_NUM_SEQS, progress=False))
                 write_result(result, out_dir / f"{family}-{load}.yaml", out_dir / f"{family}-{load}.csv")
                 traces[(family, load)] = result.trace
-                print(f"observed {family} {load}: {factor * cap:.2f} req/s (capacity {cap:.2f}), peak KV demand "
-                      f"{peak_kv_blocks(result.trace)} blocks of {args.gpu_blocks}; load average {load_average()}",
-                      flush=True)
+                print(f"observed {family} {load}: {factor * cap:.2f} req/s asked (sustained capacity {cap:.2f}), "
+                      f"sent at {send_rate(result.trace):.2f}; {server_preemptions(emu.url) - before:.0f} "
+                      f"preemptions on the server; peak KV demand {peak_kv_blocks(result.trace)} blocks of "
+                      f"{args.gpu_blocks}; load average {load_average()}", flush=True)
 
 
 def main() -> int:
@@ -172,8 +228,8 @@ def main() -> int:
             for load, _ in LOADS:
                 base = Path(args.from_dir) / f"{family}-{load}"
                 traces[(family, load)] = load_trace(f"{base}.yaml", f"{base}.csv")
-                print(f"read {base}: peak KV demand {peak_kv_blocks(traces[(family, load)])} blocks of "
-                      f"{args.gpu_blocks}", flush=True)
+                print(f"read {base}: sent at {send_rate(traces[(family, load)]):.2f} req/s, peak KV demand "
+                      f"{peak_kv_blocks(traces[(family, load)])} blocks of {args.gpu_blocks}", flush=True)
     else:
         observe_all(args, traces, truth, out_dir)
 

@@ -9,7 +9,7 @@ import pytest
 
 from blis_sim.calibrate.capacity import is_saturated
 from blis_sim.engine import EngineOptions, burst_capacity, run_outcome
-from blis_sim.engine.capacity import with_rate
+from blis_sim.engine.capacity import sustained_capacity, with_rate
 from blis_sim.errors import FormatError
 from blis_sim.formats.workload import parse_workload_spec
 from pytest_blis._phases import phase_spec
@@ -87,3 +87,26 @@ def test_burst_capacity_is_deterministic() -> None:
     spec = parse_workload_spec(SPEC)
     assert burst_capacity(spec, OPTIONS) == burst_capacity(spec, OPTIONS)
     assert np.isfinite(burst_capacity(spec, OPTIONS, num_requests=20))
+
+
+def test_sustained_capacity_is_the_rate_a_standing_queue_is_served_at() -> None:
+    spec = parse_workload_spec(SPEC).with_overrides(num_requests=400)
+    rate = sustained_capacity(spec, OPTIONS)
+    assert rate == sustained_capacity(spec, OPTIONS)  # deterministic
+    # offered 3x, the middle of the window's completions come at the same rate: the server's, not the load's
+    assert sustained_capacity(spec, OPTIONS, offered=3.0) == pytest.approx(rate, rel=0.03)
+    # the burst figure counts the batch filling and draining, below the steady rate
+    assert burst_capacity(spec, OPTIONS) < rate
+    # 1.2x of it saturates the simulated server, 0.8x does not
+    for factor, saturated in ((1.2, True), (0.8, False)):
+        loop = run_outcome(with_rate(spec, factor * rate), OPTIONS).outcome.loop
+        waiting = int((loop.first_token_us > loop.arrival_us.max()).sum())
+        assert is_saturated(len(loop.arrival_us), waiting) is saturated, factor
+
+
+def test_sustained_capacity_refuses_a_window_without_a_standing_queue() -> None:
+    spec = parse_workload_spec(SPEC)
+    with pytest.raises(ValueError, match="queue did not stand"):
+        sustained_capacity(spec, OPTIONS, num_requests=12)  # fewer than max_num_seqs: nothing ever waits
+    with pytest.raises(ValueError, match="offered must be above 1"):
+        sustained_capacity(spec, OPTIONS, offered=1.0)
