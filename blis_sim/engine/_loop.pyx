@@ -33,18 +33,27 @@ cdef enum:
 ctypedef pair[double, long] HeapItem
 
 
-cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] arr,
+cdef inline bint _next_arrival(Py_ssize_t op, Py_ssize_t n, const double[::1] arr,
                                priority_queue[HeapItem]& heap, double* nxt) noexcept:
-    """The earliest pending arrival (open-loop or released follow-up) into ``nxt``; False if none.
-    The pure twin's ``_next_arrival``."""
+    """The earliest pending arrival (open-loop ``op``, or a released follow-up) into ``nxt``; False
+    if none. The pure twin's ``_next_arrival``."""
     cdef bint have = False
-    if op < open_idx.size():
-        nxt[0] = arr[open_idx[op]]
+    if op < n:
+        nxt[0] = arr[op]
         have = True
     if not heap.empty() and (not have or -heap.top().first < nxt[0]):
         nxt[0] = -heap.top().first
         have = True
     return have
+
+
+cdef inline Py_ssize_t _open_from(Py_ssize_t i, Py_ssize_t n, const signed char[::1] dynamic,
+                                  const signed char[::1] status) noexcept:
+    """The first open-loop request at or after ``i`` (``n``: none): not released by a session's
+    previous round, not dropped. The pure twin's ``_open_from``."""
+    while i < n and (dynamic[i] or status[i] == DROPPED):
+        i += 1
+    return i
 
 
 cdef int _shift_of(long d) noexcept:
@@ -88,21 +97,21 @@ cdef int _lookup(PortCalls* c, object port, object lookup, long i, double t, lon
     return 0
 
 
-cdef int _admit(PortCalls* c, object port, object admit, long i, long k, double t, long* computed,
+cdef int _admit(PortCalls* c, object port, object admit, long i, long k, double t, int* computed,
                 double* done) except -1:
     """1 admitted (``computed``, and ``done`` unless NULL: the load's ready time), 0 no room."""
     cdef Admitted a
     if c != NULL:
         if not c.admit(port, i, k, t, &a):
             return 0
-        computed[0] = a.computed
+        computed[0] = <int>a.computed
         if done != NULL:
             done[0] = a.ready
         return 1
     res = admit(i, k, t)
     if res is None:
         return 0
-    computed[0] = (<tuple>_tuple(res))[0]
+    computed[0] = <int>(<tuple>_tuple(res))[0]
     if done != NULL:
         done[0] = (<tuple>res)[len(<tuple>res) - 1]
     return 1
@@ -192,6 +201,9 @@ cdef class _ItlLog:
         return rec["value"], rec["weight"]
 
 
+# the most tokens (prompt + output) of one request: the loop's token positions are int32
+cdef long _MAX_TOKENS = 2147483647
+
 # gaps held in memory before they spill to a file (1M entries: 16 MB)
 cdef size_t _SPILL = 1 << 20
 _GAP = np.dtype([("value", np.float64), ("weight", np.int64)])
@@ -205,20 +217,42 @@ cdef _f64(vector[double]& v):
     return out
 
 
+cdef int _check_tokens(const long[::1] plen, const long[::1] olen) except -1:
+    """Refuse a request whose prompt + output does not fit the loop's int32 token positions."""
+    cdef Py_ssize_t i
+    for i in range(plen.shape[0]):
+        if plen[i] + (olen[i] if olen[i] > 1 else 1) > _MAX_TOKENS:
+            from blis_sim.engine._loop_py import raise_too_long
+            raise_too_long(i, plen[i], olen[i])
+    return 0
+
+
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
              long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
              double horizon_us, port, long block_size, long store_chunk_tokens,
              bint store_prompt_only, bint log_steps):
     cdef Py_ssize_t n = arrival.shape[0]
-    cdef double[::1] arr = np.ascontiguousarray(arrival, dtype=np.float64).copy()
-    cdef long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
-    cdef long[::1] olen = np.maximum(np.ascontiguousarray(output_len, dtype=np.int64), 1)
-    cdef long[::1] nxt_round = np.ascontiguousarray(next_round, dtype=np.int64)
-    cdef double[::1] think = np.ascontiguousarray(think_us, dtype=np.float64)
+    # next_round None: no session rounds, so no arrival is rewritten and the caller's arrivals
+    # are the result's (not copied: a copy per request for the whole run)
+    cdef bint rounds = next_round is not None
+    arr_np = np.ascontiguousarray(arrival, dtype=np.float64)
+    if rounds or not arr_np.flags.writeable:
+        arr_np = arr_np.copy()
+    cdef double[::1] arr = arr_np
+    cdef const long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
+    # (read only where a token was just sampled, so num_out >= 1: an output_len < 1 is one token)
+    cdef const long[::1] olen = np.ascontiguousarray(output_len, dtype=np.int64)
+    cdef const long[::1] nxt_round
+    cdef const double[::1] think
+    if rounds:
+        nxt_round = np.ascontiguousarray(next_round, dtype=np.int64)
+        think = np.ascontiguousarray(think_us, dtype=np.float64)
     status_np = np.where(np.asarray(dropped).astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
     cdef signed char[::1] status = status_np
-    computed_np = np.zeros(n, dtype=np.int64)
-    cdef long[::1] computed = computed_np
+    # token positions held as int32 (a request's prompt + output is checked below 2^31 first):
+    # three of the per-request arrays the loop keeps for the whole run
+    _check_tokens(plen, olen)
+    cdef int[::1] computed = np.zeros(n, dtype=np.int32)
     num_out_np = np.zeros(n, dtype=np.int64)
     cdef long[::1] num_out = num_out_np
     first_tok_np = np.full(n, np.nan)
@@ -233,8 +267,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     preempts_np = np.zeros(n, dtype=np.int64)
     cdef long[::1] preempts = preempts_np
     cdef double[::1] load_done = np.zeros(n)
-    cdef long[::1] sched_n = np.zeros(n, dtype=np.int64)
-    cdef long[::1] kv_end = np.zeros(n, dtype=np.int64)
+    cdef int[::1] sched_n = np.zeros(n, dtype=np.int32)
+    cdef int[::1] kv_end = np.zeros(n, dtype=np.int32)
     cdef signed char[::1] in_kv = np.zeros(n, dtype=np.int8)
     cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
     # the port's calls bound once: otherwise each call looks the name up and makes a bound method
@@ -247,17 +281,15 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
     cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
 
-    cdef vector[long] open_idx
+    # open-loop arrivals in index order: a cursor over the requests (no index list of them)
     cdef signed char[::1] dynamic = np.zeros(n, dtype=np.int8)
     cdef Py_ssize_t i, j, x
-    for i in range(n):
-        j = nxt_round[i]
-        if j >= 0:
-            dynamic[j] = 1
-    for i in range(n):
-        if not dynamic[i] and status[i] != DROPPED:
-            open_idx.push_back(i)
-    cdef size_t op = 0
+    if rounds:
+        for i in range(n):
+            j = nxt_round[i]
+            if j >= 0:
+                dynamic[j] = 1
+    cdef Py_ssize_t op = _open_from(0, n, dynamic, status)
     # min-heap of (arrival, index) via negated keys, so ties break like Python's heapq on tuples
     cdef priority_queue[HeapItem] heap
 
@@ -283,9 +315,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
 
     while True:
         # 1. arrivals up to now
-        while op < open_idx.size() and arr[open_idx[op]] <= t:
-            i = open_idx[op]
-            op += 1
+        while op < n and arr[op] <= t:
+            i = op
+            op = _open_from(op + 1, n, dynamic, status)
             status[i] = WAITING
             waiting.push_back(i)
         while not heap.empty() and -heap.top().first <= t:
@@ -295,7 +327,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 status[i] = WAITING
                 waiting.push_back(i)
         if running.empty() and waiting.empty():
-            have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
+            have_nxt = _next_arrival(op, n, arr, heap, &nxt)
             if not have_nxt or nxt > horizon_us:
                 break
             t = nxt
@@ -422,7 +454,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 preemption_count += 1
                 continue
         if nsched == 0:
-            have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
+            have_nxt = _next_arrival(op, n, arr, heap, &nxt)
             if n_loading:
                 for x in range(<Py_ssize_t>waiting.size()):
                     i = waiting[x]
@@ -510,7 +542,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                     finish[i] = t_end
                     _finish(calls, port, port_finish, i)
                     finished_any = True
-                    j = nxt_round[i]
+                    j = nxt_round[i] if rounds else -1
                     if j >= 0:
                         arr[j] = ceil(t_end + think[j])
                         heap.push(HeapItem(-arr[j], -j))
@@ -528,7 +560,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             break
 
     out = {
-        "arrival_us": np.asarray(arr), "first_token_us": first_tok_np, "finish_us": finish_np,
+        "arrival_us": arr_np, "first_token_us": first_tok_np, "finish_us": finish_np,
         "itl_sum_us": itl_sum_np, "num_out": num_out_np, "preemptions": preempts_np,
         "first_sched_us": first_sched_np, "status": status_np,
         "steps": steps,

@@ -6,7 +6,8 @@ that touches a float is written in the same order in both.
 
 ``run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights, max_num_seqs,
 max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, block_size,
-store_chunk_tokens, store_prompt_only, log_steps)`` simulates vLLM
+store_chunk_tokens, store_prompt_only, log_steps)`` (``next_round`` and ``think_us`` None: no
+session rounds; a request's prompt + output at most ``MAX_TOKENS``) simulates vLLM
 V1's scheduler (blis_sim.engine.scheduler documents the rules) and returns a dict of numpy arrays:
 per request ``first_token_us``, ``finish_us``, ``itl_sum_us``, ``num_out``, ``preemptions``,
 ``first_sched_us``, ``arrival_us`` (dynamic arrivals filled in), ``status``; per step, the ITL
@@ -42,15 +43,24 @@ NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
 
 
 def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
-             next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
+             next_round: np.ndarray | None, think_us: np.ndarray | None, dropped: np.ndarray,
+             weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
              horizon_us: float, port: LoopPort, block_size: int, store_chunk_tokens: int,
              store_prompt_only: bool, log_steps: bool) -> dict[str, Any]:
     n = arrival.shape[0]
-    arr = arrival.astype(np.float64).copy()
-    plen = prompt_len.astype(np.int64)
-    olen = np.maximum(output_len.astype(np.int64), 1)  # a request always yields its first token
+    # next_round None: no session rounds, so no arrival is rewritten and the caller's arrivals
+    # are the result's (not copied: a copy per request for the whole run)
+    rounds = next_round is not None
+    arr = np.ascontiguousarray(arrival, dtype=np.float64)
+    if rounds or not arr.flags.writeable:
+        arr = arr.copy()
+    plen = prompt_len.astype(np.int64, copy=False)
+    # (read only where a token was just sampled, so num_out >= 1: an output_len < 1 is one token)
+    olen = output_len.astype(np.int64, copy=False)
     status = np.where(dropped.astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    for i in np.flatnonzero(plen + np.maximum(olen, 1) > MAX_TOKENS)[:1].tolist():
+        raise_too_long(i, int(plen[i]), int(olen[i]))
     computed = np.zeros(n, dtype=np.int64)
     num_out = np.zeros(n, dtype=np.int64)
     first_tok = np.full(n, np.nan)
@@ -67,15 +77,17 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     wc0, wc1, wc2, wc3, wc4, wc5 = (float(x) for x in w[0])
     wm0, wm1, wm2, wm3, wm4, wm5 = (float(x) for x in w[1])
 
-    # Open-loop arrivals are taken in index order (the caller sorts them); a request whose
-    # arrival is released by its session's previous round (next_round) goes through the heap.
+    # Open-loop arrivals are taken in index order (the caller sorts them), by a cursor over the
+    # requests; a request whose arrival is released by its session's previous round (next_round)
+    # goes through the heap.
     dynamic = np.zeros(n, dtype=bool)
-    for i in range(n):
-        j = int(next_round[i])
-        if j >= 0:
-            dynamic[j] = True
-    open_idx = [i for i in range(n) if not dynamic[i] and status[i] != DROPPED]
-    op = 0
+    if rounds:
+        assert next_round is not None and think_us is not None
+        for i in range(n):
+            j = int(next_round[i])
+            if j >= 0:
+                dynamic[j] = True
+    op = _open_from(0, n, dynamic, status)
     heap: list[tuple[float, int]] = []
 
     waiting: deque[int] = deque()
@@ -92,9 +104,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
 
     while True:
         # 1. Arrivals up to now join the waiting queue, in arrival order.
-        while op < len(open_idx) and arr[open_idx[op]] <= t:
-            i = open_idx[op]
-            op += 1
+        while op < n and arr[op] <= t:
+            i = op
+            op = _open_from(op + 1, n, dynamic, status)
             status[i] = WAITING
             waiting.append(i)
         while heap and heap[0][0] <= t:
@@ -103,7 +115,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 status[i] = WAITING
                 waiting.append(i)
         if not running and not waiting:
-            nxt = _next_arrival(op, open_idx, arr, heap)
+            nxt = _next_arrival(op, n, arr, heap)
             if nxt is None or nxt > horizon_us:
                 break
             t = nxt
@@ -235,7 +247,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 continue
         if not scheduled:
             # Nothing can run now: jump to the next arrival or load completion.
-            nxt = _next_arrival(op, open_idx, arr, heap)
+            nxt = _next_arrival(op, n, arr, heap)
             if n_loading:
                 for i in waiting:
                     if status[i] == LOADING and (nxt is None or load_done[i] < nxt):
@@ -314,8 +326,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                     finish[i] = t_end
                     port.finish(i)
                     finished_any = True
-                    j = int(next_round[i])
+                    j = int(next_round[i]) if next_round is not None else -1
                     if j >= 0:
+                        assert think_us is not None
                         # whole µs, so a trace records the arrival exactly (INV-13)
                         arr[j] = math.ceil(t_end + think_us[j])
                         heapq.heappush(heap, (float(arr[j]), j))
@@ -345,14 +358,32 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     return out
 
 
-def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,
+def _open_from(i: int, n: int, dynamic: np.ndarray, status: np.ndarray) -> int:
+    """The first open-loop request at or after ``i`` (``n``: none): not released by a session's
+    previous round, not dropped."""
+    while i < n and (dynamic[i] or status[i] == DROPPED):
+        i += 1
+    return i
+
+
+def _next_arrival(op: int, n: int, arr: np.ndarray,
                   heap: list[tuple[float, int]]) -> float | None:
     nxt = None
-    if op < len(open_idx):
-        nxt = float(arr[open_idx[op]])
+    if op < n:
+        nxt = float(arr[op])
     if heap and (nxt is None or heap[0][0] < nxt):
         nxt = heap[0][0]
     return nxt
+
+
+# the most tokens (prompt + output) of one request: the compiled loop's token positions are int32
+MAX_TOKENS = 2**31 - 1
+
+
+def raise_too_long(i: int, prompt: int, output: int) -> None:
+    raise SimulationError(
+        f"request index {i}: a prompt of {prompt} tokens and {output} output tokens is more than "
+        f"the simulator's {MAX_TOKENS} tokens per request")
 
 
 def raise_stuck(waiting: Sequence[int], plen: np.ndarray, num_out: np.ndarray) -> None:

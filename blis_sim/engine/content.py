@@ -23,7 +23,6 @@ segment's name: distinct segments never collide in practice, and building one is
 """
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +34,10 @@ from blis_sim.workload.tokens import key_hash
 _KEY_MASK = (1 << 39) - 1
 
 
-def int_array(values: np.ndarray) -> array[int]:
-    """An integer column as a machine-int ``array`` (``q``)."""
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
-    return out
+def int_view(values: np.ndarray, dtype: Any = np.int64) -> memoryview:
+    """An integer column as a memoryview of its own buffer (no copy when it already has
+    ``dtype``): indexing one gives a plain int, as the KV port reads it per request."""
+    return np.ascontiguousarray(values, dtype=dtype).data
 
 
 def segment_tokens(seed: int, *key: str | int, length: int) -> np.ndarray:
@@ -76,8 +74,9 @@ class ContentPlan:
     _streams: dict[int, np.ndarray] = field(default_factory=dict)
     _seeds: Sequence[int] = field(default_factory=list)
     _root: int = 0
-    # the columns read once per request, as machine-int arrays: indexing one gives a plain int (a
-    # numpy array would make a scalar object) and a million rows take 8 MB (a list: ~36 MB)
+    # the columns read once per request, as memoryviews of the table's own arrays (int64 prompt
+    # lengths, int32 codes and shared blocks): indexing one gives a plain int (a numpy array would
+    # make a scalar object), and the table's columns are not copied
     _prompt_of: Sequence[int] = field(default_factory=list)
     _session_of: Sequence[int] = field(default_factory=list)
     _group_of: Sequence[int] = field(default_factory=list)
@@ -96,12 +95,13 @@ class ContentPlan:
             z = np.arange(len(self.keys), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
             z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
             z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            self._seeds = array("Q", (z ^ (z >> np.uint64(31))).tobytes())
+            z ^= z >> np.uint64(31)
+            self._seeds = z.data
         self._root = int(self.core.root_hash(0))
-        self._prompt_of = int_array(self.prompt_len)
-        self._session_of = int_array(self.session)
-        self._group_of = int_array(self.group)
-        self._blocks_of = int_array(self._shared_blocks())
+        self._prompt_of = int_view(self.prompt_len)
+        self._session_of = int_view(self.session, np.int32)
+        self._group_of = int_view(self.group, np.int32)
+        self._blocks_of = int_view(self._shared_blocks(), np.int32)
 
     @property
     def prompt_of(self) -> Sequence[int]:
@@ -182,8 +182,8 @@ class ContentPlan:
 
     def port_columns(self) -> tuple[Any, ...]:
         """What :meth:`prefix_spec` reads, for a compiled KV port to read in place: per request the
-        prompt length, session (-1: none), group (-1: none), shared group-prefix blocks (int64
-        buffers) and unique-content seed (uint64 buffer); then the chain's root hash."""
+        prompt length (an int64 buffer), session (-1: none), group (-1: none), shared group-prefix
+        blocks (int32 buffers) and unique-content seed (uint64 buffer); then the chain's root hash."""
         return (self._prompt_of, self._session_of, self._group_of, self._blocks_of, self._seeds,
                 self._root)
 

@@ -764,10 +764,11 @@ cdef class RequestPort:
     cdef CacheCore _core
     cdef object _kv, _content, _no_prefix, _root
     cdef dict _prefix_of  # group -> its prefix hashes (the plan's, fetched once: no frame per request)
-    cdef const int64_t[::1] _prompt, _session, _group, _blocks
+    cdef const int64_t[::1] _prompt
+    cdef const int32_t[::1] _session, _group, _blocks
     cdef const uint64_t[::1] _seeds
     cdef vector[unsigned char] _registered, _admitted
-    cdef vector[int64_t] _first  # per request: device, host, disk tokens at its first admission
+    cdef vector[int32_t] _first  # per request: device, host, disk tokens at its first admission
     # per request: its cache state while registered (else None), so that a call finds it by index
     # instead of through the cache's dict: the port is called several times per request and step
     cdef list _rq
@@ -856,9 +857,10 @@ cdef class RequestPort:
             return False
         if not self._admitted[i]:
             self._admitted[i] = 1
-            self._first[3 * i] = out.gpu
-            self._first[3 * i + 1] = out.host
-            self._first[3 * i + 2] = out.disk
+            # (a prompt's tokens fit int32: the step loop refuses a longer request)
+            self._first[3 * i] = <int32_t>out.gpu
+            self._first[3 * i + 1] = <int32_t>out.host
+            self._first[3 * i + 2] = <int32_t>out.disk
         return True
 
     cdef int _check(self, int64_t i) except -1:
