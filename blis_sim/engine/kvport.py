@@ -152,8 +152,8 @@ class KVPort:
 
     @property
     def cached(self) -> np.ndarray:
-        """Per request: (device, host, disk) tokens found at its first admission (n × 3)."""
-        return np.frombuffer(self._first, dtype=np.int32).reshape(self._n, 3).astype(np.int64)
+        """Per request: (device, host, disk) tokens found at its first admission (n × 3, int32)."""
+        return np.frombuffer(self._first, dtype=np.int32).reshape(self._n, 3).copy()
 
 
 def kv_port(kv: CacheOps, content: ContentPlan, window_first: int = -1) -> RequestPort:

@@ -41,7 +41,7 @@ class RequestTable:
     next_round: np.ndarray          # int64: round released when this one finishes (-1)
     think_us: np.ndarray            # float64
     group: np.ndarray               # int32 index into group_names (-1)
-    shared_prefix: np.ndarray       # int64
+    shared_prefix: np.ndarray       # int32 (a trace's) or int64
     session: np.ndarray             # int32 index into session_names (-1: not accumulating)
     prev_round: np.ndarray          # int64 (-1)
     new_input: np.ndarray           # int64
@@ -184,12 +184,14 @@ def concat_rows(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
 
 
 def _replayable(data: TraceColumns) -> np.ndarray:
-    """Row numbers of the rows the engine saw (every status but ``error``)."""
+    """Row numbers of the rows the engine saw (every status but ``error``): int32 when the trace's
+    rows fit (the table keeps them for the whole run)."""
     status = data.strings("status")
     bad = [c for c, name in enumerate(status.names) if name == "error"]
+    dtype = np.int32 if data.n < 2**31 else np.int64
     if not bad:
-        return np.arange(data.n, dtype=np.int64)
-    return np.flatnonzero(status.codes != bad[0]).astype(np.int64)
+        return np.arange(data.n, dtype=dtype)
+    return np.flatnonzero(status.codes != bad[0]).astype(dtype)
 
 
 def _columns_of(records: TraceColumns | Sequence[TraceRecord]) -> TraceColumns:
@@ -228,7 +230,7 @@ def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[Trace
     shared = np.where(gcode >= 0, plen, 0).astype(np.int64)
     prompt = np.where(server_in > 0, server_in, plen + inp).astype(np.int64)
     prompt = np.maximum(prompt, 1)
-    shared = np.minimum(shared, prompt)
+    shared = np.minimum(shared, prompt).astype(np.int32)  # <= the prompt, which _check_sizes bounds
 
     # accumulating sessions: rounds in order; new input per round from the CSV columns
     session = np.full(n, -1, dtype=np.int32)
