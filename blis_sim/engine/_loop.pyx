@@ -12,6 +12,7 @@ cimport numpy as cnp
 from libcpp.deque cimport deque
 from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
+from libcpp.unordered_map cimport unordered_map
 from libcpp.utility cimport pair
 from libc.math cimport isnan, ceil
 from libc.stdint cimport int64_t
@@ -247,14 +248,14 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     if rounds:
         nxt_round = np.ascontiguousarray(next_round, dtype=np.int64)
         think = np.ascontiguousarray(think_us, dtype=np.float64)
-    status_np = np.where(np.asarray(dropped).astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    status_np = np.where(np.asarray(dropped).astype(bool), np.int8(DROPPED), np.int8(NOT_ARRIVED))
     cdef signed char[::1] status = status_np
-    # token positions held as int32 (a request's prompt + output is checked below 2^31 first):
-    # three of the per-request arrays the loop keeps for the whole run
+    # token counts held as int32 (a request's prompt + output is checked below 2^31 first): the
+    # per-request arrays live for the whole run
     _check_tokens(plen, olen)
     cdef int[::1] computed = np.zeros(n, dtype=np.int32)
-    num_out_np = np.zeros(n, dtype=np.int64)
-    cdef long[::1] num_out = num_out_np
+    num_out_np = np.zeros(n, dtype=np.int32)
+    cdef int[::1] num_out = num_out_np
     first_tok_np = np.full(n, np.nan)
     cdef double[::1] first_tok = first_tok_np
     cdef double[::1] last_tok = np.zeros(n)
@@ -264,10 +265,10 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef double[::1] itl_sum = itl_sum_np
     first_sched_np = np.full(n, np.nan)
     cdef double[::1] first_sched = first_sched_np
-    preempts_np = np.zeros(n, dtype=np.int64)
-    cdef long[::1] preempts = preempts_np
-    cdef double[::1] load_done = np.zeros(n)
-    cdef int[::1] sched_n = np.zeros(n, dtype=np.int32)
+    preempts_np = np.zeros(n, dtype=np.int32)
+    cdef int[::1] preempts = preempts_np
+    # a load's ready time, for the requests LOADING only (no slot per request of the trace)
+    cdef unordered_map[long, double] load_done
     cdef int[::1] kv_end = np.zeros(n, dtype=np.int32)
     cdef signed char[::1] in_kv = np.zeros(n, dtype=np.int8)
     cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
@@ -295,10 +296,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
 
     cdef deque[long] waiting
     cdef vector[long] running
-    # this step's scheduled requests: the first nsched entries, written by index (sized for every
-    # request in the system at the step's start, the most a step schedules): the append was
-    # compiled out of line, ~690,000 calls for 10k requests
+    # this step's scheduled requests and their new tokens (sched_k): the first nsched entries,
+    # written by index (sized for every request in the system at the step's start, the most a
+    # step schedules): the append was compiled out of line, ~690,000 calls for 10k requests
     cdef vector[long] scheduled
+    cdef vector[long] sched_k
     cdef Py_ssize_t nsched = 0
     cdef vector[long] skipped
     cdef vector[long] keep
@@ -337,6 +339,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             for x in range(<Py_ssize_t>waiting.size()):
                 i = waiting[x]
                 if status[i] == LOADING and load_done[i] <= t:
+                    load_done.erase(i)
                     status[i] = WAITING
                     n_loading -= 1
 
@@ -345,6 +348,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         nsched = 0
         if <size_t>(running.size() + waiting.size()) > scheduled.size():
             scheduled.resize(running.size() + waiting.size())
+            sched_k.resize(scheduled.size())
         preempted = False
         idx = 0
         while idx < <Py_ssize_t>running.size() and budget > 0:
@@ -378,8 +382,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 if not ok:
                     break
                 kv_end[i] = end
-            sched_n[i] = k
             scheduled[nsched] = i
+            sched_k[nsched] = k
             nsched += 1
             budget -= k
             idx += 1
@@ -432,8 +436,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 running.push_back(i)
                 if isnan(first_sched[i]):
                     first_sched[i] = t
-                sched_n[i] = k
                 scheduled[nsched] = i
+                sched_k[nsched] = k
                 nsched += 1
                 budget -= k
             for x in range(<Py_ssize_t>skipped.size() - 1, -1, -1):
@@ -480,7 +484,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         ap = 0.0
         for x in range(nsched):
             i = scheduled[x]
-            k = sched_n[i]
+            k = sched_k[x]
             seq = computed[i]
             if num_out[i] > 0 and k == 1 and seq == plen[i] + num_out[i] - 1:
                 td += 1.0
@@ -512,7 +516,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         for x in range(nsched):
             i = scheduled[x]
             old = computed[i]
-            computed[i] += sched_n[i]
+            computed[i] += sched_k[x]
             if store_chunk_tokens > 0:
                 lim = computed[i]
                 if store_prompt_only and lim > plen[i]:

@@ -58,19 +58,18 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     plen = prompt_len.astype(np.int64, copy=False)
     # (read only where a token was just sampled, so num_out >= 1: an output_len < 1 is one token)
     olen = output_len.astype(np.int64, copy=False)
-    status = np.where(dropped.astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    status = np.where(dropped.astype(bool), np.int8(DROPPED), np.int8(NOT_ARRIVED))
     for i in np.flatnonzero(plen + np.maximum(olen, 1) > MAX_TOKENS)[:1].tolist():
         raise_too_long(i, int(plen[i]), int(olen[i]))
     computed = np.zeros(n, dtype=np.int64)
-    num_out = np.zeros(n, dtype=np.int64)
+    num_out = np.zeros(n, dtype=np.int32)
     first_tok = np.full(n, np.nan)
     last_tok = np.zeros(n)
     finish = np.full(n, np.nan)
     itl_sum = np.zeros(n)
     first_sched = np.full(n, np.nan)
-    preempts = np.zeros(n, dtype=np.int64)
-    load_done = np.zeros(n)
-    sched_n = np.zeros(n, dtype=np.int64)
+    preempts = np.zeros(n, dtype=np.int32)
+    load_done: dict[int, float] = {}  # a load's ready time, for the requests LOADING only
     kv_end = np.zeros(n, dtype=np.int64)  # tokens the KV cache has been told about
     in_kv = np.zeros(n, dtype=bool)  # admitted to the KV cache (blocks held) and not preempted since
     w = weights.astype(np.float64)
@@ -124,12 +123,14 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         if n_loading:
             for i in waiting:
                 if status[i] == LOADING and load_done[i] <= t:
+                    del load_done[i]
                     status[i] = WAITING
                     n_loading -= 1
 
         # 3. Schedule: running requests first (vLLM V1), then the waiting queue.
         budget = max_num_batched_tokens
         scheduled: list[int] = []
+        sched_k: list[int] = []  # the new tokens of each scheduled request
         preempted = False
         idx = 0
         while idx < len(running) and budget > 0:
@@ -163,8 +164,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 if not ok:
                     break
                 kv_end[i] = end
-            sched_n[i] = k
             scheduled.append(i)
+            sched_k.append(int(k))
             budget -= k
             idx += 1
 
@@ -222,8 +223,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 running.append(i)
                 if first_sched[i] != first_sched[i]:  # NaN: first time scheduled
                     first_sched[i] = t
-                sched_n[i] = k
                 scheduled.append(i)
+                sched_k.append(int(k))
                 budget -= k
             for i in reversed(skipped):
                 waiting.appendleft(i)
@@ -251,7 +252,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
             if n_loading:
                 for i in waiting:
                     if status[i] == LOADING and (nxt is None or load_done[i] < nxt):
-                        nxt = float(load_done[i])
+                        nxt = load_done[i]
             if nxt is None:
                 if waiting or running:
                     raise_stuck(waiting, plen, num_out)
@@ -267,8 +268,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         cd = 0.0
         cp = 0.0
         ap = 0.0
-        for i in scheduled:
-            k = sched_n[i]
+        for x, i in enumerate(scheduled):
+            k = sched_k[x]
             seq = computed[i]
             if num_out[i] > 0 and k == 1 and seq == plen[i] + num_out[i] - 1:
                 td += 1.0
@@ -293,9 +294,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         regular = 0
         keep: list[int] = []
         finished_any = False
-        for i in scheduled:
+        for x, i in enumerate(scheduled):
             old = computed[i]
-            computed[i] += sched_n[i]
+            computed[i] += sched_k[x]
             if store_chunk_tokens > 0:
                 lim = computed[i]
                 if store_prompt_only and lim > plen[i]:
