@@ -14,7 +14,7 @@ from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
 from libcpp.unordered_map cimport unordered_map
 from libcpp.utility cimport pair
-from libc.math cimport isnan, ceil
+from libc.math cimport isnan, ceil, NAN
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -258,7 +258,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef int[::1] num_out = num_out_np
     first_tok_np = np.full(n, np.nan)
     cdef double[::1] first_tok = first_tok_np
-    cdef double[::1] last_tok = np.zeros(n)
+    # a request's last token time while it runs, its finish once FINISHED (the same time then):
+    # NaN for the unfinished ones at the end (one array for both, not two a request)
     finish_np = np.full(n, np.nan)
     cdef double[::1] finish = finish_np
     itl_sum_np = np.zeros(n)
@@ -531,19 +532,18 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 if num_out[i] == 1:
                     first_tok[i] = t_end
                 else:
-                    gap = t_end - last_tok[i]
+                    gap = t_end - finish[i]
                     itl_sum[i] += gap
-                    if last_tok[i] == t:
+                    if finish[i] == t:
                         regular += 1
                     else:
                         itl.add(gap, 1)
-                last_tok[i] = t_end
+                finish[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:
                         _grow(calls, port, port_grow, i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]
                     status[i] = FINISHED
-                    finish[i] = t_end
                     _finish(calls, port, port_finish, i)
                     finished_any = True
                     j = nxt_round[i] if rounds else -1
@@ -563,6 +563,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         if t > horizon_us:
             break
 
+    for i in range(n):
+        if status[i] != FINISHED:
+            finish[i] = NAN
     out = {
         "arrival_us": arr_np, "first_token_us": first_tok_np, "finish_us": finish_np,
         "itl_sum_us": itl_sum_np, "num_out": num_out_np, "preemptions": preempts_np,

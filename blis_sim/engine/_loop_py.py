@@ -64,7 +64,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     computed = np.zeros(n, dtype=np.int64)
     num_out = np.zeros(n, dtype=np.int32)
     first_tok = np.full(n, np.nan)
-    last_tok = np.zeros(n)
+    # a request's last token time while it runs, its finish once FINISHED (the same time then):
+    # NaN for the unfinished ones at the end (one array for both, not two a request)
     finish = np.full(n, np.nan)
     itl_sum = np.zeros(n)
     first_sched = np.full(n, np.nan)
@@ -311,20 +312,19 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 if num_out[i] == 1:
                     first_tok[i] = t_end
                 else:
-                    gap = t_end - last_tok[i]
+                    gap = t_end - finish[i]
                     itl_sum[i] += gap
-                    if last_tok[i] == t:  # tokens in consecutive steps: the gap is this step
+                    if finish[i] == t:  # tokens in consecutive steps: the gap is this step
                         regular += 1
                     else:
                         itl_values.append(gap)
                         itl_weights.append(1)
-                last_tok[i] = t_end
+                finish[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:  # register the last full blocks' hashes
                         port.grow(i, int(computed[i] - kv_end[i]))
                         kv_end[i] = computed[i]
                     status[i] = FINISHED
-                    finish[i] = t_end
                     port.finish(i)
                     finished_any = True
                     j = int(next_round[i]) if next_round is not None else -1
@@ -345,6 +345,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         if t > horizon_us:
             break
 
+    finish[status != FINISHED] = np.nan
     out = {
         "arrival_us": arr, "first_token_us": first_tok, "finish_us": finish, "itl_sum_us": itl_sum,
         "num_out": num_out, "preemptions": preempts, "first_sched_us": first_sched,

@@ -196,17 +196,17 @@ def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *,
                         block_size=block_size, store_chunk_tokens=store_chunk,
                         store_prompt_only=prompt_only,
                         log_steps=log_steps, backend=options.loop_backend)
+    admitted, cached = port.admitted, port.cached
+    window = port.window_snapshot if first >= 0 else None
+    del port, workload  # the port's per-request records go before the arrays made below
     frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
-    admitted, cached = port.admitted, port.cached
-    rates = hit_rates(table, admitted, cached, counters,
-                      port.window_snapshot if first >= 0 else None, tiers=offload is not None)
+    rates = hit_rates(table, admitted, cached, counters, window, tiers=offload is not None)
     return SimOutcome(table=table, loop=loop, cached=cached, admitted=admitted,
                       frontend_us=frontend, kv_counters=counters, hit_rates=rates,
                       block_size=block_size, num_gpu_blocks=num_gpu_blocks, offload=offload,
                       dropped=dropped,
-                      tier_io=tier_io(counters, port.window_snapshot if first >= 0 else None)
-                      if offload is not None else [])
+                      tier_io=tier_io(counters, window) if offload is not None else [])
 
 
 def _window_first(table: RequestTable, dropped: np.ndarray) -> int:
