@@ -206,8 +206,9 @@ def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[Trace
     data = _columns_of(records)
     rows = _replayable(data)
     n = int(rows.shape[0])
-    # Every row replayable and the rows in arrival order (a generated trace): the table's columns
-    # are the trace's own arrays where they are its values (not a copy of each for the whole run).
+    # Every row replayable: the table's columns are the trace's own arrays where they are its
+    # values (not a copy of each for the whole run); they are permuted below only when the rows
+    # are not in arrival order already (a generated trace's are).
     whole = n == data.n
 
     def col(name: str) -> np.ndarray:
