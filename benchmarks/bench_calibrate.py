@@ -8,6 +8,8 @@ interpreter, timed from outside, so the cost curve per request can be read off t
 
     python benchmarks/bench_calibrate.py                          # 10k, 100k, 1M requests
     python benchmarks/bench_calibrate.py --sizes 10000,100000
+    python benchmarks/bench_calibrate.py --sizes 10000,100000,1000000,10000000 \
+        --fs-max-bytes 2199023255552                          # the cost curve, a 2 TiB fs tier
 
 CPU time is printed with the machine's load average: on a shared 2-core machine wall time is only
 meaningful when the load average is below ~1.
@@ -25,11 +27,15 @@ from bench_replay import ROOT, _timed, cached_trace, per_request
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--fs-max-bytes", type=int, default=None, metavar="BYTES",
+                    help="replay on bench_replay's trace with its fs tier bounded to BYTES (default: "
+                         "unbounded, as the sample config: the replay that makes the files to "
+                         "calibrate then holds every chunk ever stored)")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            prefix = cached_trace(n)
+            prefix = cached_trace(n, args.fs_max_bytes)
             sim, agg, re = (os.path.join(tmp, f) for f in ("sim.json", "simagg.json", "re"))
             _timed([sys.executable, "-m", "blis_sim.cli", "replay", "--trace-header", f"{prefix}.yaml",
                     "--trace-data", f"{prefix}.csv", "--model", "qwen/qwen3-14b", "--total-kv-blocks", "1000",

@@ -562,3 +562,31 @@ def test_sequential_replay_keeps_session_rounds_together() -> None:
     a = replay_outcome(_session_trace(True), opts()).outcome
     b = replay_outcome(_session_trace(True), opts(sequential=True)).outcome
     assert a.cached.tolist() == b.cached.tolist()
+
+
+def test_a_sorted_trace_s_table_shares_its_columns_and_a_shuffled_one_replays_the_same() -> None:
+    from blis_sim.engine.requests import table_from_trace
+    from blis_sim.formats.trace_columns import TraceColumns
+
+    recs = [rec(i, input_tokens=20 + i, output_tokens=3, prefix_group="g" if i % 2 else "",
+                prefix_length=16 if i % 2 else 0) for i in range(6)]
+    header = TraceHeader(mode="generated", time_unit="microseconds")
+    data = TraceColumns.from_records(recs)
+    table = table_from_trace(header, data)
+    assert np.shares_memory(table.request_id, data.array("request_id"))  # not a copy per column
+    assert np.shares_memory(table.output_len, data.array("output_tokens"))
+    assert table.next_round.tolist() == [-1] * 6 and table.think_us.tolist() == [0.0] * 6
+    shuffled = TraceColumns.from_records([recs[k] for k in (3, 0, 5, 1, 4, 2)])
+    other = table_from_trace(header, shuffled)
+    for name in ("request_id", "arrival_us", "prompt_len", "output_len", "group", "shared_prefix"):
+        assert getattr(other, name).tolist() == getattr(table, name).tolist(), name
+    a = replay(Trace(header=header, records=recs), opts())
+    b = replay(Trace(header=header, records=[recs[k] for k in (3, 0, 5, 1, 4, 2)]), opts())
+    assert sim_results_text(a[0]) == sim_results_text(b[0])
+
+
+def test_a_trace_row_past_the_simulators_tokens_per_request_is_a_config_error() -> None:
+    recs = [rec(0, input_tokens=10, output_tokens=2), rec(7, input_tokens=2**31 - 2, output_tokens=4)]
+    header = TraceHeader(mode="generated", time_unit="microseconds")
+    with pytest.raises(ConfigError, match=r"request_id 7: a prompt of 2147483646 tokens and 4 output"):
+        replay(Trace(header=header, records=recs), opts())

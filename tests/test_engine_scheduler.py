@@ -180,3 +180,23 @@ def test_an_admission_that_loads_nothing_computes_the_prompt_once(loop) -> None:
     r, port = sim(loop, [0], [100], [1], port=port)
     assert r.step_features[:, 1].tolist() == [100.0] and r.ttft_us[0] == 1100.0
     assert [c for c in port.calls if c[0] == "admit"] == [("admit", 0, 0, 0.0)]
+
+
+def test_a_request_past_the_loops_int32_token_positions_is_refused(loop) -> None:
+    # the loop keeps token positions as int32: a prompt + output over 2^31 - 1 is refused up front
+    w = S.Workload(arrival_us=np.array([0.0, 0.0]), prompt_len=np.array([10, 2**31 - 5]),
+                   output_len=np.array([1, 5]))
+    with pytest.raises(SimulationError, match=r"request index 1: a prompt of 2147483643 tokens"):
+        S.simulate(w, CountingPort(num_blocks=10_000), MODEL, S.SchedulerConfig(), backend=loop)
+
+
+def test_without_session_rounds_the_arrivals_are_the_callers_not_a_copy(loop) -> None:
+    arrivals = np.array([0.0, 10.0])
+    w = S.Workload(arrival_us=arrivals, prompt_len=np.array([10, 10]), output_len=np.array([1, 1]),
+                   next_round=np.full(2, -1), think_us=np.zeros(2))
+    r = S.simulate(w, CountingPort(100), MODEL, S.SchedulerConfig(), backend=loop)
+    assert r.arrival_us is arrivals
+    w = S.Workload(arrival_us=arrivals, prompt_len=np.array([10, 10]), output_len=np.array([2, 1]),
+                   next_round=np.array([1, -1]), think_us=np.array([0.0, 5.0]))
+    r = S.simulate(w, CountingPort(100), MODEL, S.SchedulerConfig(), backend=loop)
+    assert r.arrival_us is not arrivals and arrivals.tolist() == [0.0, 10.0]  # the caller's untouched

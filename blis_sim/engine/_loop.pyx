@@ -12,8 +12,9 @@ cimport numpy as cnp
 from libcpp.deque cimport deque
 from libcpp.vector cimport vector
 from libcpp.queue cimport priority_queue
+from libcpp.unordered_map cimport unordered_map
 from libcpp.utility cimport pair
-from libc.math cimport isnan, ceil, INFINITY
+from libc.math cimport isnan, ceil, NAN, INFINITY
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 from cpython.pycapsule cimport PyCapsule_GetPointer
@@ -33,13 +34,13 @@ cdef enum:
 ctypedef pair[double, long] HeapItem
 
 
-cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] arr,
+cdef inline bint _next_arrival(Py_ssize_t op, Py_ssize_t n, const double[::1] arr,
                                priority_queue[HeapItem]& heap, double* nxt) noexcept:
-    """The earliest pending arrival (open-loop or released follow-up) into ``nxt``; False if none.
-    The pure twin's ``_next_arrival``."""
+    """The earliest pending arrival (open-loop ``op``, or a released follow-up) into ``nxt``; False
+    if none. The pure twin's ``_next_arrival``."""
     cdef bint have = False
-    if op < open_idx.size():
-        nxt[0] = arr[open_idx[op]]
+    if op < n:
+        nxt[0] = arr[op]
         have = True
     if not heap.empty() and (not have or -heap.top().first < nxt[0]):
         nxt[0] = -heap.top().first
@@ -47,27 +48,38 @@ cdef inline bint _next_arrival(size_t op, vector[long]& open_idx, double[::1] ar
     return have
 
 
-cdef double _fed(object feed, double t, vector[long]& open_idx, double[::1] arr, object finish) except? -1:
+cdef double _fed(object feed, double t, priority_queue[HeapItem]& heap, double[::1] arr, object finish,
+                 object status) except? -1:
     """The pure twin's ``fed``: a routed cluster's arrivals, handed over at ``t``."""
-    new, feed_t = feed(t, np.asarray(arr), finish)
+    cdef long i
+    new, feed_t = feed(t, np.asarray(arr), finish, status)
     for i in new:
-        open_idx.push_back(i)
+        heap.push(HeapItem(-arr[i], -i))
     return feed_t
 
 
-cdef double _wait_fed(object feed, double feed_t, double* nxt, bint* have, vector[long]& open_idx,
-                      double[::1] arr, object finish) except? -1:
+cdef double _wait_fed(object feed, double feed_t, double* nxt, bint* have, priority_queue[HeapItem]& heap,
+                      double[::1] arr, object finish, object status) except? -1:
     """The pure twin's ``wait_fed``: the next feed time; ``nxt`` / ``have`` the loop's next event."""
     cdef size_t k
     while feed_t < INFINITY and (not have[0] or feed_t <= nxt[0]):
-        k = open_idx.size()
-        feed_t = _fed(feed, feed_t, open_idx, arr, finish)
-        if open_idx.size() > k:
-            if not have[0] or arr[open_idx[k]] < nxt[0]:
-                nxt[0] = arr[open_idx[k]]
+        k = heap.size()
+        feed_t = _fed(feed, feed_t, heap, arr, finish, status)
+        if heap.size() > k:
+            if not have[0] or -heap.top().first < nxt[0]:
+                nxt[0] = -heap.top().first
             have[0] = True
             break
     return feed_t
+
+
+cdef inline Py_ssize_t _open_from(Py_ssize_t i, Py_ssize_t n, const signed char[::1] dynamic,
+                                  const signed char[::1] status) noexcept:
+    """The first open-loop request at or after ``i`` (``n``: none): not released by a session's
+    previous round, not dropped. The pure twin's ``_open_from``."""
+    while i < n and (dynamic[i] or status[i] == DROPPED):
+        i += 1
+    return i
 
 
 cdef int _shift_of(long d) noexcept:
@@ -111,21 +123,21 @@ cdef int _lookup(PortCalls* c, object port, object lookup, long i, double t, lon
     return 0
 
 
-cdef int _admit(PortCalls* c, object port, object admit, long i, long k, double t, long* computed,
+cdef int _admit(PortCalls* c, object port, object admit, long i, long k, double t, int* computed,
                 double* done) except -1:
     """1 admitted (``computed``, and ``done`` unless NULL: the load's ready time), 0 no room."""
     cdef Admitted a
     if c != NULL:
         if not c.admit(port, i, k, t, &a):
             return 0
-        computed[0] = a.computed
+        computed[0] = <int>a.computed
         if done != NULL:
             done[0] = a.ready
         return 1
     res = admit(i, k, t)
     if res is None:
         return 0
-    computed[0] = (<tuple>_tuple(res))[0]
+    computed[0] = <int>(<tuple>_tuple(res))[0]
     if done != NULL:
         done[0] = (<tuple>res)[len(<tuple>res) - 1]
     return 1
@@ -215,6 +227,9 @@ cdef class _ItlLog:
         return rec["value"], rec["weight"]
 
 
+# the most tokens (prompt + output) of one request: the loop's token positions are int32
+cdef long _MAX_TOKENS = 2147483647
+
 # gaps held in memory before they spill to a file (1M entries: 16 MB)
 cdef size_t _SPILL = 1 << 20
 _GAP = np.dtype([("value", np.float64), ("weight", np.int64)])
@@ -228,36 +243,59 @@ cdef _f64(vector[double]& v):
     return out
 
 
+cdef int _check_tokens(const long[::1] plen, const long[::1] olen) except -1:
+    """Refuse a request whose prompt + output does not fit the loop's int32 token positions."""
+    cdef Py_ssize_t i
+    for i in range(plen.shape[0]):
+        if plen[i] + (olen[i] if olen[i] > 1 else 1) > _MAX_TOKENS:
+            from blis_sim.engine._loop_py import raise_too_long
+            raise_too_long(i, plen[i], olen[i])
+    return 0
+
+
 def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights,
              long max_num_seqs, long max_num_batched_tokens, long long_prefill_token_threshold,
              double horizon_us, port, long block_size, long store_chunk_tokens,
              bint store_prompt_only, bint log_steps, feed=None):
     cdef Py_ssize_t n = arrival.shape[0]
-    cdef double[::1] arr = np.ascontiguousarray(arrival, dtype=np.float64).copy()
-    cdef long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
-    cdef long[::1] olen = np.maximum(np.ascontiguousarray(output_len, dtype=np.int64), 1)
-    cdef long[::1] nxt_round = np.ascontiguousarray(next_round, dtype=np.int64)
-    cdef double[::1] think = np.ascontiguousarray(think_us, dtype=np.float64)
-    status_np = np.where(np.asarray(dropped).astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    # next_round None: no session rounds, so no arrival is rewritten and the caller's arrivals
+    # are the result's (not copied: a copy per request for the whole run)
+    cdef bint rounds = next_round is not None
+    arr_np = np.ascontiguousarray(arrival, dtype=np.float64)
+    if rounds or not arr_np.flags.writeable:
+        arr_np = arr_np.copy()
+    cdef double[::1] arr = arr_np
+    cdef const long[::1] plen = np.ascontiguousarray(prompt_len, dtype=np.int64)
+    # (read only where a token was just sampled, so num_out >= 1: an output_len < 1 is one token)
+    cdef const long[::1] olen = np.ascontiguousarray(output_len, dtype=np.int64)
+    cdef const long[::1] nxt_round
+    cdef const double[::1] think
+    if rounds:
+        nxt_round = np.ascontiguousarray(next_round, dtype=np.int64)
+        think = np.ascontiguousarray(think_us, dtype=np.float64)
+    status_np = np.where(np.asarray(dropped).astype(bool), np.int8(DROPPED), np.int8(NOT_ARRIVED))
     cdef signed char[::1] status = status_np
-    computed_np = np.zeros(n, dtype=np.int64)
-    cdef long[::1] computed = computed_np
-    num_out_np = np.zeros(n, dtype=np.int64)
-    cdef long[::1] num_out = num_out_np
+    # token counts held as int32 (a request's prompt + output is checked below 2^31 first): the
+    # per-request arrays live for the whole run
+    _check_tokens(plen, olen)
+    cdef int[::1] computed = np.zeros(n, dtype=np.int32)
+    num_out_np = np.zeros(n, dtype=np.int32)
+    cdef int[::1] num_out = num_out_np
     first_tok_np = np.full(n, np.nan)
     cdef double[::1] first_tok = first_tok_np
-    cdef double[::1] last_tok = np.zeros(n)
+    # a request's last token time while it runs, its finish once FINISHED (the same time then):
+    # NaN for the unfinished ones at the end (one array for both, not two a request)
     finish_np = np.full(n, np.nan)
     cdef double[::1] finish = finish_np
     itl_sum_np = np.zeros(n)
     cdef double[::1] itl_sum = itl_sum_np
     first_sched_np = np.full(n, np.nan)
     cdef double[::1] first_sched = first_sched_np
-    preempts_np = np.zeros(n, dtype=np.int64)
-    cdef long[::1] preempts = preempts_np
-    cdef double[::1] load_done = np.zeros(n)
-    cdef long[::1] sched_n = np.zeros(n, dtype=np.int64)
-    cdef long[::1] kv_end = np.zeros(n, dtype=np.int64)
+    preempts_np = np.zeros(n, dtype=np.int32)
+    cdef int[::1] preempts = preempts_np
+    # a load's ready time, for the requests LOADING only (no slot per request of the trace)
+    cdef unordered_map[long, double] load_done
+    cdef int[::1] kv_end = np.zeros(n, dtype=np.int32)
     cdef signed char[::1] in_kv = np.zeros(n, dtype=np.int8)
     cdef double[:, ::1] w = np.ascontiguousarray(weights, dtype=np.float64)
     # the port's calls bound once: otherwise each call looks the name up and makes a bound method
@@ -270,26 +308,25 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
     cdef double wc0 = w[0, 0], wc1 = w[0, 1], wc2 = w[0, 2], wc3 = w[0, 3], wc4 = w[0, 4], wc5 = w[0, 5]
     cdef double wm0 = w[1, 0], wm1 = w[1, 1], wm2 = w[1, 2], wm3 = w[1, 3], wm4 = w[1, 4], wm5 = w[1, 5]
 
-    cdef vector[long] open_idx
+    # open-loop arrivals in index order: a cursor over the requests (no index list of them)
     cdef signed char[::1] dynamic = np.zeros(n, dtype=np.int8)
     cdef Py_ssize_t i, j, x
-    for i in range(n):
-        j = nxt_round[i]
-        if j >= 0:
-            dynamic[j] = 1
-    for i in range(n):
-        if not dynamic[i] and status[i] != DROPPED and feed is None:
-            open_idx.push_back(i)
-    cdef size_t op = 0
+    if rounds:
+        for i in range(n):
+            j = nxt_round[i]
+            if j >= 0:
+                dynamic[j] = 1
+    cdef Py_ssize_t op = _open_from(0, n, dynamic, status) if feed is None else n
     # min-heap of (arrival, index) via negated keys, so ties break like Python's heapq on tuples
     cdef priority_queue[HeapItem] heap
 
     cdef deque[long] waiting
     cdef vector[long] running
-    # this step's scheduled requests: the first nsched entries, written by index (sized for every
-    # request in the system at the step's start, the most a step schedules): the append was
-    # compiled out of line, ~690,000 calls for 10k requests
+    # this step's scheduled requests and their new tokens (sched_k): the first nsched entries,
+    # written by index (sized for every request in the system at the step's start, the most a
+    # step schedules): the append was compiled out of line, ~690,000 calls for 10k requests
     cdef vector[long] scheduled
+    cdef vector[long] sched_k
     cdef Py_ssize_t nsched = 0
     cdef vector[long] skipped
     cdef vector[long] keep
@@ -307,11 +344,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
 
     while True:
         if t >= feed_t:
-            feed_t = _fed(feed, t, open_idx, arr, finish_np)
+            feed_t = _fed(feed, t, heap, arr, finish_np, status_np)
         # 1. arrivals up to now
-        while op < open_idx.size() and arr[open_idx[op]] <= t:
-            i = open_idx[op]
-            op += 1
+        while op < n and arr[op] <= t:
+            i = op
+            op = _open_from(op + 1, n, dynamic, status)
             status[i] = WAITING
             waiting.push_back(i)
         while not heap.empty() and -heap.top().first <= t:
@@ -321,9 +358,9 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 status[i] = WAITING
                 waiting.push_back(i)
         if running.empty() and waiting.empty():
-            have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
+            have_nxt = _next_arrival(op, n, arr, heap, &nxt)
             if feed_t < INFINITY:
-                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, open_idx, arr, finish_np)
+                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, heap, arr, finish_np, status_np)
             if not have_nxt or nxt > horizon_us:
                 break
             t = nxt
@@ -333,6 +370,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
             for x in range(<Py_ssize_t>waiting.size()):
                 i = waiting[x]
                 if status[i] == LOADING and load_done[i] <= t:
+                    load_done.erase(i)
                     status[i] = WAITING
                     n_loading -= 1
 
@@ -341,6 +379,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         nsched = 0
         if <size_t>(running.size() + waiting.size()) > scheduled.size():
             scheduled.resize(running.size() + waiting.size())
+            sched_k.resize(scheduled.size())
         preempted = False
         idx = 0
         while idx < <Py_ssize_t>running.size() and budget > 0:
@@ -374,8 +413,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 if not ok:
                     break
                 kv_end[i] = end
-            sched_n[i] = k
             scheduled[nsched] = i
+            sched_k[nsched] = k
             nsched += 1
             budget -= k
             idx += 1
@@ -428,8 +467,8 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 running.push_back(i)
                 if isnan(first_sched[i]):
                     first_sched[i] = t
-                sched_n[i] = k
                 scheduled[nsched] = i
+                sched_k[nsched] = k
                 nsched += 1
                 budget -= k
             for x in range(<Py_ssize_t>skipped.size() - 1, -1, -1):
@@ -450,7 +489,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 preemption_count += 1
                 continue
         if nsched == 0:
-            have_nxt = _next_arrival(op, open_idx, arr, heap, &nxt)
+            have_nxt = _next_arrival(op, n, arr, heap, &nxt)
             if n_loading:
                 for x in range(<Py_ssize_t>waiting.size()):
                     i = waiting[x]
@@ -458,7 +497,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                         nxt = load_done[i]
                         have_nxt = True
             if feed_t < INFINITY:
-                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, open_idx, arr, finish_np)
+                feed_t = _wait_fed(feed, feed_t, &nxt, &have_nxt, heap, arr, finish_np, status_np)
             if not have_nxt:
                 if not waiting.empty() or not running.empty():
                     from blis_sim.engine._loop_py import raise_stuck
@@ -478,7 +517,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         ap = 0.0
         for x in range(nsched):
             i = scheduled[x]
-            k = sched_n[i]
+            k = sched_k[x]
             seq = computed[i]
             if num_out[i] > 0 and k == 1 and seq == plen[i] + num_out[i] - 1:
                 td += 1.0
@@ -510,7 +549,7 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         for x in range(nsched):
             i = scheduled[x]
             old = computed[i]
-            computed[i] += sched_n[i]
+            computed[i] += sched_k[x]
             if store_chunk_tokens > 0:
                 lim = computed[i]
                 if store_prompt_only and lim > plen[i]:
@@ -525,22 +564,21 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
                 if num_out[i] == 1:
                     first_tok[i] = t_end
                 else:
-                    gap = t_end - last_tok[i]
+                    gap = t_end - finish[i]
                     itl_sum[i] += gap
-                    if last_tok[i] == t:
+                    if finish[i] == t:
                         regular += 1
                     else:
                         itl.add(gap, 1)
-                last_tok[i] = t_end
+                finish[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:
                         _grow(calls, port, port_grow, i, computed[i] - kv_end[i])
                         kv_end[i] = computed[i]
                     status[i] = FINISHED
-                    finish[i] = t_end
                     _finish(calls, port, port_finish, i)
                     finished_any = True
-                    j = nxt_round[i]
+                    j = nxt_round[i] if rounds else -1
                     if j >= 0:
                         arr[j] = ceil(t_end + think[j])
                         heap.push(HeapItem(-arr[j], -j))
@@ -557,8 +595,11 @@ def run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, wei
         if t > horizon_us:
             break
 
+    for i in range(n):
+        if status[i] != FINISHED:
+            finish[i] = NAN
     out = {
-        "arrival_us": np.asarray(arr), "first_token_us": first_tok_np, "finish_us": finish_np,
+        "arrival_us": arr_np, "first_token_us": first_tok_np, "finish_us": finish_np,
         "itl_sum_us": itl_sum_np, "num_out": num_out_np, "preemptions": preempts_np,
         "first_sched_us": first_sched_np, "status": status_np,
         "steps": steps,

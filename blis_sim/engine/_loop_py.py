@@ -6,7 +6,8 @@ that touches a float is written in the same order in both.
 
 ``run_loop(arrival, prompt_len, output_len, next_round, think_us, dropped, weights, max_num_seqs,
 max_num_batched_tokens, long_prefill_token_threshold, horizon_us, port, block_size,
-store_chunk_tokens, store_prompt_only, log_steps, feed=None)`` simulates vLLM
+store_chunk_tokens, store_prompt_only, log_steps, feed=None)`` (``next_round`` and ``think_us`` None:
+no session rounds; a request's prompt + output at most ``MAX_TOKENS``) simulates vLLM
 V1's scheduler (blis_sim.engine.scheduler documents the rules) and returns a dict of numpy arrays:
 per request ``first_token_us``, ``finish_us``, ``itl_sum_us``, ``num_out``, ``preemptions``,
 ``first_sched_us``, ``arrival_us`` (dynamic arrivals filled in), ``status``; per step, the ITL
@@ -25,7 +26,8 @@ since the previous call;
 ``feed`` (a cluster routed by load, :mod:`blis_sim.engine.load_routing`): no open-loop request is
 known up front; at each time ``feed`` names, the loop calls :func:`fed` at the first step boundary at
 or past it (before that iteration takes its arrivals), or, when nothing runs until later, waits at
-that time (:func:`wait_fed`); the requests routed here join then.
+that time (:func:`wait_fed`); the requests routed here join then, through the heap of released
+arrivals (a load-routed replay has no session rounds, so the heap holds nothing else).
 """
 from __future__ import annotations
 
@@ -47,42 +49,53 @@ NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
 
 
 def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray,
-             next_round: np.ndarray, think_us: np.ndarray, dropped: np.ndarray, weights: np.ndarray,
+             next_round: np.ndarray | None, think_us: np.ndarray | None, dropped: np.ndarray,
+             weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
              horizon_us: float, port: LoopPort, block_size: int, store_chunk_tokens: int,
              store_prompt_only: bool, log_steps: bool, feed: Any = None) -> dict[str, Any]:
     n = arrival.shape[0]
-    arr = arrival.astype(np.float64).copy()
-    plen = prompt_len.astype(np.int64)
-    olen = np.maximum(output_len.astype(np.int64), 1)  # a request always yields its first token
-    status = np.where(dropped.astype(bool), DROPPED, NOT_ARRIVED).astype(np.int8)
+    # next_round None: no session rounds, so no arrival is rewritten and the caller's arrivals
+    # are the result's (not copied: a copy per request for the whole run)
+    rounds = next_round is not None
+    arr = np.ascontiguousarray(arrival, dtype=np.float64)
+    if rounds or not arr.flags.writeable:
+        arr = arr.copy()
+    plen = prompt_len.astype(np.int64, copy=False)
+    # (read only where a token was just sampled, so num_out >= 1: an output_len < 1 is one token)
+    olen = output_len.astype(np.int64, copy=False)
+    status = np.where(dropped.astype(bool), np.int8(DROPPED), np.int8(NOT_ARRIVED))
+    for i in np.flatnonzero(plen + np.maximum(olen, 1) > MAX_TOKENS)[:1].tolist():
+        raise_too_long(i, int(plen[i]), int(olen[i]))
     computed = np.zeros(n, dtype=np.int64)
-    num_out = np.zeros(n, dtype=np.int64)
+    num_out = np.zeros(n, dtype=np.int32)
     first_tok = np.full(n, np.nan)
-    last_tok = np.zeros(n)
+    # a request's last token time while it runs, its finish once FINISHED (the same time then):
+    # NaN for the unfinished ones at the end (one array for both, not two a request)
     finish = np.full(n, np.nan)
     itl_sum = np.zeros(n)
     first_sched = np.full(n, np.nan)
-    preempts = np.zeros(n, dtype=np.int64)
-    load_done = np.zeros(n)
-    sched_n = np.zeros(n, dtype=np.int64)
+    preempts = np.zeros(n, dtype=np.int32)
+    load_done: dict[int, float] = {}  # a load's ready time, for the requests LOADING only
     kv_end = np.zeros(n, dtype=np.int64)  # tokens the KV cache has been told about
     in_kv = np.zeros(n, dtype=bool)  # admitted to the KV cache (blocks held) and not preempted since
     w = weights.astype(np.float64)
     wc0, wc1, wc2, wc3, wc4, wc5 = (float(x) for x in w[0])
     wm0, wm1, wm2, wm3, wm4, wm5 = (float(x) for x in w[1])
 
-    # Open-loop arrivals are taken in index order (the caller sorts them); a request whose
-    # arrival is released by its session's previous round (next_round) goes through the heap.
+    # Open-loop arrivals are taken in index order (the caller sorts them), by a cursor over the
+    # requests; a request whose arrival is released by its session's previous round (next_round)
+    # goes through the heap.
     dynamic = np.zeros(n, dtype=bool)
-    for i in range(n):
-        j = int(next_round[i])
-        if j >= 0:
-            dynamic[j] = True
-    open_idx = [i for i in range(n) if not dynamic[i] and status[i] != DROPPED and feed is None]
-    op = 0
-    feed_t = -math.inf if feed is not None else math.inf
+    if rounds:
+        assert next_round is not None and think_us is not None
+        for i in range(n):
+            j = int(next_round[i])
+            if j >= 0:
+                dynamic[j] = True
+    op = _open_from(0, n, dynamic, status) if feed is None else n
     heap: list[tuple[float, int]] = []
+    feed_t = -math.inf if feed is not None else math.inf
 
     waiting: deque[int] = deque()
     running: list[int] = []
@@ -98,11 +111,11 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
 
     while True:
         if t >= feed_t:
-            feed_t = fed(feed, t, open_idx, arr, finish)
+            feed_t = fed(feed, t, heap, arr, finish, status)
         # 1. Arrivals up to now join the waiting queue, in arrival order.
-        while op < len(open_idx) and arr[open_idx[op]] <= t:
-            i = open_idx[op]
-            op += 1
+        while op < n and arr[op] <= t:
+            i = op
+            op = _open_from(op + 1, n, dynamic, status)
             status[i] = WAITING
             waiting.append(i)
         while heap and heap[0][0] <= t:
@@ -111,9 +124,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 status[i] = WAITING
                 waiting.append(i)
         if not running and not waiting:
-            nxt = _next_arrival(op, open_idx, arr, heap)
+            nxt = _next_arrival(op, n, arr, heap)
             if feed_t < math.inf:
-                nxt, feed_t = wait_fed(feed, feed_t, nxt, open_idx, arr, finish)
+                nxt, feed_t = wait_fed(feed, feed_t, nxt, heap, arr, finish, status)
             if nxt is None or nxt > horizon_us:
                 break
             t = nxt
@@ -122,12 +135,14 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         if n_loading:
             for i in waiting:
                 if status[i] == LOADING and load_done[i] <= t:
+                    del load_done[i]
                     status[i] = WAITING
                     n_loading -= 1
 
         # 3. Schedule: running requests first (vLLM V1), then the waiting queue.
         budget = max_num_batched_tokens
         scheduled: list[int] = []
+        sched_k: list[int] = []  # the new tokens of each scheduled request
         preempted = False
         idx = 0
         while idx < len(running) and budget > 0:
@@ -161,8 +176,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 if not ok:
                     break
                 kv_end[i] = end
-            sched_n[i] = k
             scheduled.append(i)
+            sched_k.append(int(k))
             budget -= k
             idx += 1
 
@@ -220,8 +235,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 running.append(i)
                 if first_sched[i] != first_sched[i]:  # NaN: first time scheduled
                     first_sched[i] = t
-                sched_n[i] = k
                 scheduled.append(i)
+                sched_k.append(int(k))
                 budget -= k
             for i in reversed(skipped):
                 waiting.appendleft(i)
@@ -245,13 +260,13 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 continue
         if not scheduled:
             # Nothing can run now: jump to the next arrival or load completion.
-            nxt = _next_arrival(op, open_idx, arr, heap)
+            nxt = _next_arrival(op, n, arr, heap)
             if n_loading:
                 for i in waiting:
                     if status[i] == LOADING and (nxt is None or load_done[i] < nxt):
-                        nxt = float(load_done[i])
+                        nxt = load_done[i]
             if feed_t < math.inf:
-                nxt, feed_t = wait_fed(feed, feed_t, nxt, open_idx, arr, finish)
+                nxt, feed_t = wait_fed(feed, feed_t, nxt, heap, arr, finish, status)
             if nxt is None:
                 if waiting or running:
                     raise_stuck(waiting, plen, num_out)
@@ -267,8 +282,8 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         cd = 0.0
         cp = 0.0
         ap = 0.0
-        for i in scheduled:
-            k = sched_n[i]
+        for x, i in enumerate(scheduled):
+            k = sched_k[x]
             seq = computed[i]
             if num_out[i] > 0 and k == 1 and seq == plen[i] + num_out[i] - 1:
                 td += 1.0
@@ -293,9 +308,9 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         regular = 0
         keep: list[int] = []
         finished_any = False
-        for i in scheduled:
+        for x, i in enumerate(scheduled):
             old = computed[i]
-            computed[i] += sched_n[i]
+            computed[i] += sched_k[x]
             if store_chunk_tokens > 0:
                 lim = computed[i]
                 if store_prompt_only and lim > plen[i]:
@@ -310,24 +325,24 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
                 if num_out[i] == 1:
                     first_tok[i] = t_end
                 else:
-                    gap = t_end - last_tok[i]
+                    gap = t_end - finish[i]
                     itl_sum[i] += gap
-                    if last_tok[i] == t:  # tokens in consecutive steps: the gap is this step
+                    if finish[i] == t:  # tokens in consecutive steps: the gap is this step
                         regular += 1
                     else:
                         itl_values.append(gap)
                         itl_weights.append(1)
-                last_tok[i] = t_end
+                finish[i] = t_end
                 if num_out[i] >= olen[i]:
                     if kv_end[i] < computed[i]:  # register the last full blocks' hashes
                         port.grow(i, int(computed[i] - kv_end[i]))
                         kv_end[i] = computed[i]
                     status[i] = FINISHED
-                    finish[i] = t_end
                     port.finish(i)
                     finished_any = True
-                    j = int(next_round[i])
+                    j = int(next_round[i]) if next_round is not None else -1
                     if j >= 0:
+                        assert think_us is not None
                         # whole µs, so a trace records the arrival exactly (INV-13)
                         arr[j] = math.ceil(t_end + think_us[j])
                         heapq.heappush(heap, (float(arr[j]), j))
@@ -343,6 +358,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
         if t > horizon_us:
             break
 
+    finish[status != FINISHED] = np.nan
     out = {
         "arrival_us": arr, "first_token_us": first_tok, "finish_us": finish, "itl_sum_us": itl_sum,
         "num_out": num_out, "preemptions": preempts, "first_sched_us": first_sched,
@@ -357,38 +373,60 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
     return out
 
 
-def fed(feed: Any, t: float, open_idx: list[int], arr: np.ndarray, finish: np.ndarray) -> float:
+def _open_from(i: int, n: int, dynamic: np.ndarray, status: np.ndarray) -> int:
+    """The first open-loop request at or after ``i`` (``n``: none): not released by a session's
+    previous round, not dropped."""
+    while i < n and (dynamic[i] or status[i] == DROPPED):
+        i += 1
+    return i
+
+
+def _next_arrival(op: int, n: int, arr: np.ndarray,
+                  heap: list[tuple[float, int]]) -> float | None:
+    nxt = None
+    if op < n:
+        nxt = float(arr[op])
+    if heap and (nxt is None or heap[0][0] < nxt):
+        nxt = heap[0][0]
+    return nxt
+
+
+
+def fed(feed: Any, t: float, heap: list[tuple[float, int]], arr: np.ndarray, finish: np.ndarray,
+        status: np.ndarray) -> float:
     """A routed cluster's arrivals (``feed``: blis_sim.engine.load_routing): at ``t``, the loop hands
-    its arrival and finish times to ``feed``, which returns the requests routed here since (indices
-    in arrival order, appended to the open-loop arrivals) and the time to call it next (> ``t``)."""
-    new, feed_t = feed(t, arr, finish)
-    open_idx.extend(new)
+    its arrival and finish times and its request states to ``feed``, which returns the requests
+    routed here since (indices in arrival order, pushed on the heap of released arrivals) and the
+    time to call it next (> ``t``)."""
+    new, feed_t = feed(t, arr, finish, status)
+    for i in new:
+        heapq.heappush(heap, (float(arr[i]), i))
     return float(feed_t)
 
 
-def wait_fed(feed: Any, feed_t: float, nxt: float | None, open_idx: list[int], arr: np.ndarray,
-             finish: np.ndarray) -> tuple[float | None, float]:
+def wait_fed(feed: Any, feed_t: float, nxt: float | None, heap: list[tuple[float, int]], arr: np.ndarray,
+             finish: np.ndarray, status: np.ndarray) -> tuple[float | None, float]:
     """Nothing runs before the loop's own next event ``nxt`` (None: none): while the router's
     ``feed_t`` comes first, wait there with the loop's clock where it is, so that the loop retries
     nothing an unrouted loop would not; rows routed here arrive at that time, its next event.
     Returns (next event, next feed time)."""
     while feed_t < math.inf and (nxt is None or feed_t <= nxt):
-        k = len(open_idx)
-        feed_t = fed(feed, feed_t, open_idx, arr, finish)
-        if len(open_idx) > k:
-            a = float(arr[open_idx[k]])
+        k = len(heap)
+        feed_t = fed(feed, feed_t, heap, arr, finish, status)
+        if len(heap) > k:
+            a = heap[0][0]
             return (a if nxt is None or a < nxt else nxt), feed_t
     return nxt, feed_t
 
 
-def _next_arrival(op: int, open_idx: list[int], arr: np.ndarray,
-                  heap: list[tuple[float, int]]) -> float | None:
-    nxt = None
-    if op < len(open_idx):
-        nxt = float(arr[open_idx[op]])
-    if heap and (nxt is None or heap[0][0] < nxt):
-        nxt = heap[0][0]
-    return nxt
+# the most tokens (prompt + output) of one request: the compiled loop's token positions are int32
+MAX_TOKENS = 2**31 - 1
+
+
+def raise_too_long(i: int, prompt: int, output: int) -> None:
+    raise SimulationError(
+        f"request index {i}: a prompt of {prompt} tokens and {output} output tokens is more than "
+        f"the simulator's {MAX_TOKENS} tokens per request")
 
 
 def raise_stuck(waiting: Sequence[int], plen: np.ndarray, num_out: np.ndarray) -> None:

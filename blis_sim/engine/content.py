@@ -23,7 +23,6 @@ segment's name: distinct segments never collide in practice, and building one is
 """
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +34,22 @@ from blis_sim.workload.tokens import key_hash
 _KEY_MASK = (1 << 39) - 1
 
 
-def int_array(values: np.ndarray) -> array[int]:
-    """An integer column as a machine-int ``array`` (``q``)."""
-    out = array("q")
-    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
-    return out
+def int_view(values: np.ndarray, dtype: Any = np.int64) -> memoryview:
+    """An integer column as a memoryview of its own buffer (no copy when it already has
+    ``dtype``): indexing one gives a plain int, as the KV port reads it per request."""
+    return np.ascontiguousarray(values, dtype=dtype).data
+
+
+_U64 = (1 << 64) - 1
+
+
+def request_seed(base: int, i: int) -> int:
+    """Request ``i``'s 64-bit seed for its unique blocks: splitmix64 of ``base + i·φ`` (the
+    compiled port's ``_request_seed``, the same bits)."""
+    z = (base + i * 0x9E3779B97F4A7C15) & _U64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
 
 
 def segment_tokens(seed: int, *key: str | int, length: int) -> np.ndarray:
@@ -74,10 +84,11 @@ class ContentPlan:
     core: Any = None
     _group_hashes: dict[int, np.ndarray] = field(default_factory=dict)
     _streams: dict[int, np.ndarray] = field(default_factory=dict)
-    _seeds: Sequence[int] = field(default_factory=list)
+    _seed_base: int = 0
     _root: int = 0
-    # the columns read once per request, as machine-int arrays: indexing one gives a plain int (a
-    # numpy array would make a scalar object) and a million rows take 8 MB (a list: ~36 MB)
+    # the columns read once per request, as memoryviews of the table's own arrays (int64 prompt
+    # lengths, int32 codes and shared blocks): indexing one gives a plain int (a numpy array would
+    # make a scalar object), and the table's columns are not copied
     _prompt_of: Sequence[int] = field(default_factory=list)
     _session_of: Sequence[int] = field(default_factory=list)
     _group_of: Sequence[int] = field(default_factory=list)
@@ -89,19 +100,14 @@ class ContentPlan:
             from blis_sim.kv import core  # the backend chosen at run time (BLIS_PURE_PYTHON)
 
             self.core = core
-        # One 64-bit seed per request for its unique blocks: splitmix64 of (seed-derived base +
-        # position), vectorised; requests are told apart by ``keys`` through the base.
-        base = np.uint64(key_hash(self.seed, "requests", *self.keys[:1]))
-        with np.errstate(over="ignore"):
-            z = np.arange(len(self.keys), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + base
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            self._seeds = array("Q", (z ^ (z >> np.uint64(31))).tobytes())
+        # One 64-bit seed per request for its unique blocks (request_seed): computed when the
+        # request is registered, from a seed-derived base that tells traces apart by ``keys``
+        self._seed_base = key_hash(self.seed, "requests", *self.keys[:1]) & _U64
         self._root = int(self.core.root_hash(0))
-        self._prompt_of = int_array(self.prompt_len)
-        self._session_of = int_array(self.session)
-        self._group_of = int_array(self.group)
-        self._blocks_of = int_array(self._shared_blocks())
+        self._prompt_of = int_view(self.prompt_len)
+        self._session_of = int_view(self.session, np.int32)
+        self._group_of = int_view(self.group, np.int32)
+        self._blocks_of = int_view(self._shared_blocks(), np.int32)
 
     @property
     def prompt_of(self) -> Sequence[int]:
@@ -177,14 +183,14 @@ class ContentPlan:
             return None
         g = self._group_of[i]
         if g < 0:
-            return self._no_prefix, 0, self._root, self._seeds[i]
-        return self.group_prefix(g), self._blocks_of[i], self._root, self._seeds[i]
+            return self._no_prefix, 0, self._root, request_seed(self._seed_base, i)
+        return self.group_prefix(g), self._blocks_of[i], self._root, request_seed(self._seed_base, i)
 
     def port_columns(self) -> tuple[Any, ...]:
         """What :meth:`prefix_spec` reads, for a compiled KV port to read in place: per request the
-        prompt length, session (-1: none), group (-1: none), shared group-prefix blocks (int64
-        buffers) and unique-content seed (uint64 buffer); then the chain's root hash."""
-        return (self._prompt_of, self._session_of, self._group_of, self._blocks_of, self._seeds,
+        prompt length (an int64 buffer), session (-1: none), group (-1: none), shared group-prefix
+        blocks (int32 buffers); the base of :func:`request_seed`; then the chain's root hash."""
+        return (self._prompt_of, self._session_of, self._group_of, self._blocks_of, self._seed_base,
                 self._root)
 
     def _session_hashes(self, i: int) -> np.ndarray:

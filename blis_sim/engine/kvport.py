@@ -115,7 +115,7 @@ class KVPort:
         # per request: admitted yet, and (device, host, disk) tokens at its first admission (flat
         # machine-int arrays: no Python object per request)
         self._admitted = bytearray(self._n)
-        self._first = array("q", bytes(24 * self._n))
+        self._first = array("i", bytes(12 * self._n))  # int32: a request's tokens fit (the loop checks)
         self.window_first = window_first
         self.window_snapshot: dict[str, Any] | None = None
         # the per-step calls go straight to the cache
@@ -152,8 +152,8 @@ class KVPort:
 
     @property
     def cached(self) -> np.ndarray:
-        """Per request: (device, host, disk) tokens found at its first admission (n × 3)."""
-        return np.frombuffer(self._first, dtype=np.int64).reshape(self._n, 3).copy()
+        """Per request: (device, host, disk) tokens found at its first admission (n × 3, int32)."""
+        return np.frombuffer(self._first, dtype=np.int32).reshape(self._n, 3).copy()
 
 
 def kv_port(kv: CacheOps, content: ContentPlan, window_first: int = -1) -> RequestPort:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from greenlet import getcurrent, greenlet
 
+from blis_sim.engine._loop_py import FINISHED
 from blis_sim.engine.kvport import CacheOps, kv_port
 from blis_sim.engine.requests import RequestTable
 from blis_sim.engine.simulate import EngineOptions, dropped_rows, run_table_loop
@@ -69,9 +70,10 @@ class _Lane:
         self.later: deque[float] = deque()  # finish times of rows that ended after the last routing time
         self.pending: list[int] = []   # rows routed here that the loop has not been handed yet
 
-    def feed(self, t: float, arr: np.ndarray, finish: np.ndarray) -> tuple[list[int], float]:
+    def feed(self, t: float, arr: np.ndarray, finish: np.ndarray,
+             status: np.ndarray) -> tuple[list[int], float]:
         """The loop's feed call, in the lane's greenlet: the router answers (rows, next time)."""
-        answer: tuple[list[int], float] = self.router.switch((t, finish))
+        answer: tuple[list[int], float] = self.router.switch((t, finish, status))
         return answer
 
     def start(self) -> None:
@@ -90,24 +92,24 @@ class _Lane:
         else:
             self.paused(*msg)
 
-    def paused(self, t: float, finish: np.ndarray) -> None:
+    def paused(self, t: float, finish: np.ndarray, status: np.ndarray) -> None:
         """The loop waits at ``t``: its rows that have finished by then leave ``open`` (their finish
-        times, all at or before ``t``, are kept until the router's clock passes them)."""
+        times, all at or before ``t``, are kept until the router's clock passes them). ``finish``
+        holds a running request's last token time, a finished one's end (the loop's arrays)."""
         self.t = t
         if not self.open:
             return
         if len(self.open) <= 16:  # the usual few: item reads cost less than an index array
-            ends = [float(finish[j]) for j in self.open]
-            done = [e for e in ends if e == e]  # not NaN
+            ended = [j for j in self.open if status[j] == FINISHED]
+            done = [float(finish[j]) for j in ended]
             if done:
-                self.open = [j for j, e in zip(self.open, ends) if e != e]
+                self.open = [j for j in self.open if status[j] != FINISHED]
         else:
             rows = np.asarray(self.open, dtype=np.int64)
-            f = finish[rows]
-            ended = f == f
-            done = f[ended].tolist()
+            over = status[rows] == FINISHED
+            done = finish[rows[over]].tolist()
             if done:
-                self.open = rows[~ended].tolist()
+                self.open = rows[~over].tolist()
         if done:
             self.later = deque(sorted([*self.later, *done]))
 

@@ -231,18 +231,30 @@ def _select_small(values: np.ndarray, weights: np.ndarray, prefix: np.uint64, kn
     return v[order[np.searchsorted(cum, k, side="right")]]
 
 
+def _ascending(a: np.ndarray) -> bool:
+    """``a`` is non-decreasing (a stable sort by it leaves every row where it is)."""
+    return bool((a[1:] >= a[:-1]).all())
+
+
+def _by_request_id(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` (ascending) in request-id order, ties in row order: as they are when the
+    table's ids ascend already (a generated trace), so no sort and no gathered copy is made."""
+    rid = o.table.request_id
+    return idx if _ascending(rid) else idx[np.argsort(rid[idx], kind="stable")]
+
+
 def _itl_mean(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
     n_out = o.loop.num_out[idx]
     return np.where(n_out > 1, o.loop.itl_sum_us[idx] / np.maximum(n_out - 1, 1), 0.0)
 
 
-def _ttft(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
+def _ttft(o: SimOutcome, idx: np.ndarray | slice) -> np.ndarray:
     """``o.ttft_us[idx]`` without the whole-table array (the same arithmetic per element)."""
     lp = o.loop
     return lp.first_token_us[idx] - lp.arrival_us[idx] + o.frontend_us[idx]
 
 
-def _e2e(o: SimOutcome, idx: np.ndarray) -> np.ndarray:
+def _e2e(o: SimOutcome, idx: np.ndarray | slice) -> np.ndarray:
     lp = o.loop
     return lp.finish_us[idx] - lp.arrival_us[idx] + o.frontend_us[idx]
 
@@ -295,8 +307,7 @@ class _SourceText:
 def sim_result_columns(o: SimOutcome, text: _SourceText | None = None) -> ColumnChunks:
     """The completed requests as SimResult columns, sorted by request id, made a chunk at a time."""
     text = text or _SourceText(o)
-    done = np.flatnonzero(o.completed)
-    order = done[np.argsort(o.table.request_id[done], kind="stable")]
+    order = _by_request_id(o, np.flatnonzero(o.completed))
 
     def make(start: int, stop: int) -> Columns:
         idx = order[start:stop]
@@ -327,8 +338,9 @@ def request_metrics_columns(o: SimOutcome, text: _SourceText | None = None) -> C
     a chunk at a time."""
     text = text or _SourceText(o)
     lp = o.loop
-    done = np.flatnonzero(o.completed)
-    order = done[np.lexsort((o.table.request_id[done], lp.arrival_us[done]))]
+    order = np.flatnonzero(o.completed)
+    if not (_ascending(lp.arrival_us) and _ascending(o.table.request_id)):  # else in that order already
+        order = order[np.lexsort((o.table.request_id[order], lp.arrival_us[order]))]
 
     def make(start: int, stop: int) -> Columns:
         idx = order[start:stop]
@@ -371,12 +383,19 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
     status = lp.status
     n_done = int(done.sum())
     # aggregates in request-id order, so a run and the replay of its trace (rows in another
-    # order) sum in the same order: byte-identical means (INV-13)
-    order = np.flatnonzero(done)
-    order = order[np.argsort(o.table.request_id[order], kind="stable")]
-    ttft_ms = _ttft(o, order) / 1e3
+    # order) sum in the same order: byte-identical means (INV-13); each figure's array is made
+    # and summarised in turn (every request's, in a long replay), and every row of a table in
+    # request-id order already completed is read as a slice, not gathered
+    order: np.ndarray | slice = slice(None)
+    if not (n_done == len(o.table) and _ascending(o.table.request_id)):
+        order = _by_request_id(o, np.flatnonzero(done))
     e2e_ms = _e2e(o, order) / 1e3
-    sched_ms = (lp.first_sched_us[order] - lp.arrival_us[order]) / 1e3
+    e2e_mean, e2e_p = float(e2e_ms.mean()) if n_done else 0.0, percentiles(e2e_ms, (90, 95, 99))
+    del e2e_ms
+    ttft_ms = _ttft(o, order) / 1e3
+    ttft_mean, ttft_p = float(ttft_ms.mean()) if n_done else 0.0, percentiles(ttft_ms, (90, 95, 99))
+    del ttft_ms
+    sched_p99 = percentile((lp.first_sched_us[order] - lp.arrival_us[order]) / 1e3, 99)
     duration_s = lp.end_us / 1e6
     total_in = int(o.table.prompt_len[done].sum())
     total_out = int(lp.num_out[done].sum())
@@ -386,7 +405,6 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
     not_arrived = int((status == NOT_ARRIVED).sum())
     requests = request_metrics_columns(o).records() if include_requests else []
     itl_mean, itl_p = itl_summary(lp.itl_values, lp.itl_weights, (90, 95, 99))
-    e2e_p, ttft_p = percentiles(e2e_ms, (90, 95, 99)), percentiles(ttft_ms, (90, 95, 99))
     return construct(
         MetricsOutput, completed_requests=n_done, still_queued=queued, still_running=running,
         injected_requests=len(o.table) - not_arrived,
@@ -394,13 +412,13 @@ def metrics_output(o: SimOutcome, *, include_requests: bool = True,
         vllm_estimated_duration_s=duration_s,
         responses_per_sec=n_done / duration_s if duration_s > 0 else 0.0,
         tokens_per_sec=total_out / duration_s if duration_s > 0 else 0.0,
-        e2e_mean_ms=float(e2e_ms.mean()) if n_done else 0.0,
+        e2e_mean_ms=e2e_mean,
         e2e_p90_ms=e2e_p[0], e2e_p95_ms=e2e_p[1], e2e_p99_ms=e2e_p[2],
-        ttft_mean_ms=float(ttft_ms.mean()) if n_done else 0.0,
+        ttft_mean_ms=ttft_mean,
         ttft_p90_ms=ttft_p[0], ttft_p95_ms=ttft_p[1], ttft_p99_ms=ttft_p[2],
         itl_mean_ms=itl_mean,
         itl_p90_ms=itl_p[0], itl_p95_ms=itl_p[1], itl_p99_ms=itl_p[2],
-        scheduling_delay_p99_ms=percentile(sched_ms, 99),
+        scheduling_delay_p99_ms=sched_p99,
         preemption_count=int(lp.preemption_count),
         cache_hit_rate=float(o.kv_counters.get("cache_hit_rate", 0.0)),
         dropped_unservable=dropped,

@@ -164,6 +164,7 @@ def simulate_replica(table: RequestTable, options: EngineOptions, block_size: in
     if options.sequential:
         phases = sequential_groups(table, phases)
     if len(phases) == 1:
+        del phases  # an index of every row, not kept while the loop runs
         outcome = simulate_table(table, kv, options, block_size=block_size,
                                  num_gpu_blocks=num_blocks, offload=offload,
                                  content_seed=options.seed, horizon_us=None, log_steps=log_steps)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blis_sim.engine.content import ContentPlan
+from blis_sim.errors import ConfigError
 from blis_sim.formats.trace_columns import TraceColumns
 from blis_sim.workload.tokens import new_input_lengths
 
@@ -40,7 +41,7 @@ class RequestTable:
     next_round: np.ndarray          # int64: round released when this one finishes (-1)
     think_us: np.ndarray            # float64
     group: np.ndarray               # int32 index into group_names (-1)
-    shared_prefix: np.ndarray       # int64
+    shared_prefix: np.ndarray       # int32 (a trace's) or int64
     session: np.ndarray             # int32 index into session_names (-1: not accumulating)
     prev_round: np.ndarray          # int64 (-1)
     new_input: np.ndarray           # int64
@@ -183,12 +184,14 @@ def concat_rows(parts: Sequence[Sequence[Any]]) -> Sequence[Any]:
 
 
 def _replayable(data: TraceColumns) -> np.ndarray:
-    """Row numbers of the rows the engine saw (every status but ``error``)."""
+    """Row numbers of the rows the engine saw (every status but ``error``): int32 when the trace's
+    rows fit (the table keeps them for the whole run)."""
     status = data.strings("status")
     bad = [c for c, name in enumerate(status.names) if name == "error"]
+    dtype = np.int32 if data.n < 2**31 else np.int64
     if not bad:
-        return np.arange(data.n, dtype=np.int64)
-    return np.flatnonzero(status.codes != bad[0]).astype(np.int64)
+        return np.arange(data.n, dtype=dtype)
+    return np.flatnonzero(status.codes != bad[0]).astype(dtype)
 
 
 def _columns_of(records: TraceColumns | Sequence[TraceRecord]) -> TraceColumns:
@@ -203,9 +206,14 @@ def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[Trace
     data = _columns_of(records)
     rows = _replayable(data)
     n = int(rows.shape[0])
+    # Every row replayable: the table's columns are the trace's own arrays where they are its
+    # values (not a copy of each for the whole run); they are permuted below only when the rows
+    # are not in arrival order already (a generated trace's are).
+    whole = n == data.n
 
     def col(name: str) -> np.ndarray:
-        return data.array(name)[rows]
+        a = data.array(name)
+        return a if whole else a[rows]
 
     rid = col("request_id")
     send = col("send_time_us")
@@ -223,12 +231,12 @@ def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[Trace
     shared = np.where(gcode >= 0, plen, 0).astype(np.int64)
     prompt = np.where(server_in > 0, server_in, plen + inp).astype(np.int64)
     prompt = np.maximum(prompt, 1)
-    shared = np.minimum(shared, prompt)
+    shared = np.minimum(shared, prompt).astype(np.int32)  # <= the prompt, which _check_sizes bounds
 
     # accumulating sessions: rounds in order; new input per round from the CSV columns
     session = np.full(n, -1, dtype=np.int32)
-    prev = np.full(n, -1, dtype=np.int64)
-    new_in = inp.copy()
+    prev: np.ndarray = _constant(-1, n)
+    new_in = inp  # copied before a session round changes it
     by_session: dict[str, list[int]] = {}
     sessions = data.strings("session_id")
     if any(sessions.names):
@@ -255,6 +263,8 @@ def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[Trace
             continue
         code = len(snames)
         snames.append(sid)
+        if not code:
+            prev, new_in = np.full(n, -1, dtype=np.int64), inp.copy()
         for k, i in enumerate(idx):
             session[i] = code
             new_in[i] = news[k]
@@ -262,20 +272,44 @@ def table_from_trace(header: TraceHeader, records: TraceColumns | Sequence[Trace
             # a session round's prompt is its CSV structure (prefix + everything after it)
             prompt[i] = shared[i] + inp[i]
     prompt = np.maximum(prompt, 1)
+    _check_sizes(prompt, out, rid)
 
-    order = np.lexsort((np.arange(n), arrival))
-    inv = np.empty(n, dtype=np.int64)
-    inv[order] = np.arange(n)
-    prev_sorted = np.where(prev[order] >= 0, inv[np.maximum(prev[order], 0)], -1)
     window = np.ones(n, dtype=bool) if in_window is None else np.asarray(in_window, bool)
-    rid_sorted = rid[order]
+    if n and not bool((arrival[1:] >= arrival[:-1]).all()):  # else sorted already: no permutation
+        order = np.lexsort((np.arange(n), arrival))
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n)
+        if snames:
+            prev = np.where(prev[order] >= 0, inv[np.maximum(prev[order], 0)], -1)
+        rid, arrival, prompt, out = rid[order], arrival[order], prompt[order], out[order]
+        gcode, shared, session, new_in = gcode[order], shared[order], session[order], new_in[order]
+        window, rows = window[order], rows[order]
+    # (no session rounds in a trace: nothing is released by a finish, and no think time)
     return RequestTable(
-        request_id=rid_sorted, arrival_us=arrival[order], prompt_len=prompt[order],
-        output_len=out[order], next_round=np.full(n, -1, dtype=np.int64), think_us=np.zeros(n),
-        group=gcode[order], shared_prefix=shared[order], session=session[order],
-        prev_round=prev_sorted, new_input=new_in[order], in_window=window[order],
-        keys=IdKeys(rid_sorted), group_names=gnames, session_names=snames,
-        source=TraceRows(data, rows[order]), observed=header.mode == "real")
+        request_id=rid, arrival_us=arrival, prompt_len=prompt, output_len=out,
+        next_round=_constant(-1, n), think_us=_constant(0.0, n), group=gcode, shared_prefix=shared,
+        session=session, prev_round=prev, new_input=new_in, in_window=window,
+        keys=IdKeys(rid), group_names=gnames, session_names=snames,
+        source=TraceRows(data, rows), observed=header.mode == "real")
+
+
+def _constant(value: int | float, n: int) -> np.ndarray:
+    """A read-only column of ``n`` rows all holding ``value``, in the memory of one."""
+    return np.broadcast_to(np.array(value, dtype=np.int64 if isinstance(value, int) else np.float64), (n,))
+
+
+#: the most tokens (prompt + output) of one request the simulator takes (its token positions are int32)
+MAX_REQUEST_TOKENS = 2**31 - 1
+
+
+def _check_sizes(prompt: np.ndarray, output: np.ndarray, request_id: np.ndarray) -> None:
+    """Refuse a trace row whose prompt + output tokens do not fit the step loop."""
+    bad = np.flatnonzero(prompt + np.maximum(output, 1) > MAX_REQUEST_TOKENS)
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(f"request_id {int(request_id[i])}: a prompt of {int(prompt[i])} tokens and "
+                          f"{int(output[i])} output tokens is more than the simulator's "
+                          f"{MAX_REQUEST_TOKENS} tokens per request", field="input_tokens")
 
 
 def _group_codes(groups: Any, rows: np.ndarray, plen: np.ndarray) -> tuple[np.ndarray, list[str]]:

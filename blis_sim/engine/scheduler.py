@@ -135,15 +135,18 @@ def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: Sc
     (:mod:`blis_sim.engine.load_routing`), not all up front.
     """
     n = len(workload)
-    nr = workload.next_round if workload.next_round is not None else np.full(n, -1, np.int64)
-    think = workload.think_us if workload.think_us is not None else np.zeros(n)
+    nr, think = workload.next_round, workload.think_us
+    if nr is not None and not (nr >= 0).any():  # no session rounds: the loop needs neither column
+        nr = think = None
+    if nr is not None:
+        nr = np.ascontiguousarray(nr, dtype=np.int64)
+        think = np.ascontiguousarray(think if think is not None else np.zeros(n), dtype=np.float64)
     dropped = workload.dropped if workload.dropped is not None else np.zeros(n, bool)
     loop = backend or _loop
     out = loop.run_loop(
         np.ascontiguousarray(workload.arrival_us, dtype=np.float64),
         np.ascontiguousarray(workload.prompt_len, dtype=np.int64),
-        np.ascontiguousarray(workload.output_len, dtype=np.int64),
-        np.ascontiguousarray(nr, dtype=np.int64), np.ascontiguousarray(think, dtype=np.float64),
+        np.ascontiguousarray(workload.output_len, dtype=np.int64), nr, think,
         np.ascontiguousarray(dropped, dtype=bool), model.weights(),
         int(config.max_num_seqs), int(config.max_num_batched_tokens),
         int(config.long_prefill_token_threshold), float(config.horizon_us), port,

@@ -184,17 +184,17 @@ def simulate_table(table: RequestTable, kv: CacheOps, options: EngineOptions, *,
     port = kv_port(kv, table.content(content_seed, block_size), window_first=first)
     loop = run_table_loop(table, port, options, dropped, block_size=block_size, offload=offload,
                           horizon_us=horizon_us, log_steps=log_steps)
+    admitted, cached = port.admitted, port.cached
+    window = port.window_snapshot if first >= 0 else None
+    del port  # the port's per-request records go before the arrays made below
     frontend = frontend_term(options.latency, loop.arrival_us, loop.finish_us)
     counters = kv.snapshot()
-    admitted, cached = port.admitted, port.cached
-    rates = hit_rates(table, admitted, cached, counters,
-                      port.window_snapshot if first >= 0 else None, tiers=offload is not None)
+    rates = hit_rates(table, admitted, cached, counters, window, tiers=offload is not None)
     return SimOutcome(table=table, loop=loop, cached=cached, admitted=admitted,
                       frontend_us=frontend, kv_counters=counters, hit_rates=rates,
                       block_size=block_size, num_gpu_blocks=num_gpu_blocks, offload=offload,
                       dropped=dropped,
-                      tier_io=tier_io(counters, port.window_snapshot if first >= 0 else None)
-                      if offload is not None else [])
+                      tier_io=tier_io(counters, window) if offload is not None else [])
 
 
 def dropped_rows(table: RequestTable, num_gpu_blocks: int, block_size: int) -> np.ndarray:
@@ -244,18 +244,13 @@ def hit_rates(table: RequestTable, admitted: np.ndarray, cached_tokens: np.ndarr
     """Design D2's definitions over the window: token ones summed per request at first admission
     (exactly vLLM's counting; ``cached_tokens[i]`` = device/host/disk), per-tier chunk ones from
     the counter snapshots ``start`` (None: from zero) and ``end``."""
-    sel = table.in_window & admitted
-    prompt = table.prompt_len[sel]
-    cached = cached_tokens[sel]
-    queries = int(prompt.sum())
-    device = int(cached[:, 0].sum())
-    out = [_entry("prefix_cache", None, "tokens", device, queries)]
+    queries, ext_q, by_source = _token_sums(table.prompt_len, table.in_window & admitted, cached_tokens)
+    out = [_entry("prefix_cache", None, "tokens", by_source[0], queries)]
     if tiers:
-        ext_q = int(np.maximum(prompt - cached[:, 0], 0).sum())
-        out.append(_entry("external", None, "tokens", int(cached[:, 1:].sum()), ext_q))
+        out.append(_entry("external", None, "tokens", by_source[1] + by_source[2], ext_q))
     for k, src in enumerate(SOURCES):
         if k == 0 or tiers:
-            out.append(_entry("by_source", src, "tokens", int(cached[:, k].sum()), queries))
+            out.append(_entry("by_source", src, "tokens", by_source[k], queries))
     for label, t in end.get("tiers", {}).items():
         hits, qs = int(t["chunk_hits"]), int(t["chunk_queries"])
         if start is not None and label in start.get("tiers", {}):
@@ -263,6 +258,26 @@ def hit_rates(table: RequestTable, admitted: np.ndarray, cached_tokens: np.ndarr
             qs -= int(start["tiers"][label]["chunk_queries"])
         out.append(_entry("tiered", label, "chunks", hits, qs))
     return out
+
+
+#: rows summed at a time by :func:`_token_sums`: its temporaries are a chunk's, not the trace's
+_SUM_ROWS = 1 << 20
+
+
+def _token_sums(prompt_len: np.ndarray, sel: np.ndarray,
+                cached: np.ndarray) -> tuple[int, int, list[int]]:
+    """Over the rows ``sel``: the prompt tokens, the tokens the GPU did not hold (the external
+    queries) and the cached tokens of each source, summed a chunk of rows at a time (integer
+    sums: the same totals in any grouping)."""
+    queries, external, by_source = 0, 0, [0, 0, 0]
+    for lo in range(0, prompt_len.shape[0], _SUM_ROWS):
+        s = sel[lo:lo + _SUM_ROWS]
+        prompt, c = prompt_len[lo:lo + _SUM_ROWS][s], cached[lo:lo + _SUM_ROWS][s]
+        queries += int(prompt.sum())
+        external += int(np.maximum(prompt - c[:, 0], 0).sum())
+        for k in range(3):
+            by_source[k] += int(c[:, k].sum())
+    return queries, external, by_source
 
 
 def tier_io(end: dict[str, Any], start: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -764,13 +764,11 @@ cdef class RequestPort:
     cdef CacheCore _core
     cdef object _kv, _content, _no_prefix, _root
     cdef dict _prefix_of  # group -> its prefix hashes (the plan's, fetched once: no frame per request)
-    cdef const int64_t[::1] _prompt, _session, _group, _blocks
-    cdef const uint64_t[::1] _seeds
+    cdef const int64_t[::1] _prompt
+    cdef const int32_t[::1] _session, _group, _blocks
+    cdef uint64_t _seed_base
     cdef vector[unsigned char] _registered, _admitted
-    cdef vector[int64_t] _first  # per request: device, host, disk tokens at its first admission
-    # per request: its cache state while registered (else None), so that a call finds it by index
-    # instead of through the cache's dict: the port is called several times per request and step
-    cdef list _rq
+    cdef vector[int32_t] _first  # per request: device, host, disk tokens at its first admission
     cdef Py_ssize_t _n
     cdef public int64_t window_first
     cdef public object window_snapshot, content, kv, grow, computed, preempt, finish
@@ -780,7 +778,8 @@ cdef class RequestPort:
         self._core = kv
         self._kv = self.kv = kv
         self._content = self.content = content
-        self._prompt, self._session, self._group, self._blocks, self._seeds = cols[:5]
+        self._prompt, self._session, self._group, self._blocks = cols[:4]
+        self._seed_base = <uint64_t>cols[4]
         self._root = cols[5]
         self._no_prefix = np.zeros(0, dtype=np.uint64)
         self._prefix_of = {}
@@ -788,7 +787,6 @@ cdef class RequestPort:
         self._registered.assign(self._n, 0)
         self._admitted.assign(self._n, 0)
         self._first.assign(3 * self._n, 0)
-        self._rq = [None] * self._n
         self.window_first = window_first
         self.window_snapshot = None
         self.grow = kv.allocate
@@ -801,37 +799,27 @@ cdef class RequestPort:
 
     cdef int _register(self, int64_t i) except -1:
         cdef int64_t g
-        cdef _Req r
         if i == self.window_first and self.window_snapshot is None:
             self.window_snapshot = self._kv.snapshot()
         if self._session[i] >= 0:
             self._kv.add_request(i, self._content.block_hashes(i), self._prompt[i])
-            r = self._core._req(i)
         else:
             g = self._group[i]
             if g < 0:
-                r = self._core._add_prefixed(i, self._no_prefix, 0, self._root, self._seeds[i],
-                                             self._prompt[i])
+                self._core._add_prefixed(i, self._no_prefix, 0, self._root,
+                                         _request_seed(self._seed_base, i), self._prompt[i])
             else:
                 prefix = self._prefix_of.get(g)
                 if prefix is None:
                     prefix = self._prefix_of[g] = self._content.group_prefix(g)
-                r = self._core._add_prefixed(i, prefix, self._blocks[i], self._root, self._seeds[i],
-                                             self._prompt[i])
+                self._core._add_prefixed(i, prefix, self._blocks[i], self._root,
+                                         _request_seed(self._seed_base, i), self._prompt[i])
         self._registered[i] = 1
-        self._rq[i] = r
         return 0
 
-    cdef _Req _live(self, int64_t i):
-        """Request ``i``'s cache state; as the cache's own lookup (which raises for a request it
-        does not hold) when the port has none current (out of range, not registered, released)."""
-        cdef object r
-        if 0 <= i < self._n:
-            r = self._rq[i]
-            if r is not None:
-                if (<_Req>r).live:
-                    return <_Req>r
-                self._rq[i] = None  # released through the cache itself (``finish`` = kv.free)
+    cdef inline _Req _live(self, int64_t i):
+        """Request ``i``'s cache state, from the cache's requests in flight (which raises for a
+        request it does not hold): no slot per request of the trace."""
         return self._core._req(i)
 
     def lookup(self, int64_t i, double now):
@@ -856,9 +844,10 @@ cdef class RequestPort:
             return False
         if not self._admitted[i]:
             self._admitted[i] = 1
-            self._first[3 * i] = out.gpu
-            self._first[3 * i + 1] = out.host
-            self._first[3 * i + 2] = out.disk
+            # (a prompt's tokens fit int32: the step loop refuses a longer request)
+            self._first[3 * i] = <int32_t>out.gpu
+            self._first[3 * i + 1] = <int32_t>out.host
+            self._first[3 * i + 2] = <int32_t>out.disk
         return True
 
     cdef int _check(self, int64_t i) except -1:
@@ -884,9 +873,9 @@ cdef class RequestPort:
 
     @property
     def cached(self):
-        """Per request: (device, host, disk) tokens found at its first admission (n × 3)."""
-        out = np.zeros((self._n, 3), dtype=np.int64)
-        cdef int64_t[:, ::1] o = out
+        """Per request: (device, host, disk) tokens found at its first admission (n × 3, int32)."""
+        out = np.zeros((self._n, 3), dtype=np.int32)
+        cdef int32_t[:, ::1] o = out
         cdef Py_ssize_t i
         for i in range(self._n):
             o[i, 0], o[i, 1], o[i, 2] = self._first[3 * i], self._first[3 * i + 1], self._first[3 * i + 2]
@@ -922,9 +911,16 @@ cdef int _port_preempt(object port, int64_t i) except -1:
 cdef int _port_finish(object port, int64_t i) except -1:
     cdef RequestPort p = <RequestPort>port
     p._core._finish_r(p._live(i))
-    if 0 <= i < p._n:
-        p._rq[i] = None
     return 0
+
+
+cdef inline uint64_t _request_seed(uint64_t base, int64_t i) noexcept:
+    """Request ``i``'s seed for its unique blocks: splitmix64 of ``base + i·φ`` (the content
+    plan's ``request_seed``, the same bits)."""
+    cdef uint64_t z = base + <uint64_t>i * <uint64_t>0x9E3779B97F4A7C15ULL
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * <uint64_t>0x94D049BB133111EBULL
+    return z ^ (z >> 31)
 
 
 cdef PortCalls _PORT_CALLS
