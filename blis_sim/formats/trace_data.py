@@ -22,10 +22,10 @@ is written only when some record carries it.
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -34,6 +34,9 @@ from blis_sim.errors import FormatError
 from blis_sim.formats import _go
 from blis_sim.formats._io import atomic_write_chunks, go_quote
 from blis_sim.formats._model import StrictModel
+
+if TYPE_CHECKING:
+    from blis_sim.formats.trace_columns import TraceColumns
 
 _TRIMMED = ("error_message", "finish_reason", "x_request_id", "adapter")
 
@@ -126,6 +129,8 @@ _INTS = frozenset({"request_id", "round_index", "prefix_length", "input_tokens",
                    "first_chunk_time_us", "last_chunk_time_us", "num_chunks", "vllm_priority", "think_time_us",
                    "cached_tokens", "first_byte_time_us", "first_content_time_us", "replica"})
 _BOOLS = frozenset({"streaming", "warmup"})
+# what the writers take: records, or the same rows as columns
+Rows = Union[Sequence[TraceRecord], "TraceColumns"]
 # String columns with few distinct values per trace (interned per file by the reader).
 _REPEATED = frozenset({"client_id", "tenant_id", "slo_class", "prefix_group", "model", "status", "phase"})
 _SUFFIX = {"deadline_us": " (use 0 for no timeout)", "slo_target_us": " (use 0 for no target)"}
@@ -134,7 +139,7 @@ _DEFAULTS: dict[str, Any] = {name: f.get_default(call_default_factory=True)
 _ROW_DEFAULTS: dict[str, Any] = {"request_id": 0, **_DEFAULTS}  # a row's dict starts as a copy: field order
 
 
-def columns_for(rows: Any, mode: str) -> list[str]:
+def columns_for(rows: Rows, mode: str) -> list[str]:
     """The header row the reference would write for ``rows`` (records or ``TraceColumns``; plus our
     columns when any row carries them)."""
     data = _as_columns(rows)
@@ -182,14 +187,14 @@ def columns_for(rows: Any, mode: str) -> list[str]:
     return cols
 
 
-def _as_columns(rows: Any) -> Any:
+def _as_columns(rows: Rows) -> TraceColumns:
     """Records as ``TraceColumns`` (a ``TraceColumns`` as it is): the writer works on columns."""
     from blis_sim.formats.trace_columns import TraceColumns
 
     return rows if isinstance(rows, TraceColumns) else TraceColumns.from_records(rows)
 
 
-def _formatter(col: str) -> Any:
+def _formatter(col: str) -> Callable[[Any], str]:
     """The cell writer of one column: Go's FormatBool / %d / FormatFloat('f', -1) / quoted string."""
     if col in _BOOLS:
         return _go.format_bool
@@ -284,7 +289,7 @@ def _cells(col: str, value: Any, n: int) -> Any:
     return [fmt(v) for v in value.tolist()]
 
 
-def data_chunks(rows: Any, *, mode: str) -> Iterator[str]:
+def data_chunks(rows: Rows, *, mode: str) -> Iterator[str]:
     """The data CSV of ``rows`` (records or ``TraceColumns``) as successive pieces of text: the
     header row, then :data:`CHUNK_ROWS` rows at a time, formatted a column at a time."""
     data = _as_columns(rows)
@@ -305,9 +310,9 @@ def data_chunks(rows: Any, *, mode: str) -> Iterator[str]:
         yield "".join(map("%s\n".__mod__, map(",".join, zip(*per_col))))
 
 
-def data_text(rows: Any, *, mode: str) -> str:
+def data_text(rows: Rows, *, mode: str) -> str:
     return "".join(data_chunks(rows, mode=mode))
 
 
-def write_trace_data(rows: Any, path: str | Path, *, mode: str) -> None:
+def write_trace_data(rows: Rows, path: str | Path, *, mode: str) -> None:
     atomic_write_chunks(path, data_chunks(rows, mode=mode))
