@@ -187,7 +187,7 @@ def columns_for(rows: Rows, mode: str) -> list[str]:
     return cols
 
 
-def _as_columns(rows: Rows) -> TraceColumns:
+def _as_columns(rows: Rows) -> "TraceColumns":
     """Records as ``TraceColumns`` (a ``TraceColumns`` as it is): the writer works on columns."""
     from blis_sim.formats.trace_columns import TraceColumns
 
