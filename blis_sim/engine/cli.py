@@ -39,8 +39,10 @@ from blis_sim.formats.trace_columns import ColumnarTrace, load_trace_columns
 from blis_sim.formats.workload import load_workload_spec
 
 if TYPE_CHECKING:
+    from blis_sim.cli import Subparsers
     from blis_sim.engine.outputs import SimulatedOutputs
     from blis_sim.formats import Trace, TraceHeader
+    from blis_sim.routing import RoutingSpec
 
 
 def add_sim_flags(p: argparse.ArgumentParser) -> None:
@@ -108,7 +110,7 @@ def add_cluster_flags(p: argparse.ArgumentParser, *, default_policy: str) -> Non
                         "(e.g. prefix-affinity:3,queue-depth:2)")
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subparsers) -> None:
     p = subparsers.add_parser("run", help="simulate a workload spec",
                               description="Generate a workload spec's requests and simulate them.")
     p.add_argument("--workload-spec", required=False, default=None, help="workload spec YAML")
@@ -325,7 +327,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def cluster_of(args: argparse.Namespace, trace: Any) -> tuple[int, Any]:
+def cluster_of(args: argparse.Namespace, trace: ColumnarTrace) -> tuple[int, RoutingSpec]:
     """(replicas, routing) of a replay: ``--num-instances``, else the header's cluster block, else
     one more than the largest recorded replica, else 1 (a single server: the plain replay)."""
     from blis_sim.routing import RoutingSpec
@@ -344,7 +346,7 @@ def cluster_of(args: argparse.Namespace, trace: Any) -> tuple[int, Any]:
     return n, routing
 
 
-def _fit_traces(args: argparse.Namespace) -> list[tuple[str, Any]]:
+def _fit_traces(args: argparse.Namespace) -> list[tuple[str, ColumnarTrace]]:
     """(data path, trace) of each --trace-header / --trace-data pair, in order."""
     headers, data = args.trace_header or [], args.trace_data or []
     if len(headers) != len(data):

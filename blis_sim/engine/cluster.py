@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,13 @@ from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combin
 from blis_sim.errors import ConfigError, UsageError
 from blis_sim.formats import MetricsOutput
 from blis_sim.routing import RoutingSpec, prefix_key, route_static
+
+if TYPE_CHECKING:
+    from blis_sim.engine.replay_trace import ReplayableTrace
+    from blis_sim.formats import Trace, TraceHeader
+    from blis_sim.formats.trace_columns import ColumnarTrace
+    from blis_sim.formats.trace_header import ClusterInfo
+    from blis_sim.formats.workload import WorkloadSpec
 
 
 class _ClusterOutputs(SimulatedOutputs):
@@ -71,7 +78,7 @@ class _ClusterOutputs(SimulatedOutputs):
             write_metrics_output(metrics, metrics_path, requests=request_metrics_columns(o, text))
         return metrics
 
-    def _with_cluster(self, header: Any) -> Any:
+    def _with_cluster(self, header: TraceHeader) -> TraceHeader:
         """``header`` with the simulated cluster block: routing, each replica's geometry and hit-rates."""
         from blis_sim.formats._model import construct
         from blis_sim.formats.hitrate import KVHitRate
@@ -84,6 +91,7 @@ class _ClusterOutputs(SimulatedOutputs):
                     for r, p in enumerate(self.parts)]
         cluster = construct(ClusterInfo, num_instances=len(self.parts), routing_policy=self.routing.policy,
                             routing_scorers=self.routing.text(), replicas=replicas)
+        assert header.pytest_blis is not None  # sim_header always writes our block
         return header.model_copy(update={"pytest_blis": header.pytest_blis.model_copy(
             update={"cluster": cluster})})
 
@@ -92,19 +100,19 @@ class _ClusterOutputs(SimulatedOutputs):
 class ClusterOutcome(_ClusterOutputs):
     outcome: SimOutcome          # every replica's rows (``outcome.replica``), cluster hit-rates
     parts: list[SimOutcome]      # one per replica
-    header: Any
+    header: TraceHeader
     options: EngineOptions
     routing: RoutingSpec
     agreement: float | None      # re-routed with a recorded column: rows on the recorded replica
 
-    def trace(self) -> Any:
+    def trace(self) -> Trace:
         """The replay re-exported (``mode: replayed``) with each row's simulated replica."""
         from blis_sim.formats import Trace
 
         columnar = self.trace_columns()
         return Trace.model_construct(header=columnar.header, records=columnar.records)
 
-    def trace_columns(self) -> Any:
+    def trace_columns(self) -> ColumnarTrace:
         """:meth:`trace` as a ``ColumnarTrace`` (what ``--trace-output`` writes)."""
         from blis_sim.engine.provenance import sim_header
         from blis_sim.formats.trace_columns import ColumnarTrace
@@ -120,7 +128,7 @@ class ClusterRunOutcome(RunOutcome, _ClusterOutputs):
     parts: list[SimOutcome] = field(default_factory=list)
     routing: RoutingSpec = field(default_factory=RoutingSpec)
 
-    def trace_columns(self, workload_spec: str = "") -> Any:
+    def trace_columns(self, workload_spec: str = "") -> ColumnarTrace:
         from blis_sim.formats.trace_columns import ColumnarTrace
 
         base = RunOutcome.trace_columns(self, workload_spec=workload_spec)
@@ -180,12 +188,12 @@ def route_table(table: RequestTable, routing: RoutingSpec, num_instances: int) -
     return np.asarray(route_static(routing, num_instances, row_keys(table)), dtype=np.int64)
 
 
-def _cluster_info(header: Any) -> Any:
+def _cluster_info(header: TraceHeader) -> ClusterInfo | None:
     ext = header.pytest_blis
     return ext.cluster if ext is not None else None
 
 
-def replay_cluster(trace: Any, options: EngineOptions | None = None, *, num_instances: int | None = None,
+def replay_cluster(trace: ReplayableTrace, options: EngineOptions | None = None, *, num_instances: int | None = None,
                    routing: RoutingSpec | None = None) -> ClusterOutcome:
     """Replay ``trace`` over ``num_instances`` replicas (default: the header's cluster block, else
     one more than the largest recorded replica, else 1); see the module docstring."""
@@ -265,7 +273,7 @@ def merge_replicas(parts: list[SimOutcome]) -> SimOutcome:
                                               for r, p in enumerate(parts)]))
 
 
-def run_cluster(spec: Any, options: EngineOptions | None = None, *, num_instances: int, routing: RoutingSpec,
+def run_cluster(spec: WorkloadSpec, options: EngineOptions | None = None, *, num_instances: int, routing: RoutingSpec,
                 seed: int | None = None, num_requests: int | None = None,
                 horizon: int | None = None) -> ClusterRunOutcome:
     """``blis run`` over ``num_instances`` replicas: each phase's requests routed by ``routing`` (in

@@ -27,6 +27,7 @@ from blis_sim.engine.outputs import SimulatedOutputs, trace_records
 from blis_sim.engine.provenance import sim_header
 from blis_sim.engine.requests import table_from_plan
 from blis_sim.engine.settings import resolve_settings
+from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 from blis_sim.workload.generate import generate_workload
 from blis_sim.workload.plan import PhasePlan, PlannedRequest, WorkloadPlan
 
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
     from blis_sim.engine.kvport import CacheOps
     from blis_sim.engine.requests import RequestTable
     from blis_sim.formats import MetricsOutput, SimResult, Trace
+    from blis_sim.formats.trace_columns import ColumnarTrace
     from blis_sim.formats.workload import WorkloadSpec
-from blis_sim.engine.simulate import EngineOptions, SimOutcome, build_kv, combine_outcomes, simulate_table
 
 MAX_FOLLOWUPS = 100_000
 
@@ -56,7 +57,7 @@ class RunOutcome(SimulatedOutputs):
         columnar = self.trace_columns(workload_spec)
         return Trace.model_construct(header=columnar.header, records=columnar.records)
 
-    def trace_columns(self, workload_spec: str = "") -> Any:
+    def trace_columns(self, workload_spec: str = "") -> ColumnarTrace:
         """The run as a ``ColumnarTrace`` (what ``--trace-output`` writes: no object per row)."""
         from blis_sim.formats.trace_columns import ColumnarTrace
 

@@ -35,6 +35,7 @@ recently queued holder is preempted (recompute) so the simulation moves on.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,9 +124,15 @@ class LoopResult:
         return self.finish_us - self.arrival_us
 
 
+#: a load-routed replica's arrivals (:mod:`blis_sim.engine.load_routing`): called with the loop's time,
+#: its arrival and finish times and request states, it answers the rows routed here since and when to
+#: call it next
+Feed = Callable[[float, np.ndarray, np.ndarray, np.ndarray], tuple[list[int], float]]
+
+
 def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: SchedulerConfig,
              *, block_size: int = 16, store_chunk_tokens: int = 0, store_prompt_only: bool = True,
-             log_steps: bool = False, backend: Any = None, feed: Any = None) -> LoopResult:
+             log_steps: bool = False, backend: Any = None, feed: Feed | None = None) -> LoopResult:
     """Run the step loop (compiled by default; ``backend`` forces a loop module, for tests).
 
     ``block_size``: the KV cache's, so the loop calls ``port.grow`` only at block boundaries.

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blis_sim.engine.kvport import CacheOps, kv_port
+from blis_sim.engine.kvport import CacheOps, LoopPort, kv_port
 from blis_sim.engine.latency import LatencyModel, StepModel
 from blis_sim.engine.requests import RequestTable, concat_rows
-from blis_sim.engine.scheduler import LoopResult, SchedulerConfig, Workload, simulate
+from blis_sim.engine.scheduler import Feed, LoopResult, SchedulerConfig, Workload, simulate
 from blis_sim.errors import ConfigError
 from blis_sim.formats._io import gc_paused
 from blis_sim.kv import KVCache, TierStation, from_offload_config
@@ -203,9 +203,9 @@ def dropped_rows(table: RequestTable, num_gpu_blocks: int, block_size: int) -> n
     return (table.prompt_len + np.maximum(table.output_len, 1) - 1) > capacity
 
 
-def run_table_loop(table: RequestTable, port: Any, options: EngineOptions, dropped: np.ndarray, *,
+def run_table_loop(table: RequestTable, port: LoopPort, options: EngineOptions, dropped: np.ndarray, *,
                    block_size: int, offload: OffloadConfig | None, horizon_us: float | None = None,
-                   log_steps: bool = False, feed: Any = None) -> LoopResult:
+                   log_steps: bool = False, feed: Feed | None = None) -> LoopResult:
     """The step loop over ``table``'s rows against ``port`` (``feed``: routed by load,
     :mod:`blis_sim.engine.load_routing`)."""
     assert options.latency is not None, "resolve_settings first"
