@@ -16,7 +16,7 @@ replica rows are reported but not judged, and the cluster's own verdicts stand.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,8 +34,13 @@ from blis_sim.formats.report import (
 )
 from blis_sim.formats.trace_columns import TraceColumns
 
+if TYPE_CHECKING:
+    from blis_sim.calibrate.core import CalibrateOptions
+    from blis_sim.formats import MetricsOutput, TraceHeader
 
-def calibrate_replicas(header: Any, real: TraceColumns, sim: SimTable, sim_metrics: Any | None, *, options: Any,
+
+def calibrate_replicas(header: TraceHeader, real: TraceColumns, sim: SimTable, sim_metrics: MetricsOutput | None, *,
+                       options: CalibrateOptions,
                        warmup: int, rtt_us: int) -> tuple[list[ReplicaCalibration], RoutingAgreement | None,
                                                           list[str]]:
     """See the module docstring; ``([], None, [])`` for a trace of one server."""

@@ -15,15 +15,18 @@ capacity, hit agreement, per replica) is array arithmetic on these (docs/design.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blis_sim.formats.results import ColumnChunks, Columns, IntMapColumn, SimResult
-from blis_sim.formats.trace_columns import StrColumn, TraceColumns
+from blis_sim.formats.trace_columns import ColumnarTrace, StrColumn, TraceColumns
+
+if TYPE_CHECKING:
+    from blis_sim.formats import Trace
 
 
-def real_table(trace: Any) -> TraceColumns:
+def real_table(trace: Trace | ColumnarTrace) -> TraceColumns:
     """The trace's rows as columns: a ColumnarTrace's own, else its records' (a Trace built in code)."""
     data = getattr(trace, "data", None)
     if isinstance(data, TraceColumns):

@@ -43,6 +43,7 @@ from blis_sim.errors import SimulationError
 
 if TYPE_CHECKING:
     from blis_sim.engine.kvport import LoopPort
+    from blis_sim.engine.scheduler import Feed
 
 # Request status codes (shared with _loop.pyx and scheduler.py).
 NOT_ARRIVED, WAITING, LOADING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4, 5
@@ -53,7 +54,7 @@ def run_loop(arrival: np.ndarray, prompt_len: np.ndarray, output_len: np.ndarray
              weights: np.ndarray,
              max_num_seqs: int, max_num_batched_tokens: int, long_prefill_token_threshold: int,
              horizon_us: float, port: LoopPort, block_size: int, store_chunk_tokens: int,
-             store_prompt_only: bool, log_steps: bool, feed: Any = None) -> dict[str, Any]:
+             store_prompt_only: bool, log_steps: bool, feed: Feed | None = None) -> dict[str, Any]:
     n = arrival.shape[0]
     # next_round None: no session rounds, so no arrival is rewritten and the caller's arrivals
     # are the result's (not copied: a copy per request for the whole run)
@@ -392,19 +393,20 @@ def _next_arrival(op: int, n: int, arr: np.ndarray,
 
 
 
-def fed(feed: Any, t: float, heap: list[tuple[float, int]], arr: np.ndarray, finish: np.ndarray,
+def fed(feed: Feed | None, t: float, heap: list[tuple[float, int]], arr: np.ndarray, finish: np.ndarray,
         status: np.ndarray) -> float:
     """A routed cluster's arrivals (``feed``: blis_sim.engine.load_routing): at ``t``, the loop hands
     its arrival and finish times and its request states to ``feed``, which returns the requests
     routed here since (indices in arrival order, pushed on the heap of released arrivals) and the
     time to call it next (> ``t``)."""
+    assert feed is not None  # called only while a feed time is pending
     new, feed_t = feed(t, arr, finish, status)
     for i in new:
         heapq.heappush(heap, (float(arr[i]), i))
     return float(feed_t)
 
 
-def wait_fed(feed: Any, feed_t: float, nxt: float | None, heap: list[tuple[float, int]], arr: np.ndarray,
+def wait_fed(feed: Feed | None, feed_t: float, nxt: float | None, heap: list[tuple[float, int]], arr: np.ndarray,
              finish: np.ndarray, status: np.ndarray) -> tuple[float | None, float]:
     """Nothing runs before the loop's own next event ``nxt`` (None: none): while the router's
     ``feed_t`` comes first, wait there with the loop's clock where it is, so that the loop retries

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from blis_sim.engine.replay_trace import replay_outcome
 from blis_sim.engine.settings import resolve_settings
 from blis_sim.engine.simulate import EngineOptions, SimOutcome, admission_queue
 from blis_sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from blis_sim.engine.replay_trace import PreparedTrace, ReplayableTrace
 
 #: which of the loop's six features each linear step coefficient multiplies
 _LINEAR_FROM_FEATURES = np.array([[1, 0, 0, 0, 0, 0],   # base
@@ -289,7 +292,7 @@ class _Case:
     and KV settings it is replayed on, and its observed latencies (the trace's alone, whatever
     the coefficients: built on the first replay, read by every later one)."""
 
-    trace: Any
+    trace: PreparedTrace
     options: EngineOptions
     name: str
     obs: Observed | None = None
@@ -442,9 +445,10 @@ def _residuals(it: _Iterate) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(errors), np.concatenate(weights)
 
 
-def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
+def _cases(trace: ReplayableTrace | Sequence[ReplayableTrace], options: EngineOptions | Sequence[EngineOptions] | None,
            name: str | Sequence[str]) -> list[_Case]:
-    traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
+    traces: list[ReplayableTrace] = (list(trace) if isinstance(trace, (list, tuple))
+                                     else [cast("ReplayableTrace", trace)])
     if not traces:
         raise ConfigError("no trace to fit", field="trace")
     if options is None or isinstance(options, EngineOptions):
@@ -464,7 +468,8 @@ def _cases(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None,
 
 
 @one_blas_thread
-def fit(trace: Any, options: EngineOptions | Sequence[EngineOptions] | None = None, *,
+def fit(trace: ReplayableTrace | Sequence[ReplayableTrace],
+        options: EngineOptions | Sequence[EngineOptions] | None = None, *,
         max_iterations: int = 10, burn_in: int = 3, tolerance: float = 1e-6,
         name: str | Sequence[str] = "", prior: PhysicsPrior | None = None, prior_label: str = "",
         prior_strength: float = 0.01, bootstrap_resamples: int = 100, seed: int = 0,
@@ -662,7 +667,7 @@ def _zero_when_unused(obs: Observed) -> frozenset[str]:
     return frozenset({"frontend.admission_us"}) if bursts else frozenset()
 
 
-def evaluate(trace: Any, options: EngineOptions, *, name: str = "") -> FitReport:
+def evaluate(trace: ReplayableTrace, options: EngineOptions, *, name: str = "") -> FitReport:
     """How well ``options.latency`` reproduces ``trace``'s TTFT and ITL (e.g. a model fitted on a
     probe phase, validated on another trace)."""
     out = replay_outcome(trace, options).outcome

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from blis_sim.engine.content import ContentPlan
+
+if TYPE_CHECKING:
+    from blis_sim.kv.cache import Admission
 
 
 @runtime_checkable  # tests check each implementation against it
@@ -90,7 +93,7 @@ class CacheOps(Protocol):
 
     def lookup(self, rid: int, now: float) -> Sequence[int]: ...
 
-    def admit(self, rid: int, num_new_tokens: int, now: float) -> Any: ...  # an Admission, or None
+    def admit(self, rid: int, num_new_tokens: int, now: float) -> Admission | None: ...
 
     def allocate(self, rid: int, num_new_tokens: int) -> bool: ...
 

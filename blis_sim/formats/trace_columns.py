@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from blis_sim.formats.trace_data import (
     _parse_cell,
 )
 from blis_sim.formats.trace_header import read_trace_header
+
+if TYPE_CHECKING:
+    from blis_sim.formats.trace_header import TraceHeader
 
 FIELDS: tuple[str, ...] = tuple(_ROW_DEFAULTS)  # every TraceRecord field, in declaration order
 
@@ -442,7 +445,7 @@ class ColumnarTrace:
     ``records`` makes the TraceRecord list on first use, so code that takes a
     :class:`~blis_sim.formats.Trace` (``.header``, ``.records``) takes this too."""
 
-    header: Any
+    header: TraceHeader
     data: TraceColumns
     _records: list[Any] | None = None
 
