@@ -6,7 +6,9 @@ Run:  python benchmarks/bench_fit_saturation.py [--requests N] [--step-shape roo
 
 1. Serve the emulator (a separate process, real time) with ``h100-14b-roofline`` (steps ``overhead + max(
    compute, memory)``, attention quadratic: outside the simulator's linear family) on a GPU KV cache of
-   ``--gpu-blocks`` blocks of 16 tokens (default 4,000: 64k tokens), 256 sequences, 8,192 batched tokens.
+   ``--gpu-blocks`` blocks of 16 tokens (default 1,400: 22,400 tokens, few enough that the running batch's
+   KV outgrows them at 0.8x and 1.2x in both families: the server preempts there), 256 sequences, 8,192
+   batched tokens.
 2. Two workload families, 128 output tokens: ``mix`` (a 50/50 mix of 256- and 4,096-token prompts) and
    ``1k`` (~1,000-token prompts, Gaussian, sd 50). Each at three Poisson loads: ``light`` (0.25x), 0.8x
    and 1.2x its capacity, the capacity being the sustained service rate of the emulator's own step shape
@@ -205,7 +207,7 @@ def observe_all(args: argparse.Namespace, traces: dict[tuple[str, str], Any], tr
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=300, help="requests per trace (default 300)")
-    ap.add_argument("--gpu-blocks", type=int, default=4000, help="the server's GPU KV blocks (default 4000)")
+    ap.add_argument("--gpu-blocks", type=int, default=1400, help="the server's GPU KV blocks (default 1400)")
     ap.add_argument("--step-shape", choices=("linear", "roofline"), default="roofline")
     ap.add_argument("--fit-10k-only", action="store_true", help="only time the fit of a 10,000-request trace")
     ap.add_argument("--out", default="", help="keep the traces here (default: a temp dir)")
