@@ -52,7 +52,7 @@ cdef double _fed(object feed, double t, priority_queue[HeapItem]& heap, double[:
                  object status) except? -1:
     """The pure twin's ``fed``: a routed cluster's arrivals, handed over at ``t``."""
     cdef long i
-    new, feed_t = feed(t, np.asarray(arr), finish, status)
+    new, feed_t = feed(t, finish, status)
     for i in new:
         heap.push(HeapItem(-arr[i], -i))
     return feed_t

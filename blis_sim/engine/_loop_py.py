@@ -396,11 +396,11 @@ def _next_arrival(op: int, n: int, arr: np.ndarray,
 def fed(feed: Feed | None, t: float, heap: list[tuple[float, int]], arr: np.ndarray, finish: np.ndarray,
         status: np.ndarray) -> float:
     """A routed cluster's arrivals (``feed``: blis_sim.engine.load_routing): at ``t``, the loop hands
-    its arrival and finish times and its request states to ``feed``, which returns the requests
+    its finish times and request states to ``feed``, which returns the requests
     routed here since (indices in arrival order, pushed on the heap of released arrivals) and the
     time to call it next (> ``t``)."""
     assert feed is not None  # called only while a feed time is pending
-    new, feed_t = feed(t, arr, finish, status)
+    new, feed_t = feed(t, finish, status)
     for i in new:
         heapq.heappush(heap, (float(arr[i]), i))
     return float(feed_t)

@@ -70,8 +70,7 @@ class _Lane:
         self.later: deque[float] = deque()  # finish times of rows that ended after the last routing time
         self.pending: list[int] = []   # rows routed here that the loop has not been handed yet
 
-    def feed(self, t: float, arr: np.ndarray, finish: np.ndarray,
-             status: np.ndarray) -> tuple[list[int], float]:
+    def feed(self, t: float, finish: np.ndarray, status: np.ndarray) -> tuple[list[int], float]:
         """The loop's feed call, in the lane's greenlet: the router answers (rows, next time)."""
         answer: tuple[list[int], float] = self.router.switch((t, finish, status))
         return answer

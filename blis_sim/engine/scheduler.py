@@ -125,9 +125,9 @@ class LoopResult:
 
 
 #: a load-routed replica's arrivals (:mod:`blis_sim.engine.load_routing`): called with the loop's time,
-#: its arrival and finish times and request states, it answers the rows routed here since and when to
+#: its finish times and request states, it answers the rows routed here since and when to
 #: call it next
-Feed = Callable[[float, np.ndarray, np.ndarray, np.ndarray], tuple[list[int], float]]
+Feed = Callable[[float, np.ndarray, np.ndarray], tuple[list[int], float]]
 
 
 def simulate(workload: Workload, port: LoopPort, model: LatencyModel, config: SchedulerConfig,
